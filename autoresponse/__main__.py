@@ -1,0 +1,5 @@
+import sys
+
+from autoresponse.supervisors.cli import main
+
+sys.exit(main())

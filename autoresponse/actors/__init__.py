@@ -1,0 +1,27 @@
+"""The runtime kernel and the platform-neutral pipeline actors.
+
+>>> from autoresponse.actors import Runtime, TypedActor, handles
+"""
+
+from autoresponse.actors._mailbox import Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
+from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.deadletters import DeadLetter, DeadLetterOffice
+from autoresponse.actors.probe import Probe, ProbeTimeout
+from autoresponse.actors.runtime import Cell, InFlight, Runtime, restart_and_dead_letter
+
+__all__ = [
+    "Cell",
+    "DeadLetter",
+    "DeadLetterOffice",
+    "InFlight",
+    "Mailbox",
+    "MailboxClosed",
+    "MailboxFull",
+    "OverflowPolicy",
+    "Probe",
+    "ProbeTimeout",
+    "Runtime",
+    "TypedActor",
+    "handles",
+    "restart_and_dead_letter",
+]

@@ -1,0 +1,177 @@
+"""A fake OpenAI-compatible LLM: a real aiohttp server on 127.0.0.1, for tests and benchmarks.
+
+>>> with FakeLLMServer() as llm:                                 # doctest: +SKIP
+...     llm.script(FakeResponse(status=429, headers={"Retry-After": "1"}))
+...     engine = HttpEngine(llm.base_url, model="fake")
+...     # the first call gets the 429, the retry gets the default answer
+...     llm.requests[0].body["messages"]
+
+With nothing scripted it answers like the offline engine would, so the full
+loop works against it. Scripted responses are served first, in order.
+Run it alone with ``python -m autoresponse.actors.llm.fake_server --port 8089``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from autoresponse.actors.llm.offline import OfflineEngine
+
+
+@dataclass(frozen=True)
+class FakeResponse:
+    """One scripted answer: a status, a reply text (or raw body), headers, a delay.
+
+    ``hang`` never answers (until the server stops).
+    """
+
+    status: int = 200
+    content: str | None = None
+    body: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    hang: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    time: float
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self.body.get("messages", [])
+
+    @property
+    def raw(self) -> str:
+        return json.dumps(self.body, ensure_ascii=False)
+
+
+def completion(content: str, model: str = "fake") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+    }
+
+
+class FakeLLMServer:
+    """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
+
+    def __init__(self, *, delay: float = 0.0, port: int = 0,
+                 responder: Callable[[dict[str, Any]], str] | None = None) -> None:
+        self.delay = delay
+        self.port = port
+        self.responder = responder
+        self.requests: list[RecordedRequest] = []
+        self._script: deque[FakeResponse] = deque()
+        self._lock = threading.Lock()
+        self._offline = OfflineEngine()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._stopping: asyncio.Event | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *responses: FakeResponse) -> None:
+        with self._lock:
+            self._script.extend(responses)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        with self._lock:
+            self.requests.append(RecordedRequest(time.monotonic(), body, dict(request.headers)))
+            scripted = self._script.popleft() if self._script else None
+        if scripted is not None and scripted.hang:
+            assert self._stopping is not None
+            await self._stopping.wait()
+            raise web.HTTPServiceUnavailable()
+        delay = scripted.delay if scripted is not None else self.delay
+        if delay:
+            await asyncio.sleep(delay)
+        if scripted is not None and (scripted.status != 200 or scripted.body is not None):
+            text = scripted.body if scripted.body is not None else json.dumps(
+                {"error": {"message": f"scripted {scripted.status}", "type": "fake"}})
+            return web.Response(status=scripted.status, text=text, headers=scripted.headers,
+                                content_type="application/json")
+        if scripted is not None and scripted.content is not None:
+            content = scripted.content
+        elif self.responder is not None:
+            content = self.responder(body)
+        else:
+            content = await self._offline.complete(body.get("messages", []))
+        return web.json_response(completion(content, body.get("model", "fake")))
+
+    async def _serve(self, started: threading.Event) -> None:
+        self._stopping = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        started.set()
+        await self._stopping.wait()
+        await self._runner.cleanup()
+
+    def start(self) -> FakeLLMServer:
+        started = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=lambda: self._loop.run_until_complete(self._serve(started)),  # type: ignore[union-attr]
+            name="fake-llm", daemon=True,
+        )
+        self._thread.start()
+        if not started.wait(10):
+            raise RuntimeError("the fake LLM server did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        assert self._stopping is not None
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(10)
+        self._loop.close()
+        self._loop = self._thread = None
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A fake OpenAI-compatible LLM on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per reply")
+    args = parser.parse_args()
+    server = FakeLLMServer(delay=args.delay, port=args.port).start()
+    print(f"fake LLM at {server.base_url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

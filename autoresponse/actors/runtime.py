@@ -1,0 +1,373 @@
+"""The runtime: named actors, delivery, the event loop, dead letters, in-flight work.
+
+>>> runtime = Runtime()
+>>> runtime.start()
+>>> cell = runtime.spawn("echo", EchoActor)
+>>> runtime.send("echo", Ping(n=1))
+>>> runtime.wait_idle(timeout=5)
+True
+>>> runtime.stop()
+
+Names are stable: a cell (a name plus its mailbox) outlives every incarnation
+of its actor, so a restart breaks no sender and loses no queued message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Literal
+
+import pykka
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
+from autoresponse.actors.actor import TypedActor, adopting
+from autoresponse.actors.deadletters import DeadLetterOffice
+from autoresponse.actors.probe import Probe
+from autoresponse.limits import DRAIN_SECONDS, MAILBOX_BLOCK_SECONDS, MAILBOX_CAPACITY, MAX_HOPS
+from autoresponse.messages.envelope import Envelope
+from autoresponse.messages.system import SystemMessage
+
+log = logging.getLogger("autoresponse.runtime")
+
+CellState = Literal["running", "restarting", "stopped"]
+
+
+class Failure(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    time: float
+
+
+class InFlight:
+    """Counts work in flight, per correlation and in all.
+
+    A message is in flight from the moment a mailbox accepts it until it has
+    been handled or dead-lettered; I/O handed to the loop counts too. A
+    correlation with nothing in flight has finished.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._by_correlation: Counter[str] = Counter()
+        self._total = 0
+
+    def add(self, correlation_id: str) -> None:
+        with self._cond:
+            self._by_correlation[correlation_id] += 1
+            self._total += 1
+
+    def done(self, correlation_id: str) -> None:
+        with self._cond:
+            left = self._by_correlation[correlation_id] - 1
+            if left > 0:
+                self._by_correlation[correlation_id] = left
+            else:
+                del self._by_correlation[correlation_id]
+                self._cond.notify_all()
+            self._total -= 1
+
+    def count(self, correlation_id: str | None = None) -> int:
+        with self._cond:
+            return self._total if correlation_id is None else self._by_correlation[correlation_id]
+
+    def wait(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
+        """True once nothing (of ``correlation_id``, or at all) is in flight."""
+        until = time.monotonic() + timeout
+        with self._cond:
+            while self._total if correlation_id is None else self._by_correlation[correlation_id]:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+
+class Cell:
+    """A stable name, its mailbox, and the current incarnation of its actor."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        name: str,
+        actor_class: type[TypedActor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mailbox: Mailbox,
+    ) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.actor_class = actor_class
+        self.args = args
+        self.kwargs = kwargs
+        self.mailbox = mailbox
+        self.state: CellState = "stopped"
+        self.restarts = 0
+        self.processed = 0
+        self.last_failure: Failure | None = None
+        self._ref: pykka.ActorRef[Any] | None = None
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<Cell {self.name} {self.state} restarts={self.restarts}>"
+
+    def start(self) -> None:
+        with self._lock, adopting(self):
+            self._ref = self.actor_class.start(*self.args, **self.kwargs)
+            self.state = "running"
+
+    def restart(self) -> None:
+        """Start a fresh incarnation on the same mailbox (after a crash)."""
+        with self._lock:
+            if self.state == "stopped" or self.mailbox.closed:
+                return
+            self.restarts += 1
+            self.start()
+
+    def crashed(self, envelope: Envelope | None, error: BaseException) -> None:
+        """Called by a dying incarnation, in its own thread, with what it was handling."""
+        with self._lock:
+            self.last_failure = Failure(type=type(error).__name__, message=str(error), time=time.time())
+            if self.state == "running":
+                self.state = "restarting"
+        self.runtime.crash_policy(self, envelope, error)
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the current incarnation for good; True if it stopped in time."""
+        with self._lock:
+            self.state = "stopped"
+            ref, self._ref = self._ref, None
+        if ref is None:
+            return True
+        try:
+            ref.stop(block=True, timeout=timeout)
+        except pykka.ActorDeadError:
+            pass
+        except pykka.Timeout:
+            log.warning("actor %s did not stop within %.1fs", self.name, timeout)
+            return False
+        return True
+
+    @property
+    def alive(self) -> bool:
+        ref = self._ref
+        return ref is not None and ref.is_alive()
+
+
+def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+    """The default crash policy: the message goes to the dead-letter office with
+    its exception, and the actor starts afresh on the same mailbox. Supervisors
+    replace this with their strategies."""
+    if envelope is not None:
+        cell.runtime.finish(envelope, "crash", actor=cell.name, error=error)
+    cell.restart()
+
+
+class Runtime:
+    """Owns the actors, the event loop thread and the dead-letter office."""
+
+    _current: Runtime | None = None
+
+    def __init__(
+        self,
+        *,
+        max_hops: int = MAX_HOPS,
+        mailbox_capacity: int = MAILBOX_CAPACITY,
+    ) -> None:
+        self.max_hops = max_hops
+        self.mailbox_capacity = mailbox_capacity
+        self.dead_letters = DeadLetterOffice()
+        self.io = EventLoopThread()
+        self.inflight = InFlight()
+        self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
+            restart_and_dead_letter
+        )
+        self._cells: dict[str, Cell] = {}
+        self._taps: dict[str, list[Probe]] = {}
+        self._lock = threading.Lock()
+        self._state: Literal["new", "running", "stopped"] = "new"
+
+    # ---------------------------------------------------------------- lifetime
+
+    @classmethod
+    def current(cls) -> Runtime:
+        """The runtime started last in this process (for helpers callable from anywhere)."""
+        if cls._current is None:
+            raise RuntimeError("no autoresponse runtime is running")
+        return cls._current
+
+    def start(self) -> Runtime:
+        if self._state != "new":
+            raise RuntimeError(f"cannot start a runtime that is {self._state}")
+        self.io.start()
+        self._state = "running"
+        Runtime._current = self
+        return self
+
+    def spawn(
+        self,
+        name: str,
+        actor_class: type[TypedActor],
+        *args: Any,
+        capacity: int | None = None,
+        overflow: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
+        block_seconds: float = MAILBOX_BLOCK_SECONDS,
+        **kwargs: Any,
+    ) -> Cell:
+        """Start ``actor_class(*args, **kwargs)`` under the stable ``name``."""
+        if self._state != "running":
+            raise RuntimeError("start the runtime before spawning actors")
+        mailbox = Mailbox(capacity or self.mailbox_capacity, overflow, block_seconds)
+        cell = Cell(self, name, actor_class, args, kwargs, mailbox)
+        with self._lock:
+            if name in self._cells:
+                raise ValueError(f"an actor named {name!r} already exists")
+            self._cells[name] = cell
+        cell.start()
+        return cell
+
+    def stop(self, drain: float = DRAIN_SECONDS, *, first: tuple[str, ...] = ()) -> bool:
+        """Stop everything; True if all in-flight work finished within ``drain`` seconds.
+
+        The actors named in ``first`` (inbound interfaces) stop before the drain,
+        so no new work arrives while in-flight work finishes. Whatever is still
+        queued afterwards is dead-lettered, never dropped silently.
+        """
+        if self._state != "running":
+            return True
+        for name in first:
+            if name in self._cells:
+                self._cells[name].stop(timeout=drain)
+        drained = self.inflight.wait(timeout=drain)
+        self._state = "stopped"
+        cells = list(self._cells.values())
+        for cell in reversed(cells):
+            cell.stop(timeout=max(drain, 1.0))
+        for cell in cells:
+            for letter in cell.mailbox.close():
+                self._discard(cell, letter)
+        self.io.stop()
+        if Runtime._current is self:
+            Runtime._current = None
+        return drained
+
+    def _discard(self, cell: Cell, letter: Any) -> None:
+        message = letter.message
+        if letter.reply_to is not None:
+            letter.reply_to.set_exception(
+                exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{cell.name} stopped"), None)
+            )
+        elif type(message) is Envelope:
+            self.finish(message, "shutdown", actor=cell.name, detail="still queued at shutdown")
+        elif hasattr(message, "cause"):  # an I/O completion
+            self.finish(message.cause, "shutdown", actor=cell.name, detail="I/O done at shutdown")
+
+    def __enter__(self) -> Runtime:
+        return self.start() if self._state == "new" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- delivery
+
+    def send(
+        self,
+        to: str,
+        body: Any,
+        *,
+        cause: Envelope | None = None,
+        correlation_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Envelope | None:
+        """Send ``body`` to the actor named ``to`` from outside any actor (a test,
+        the CLI, an interface's own thread). Starts a new correlation unless
+        ``cause`` or ``correlation_id`` continues one. Returns the envelope sent,
+        or None if it was dead-lettered at once."""
+        if cause is not None:
+            envelope = cause.child(body)
+        else:
+            envelope = Envelope.new(body, correlation_id=correlation_id, timeout=timeout)
+        return self.deliver(to, envelope)
+
+    def deliver(self, to: str, envelope: Envelope) -> Envelope | None:
+        """Put an envelope in the named actor's mailbox, or dead-letter it with the reason."""
+        if envelope.hops > self.max_hops:
+            self.dead_letters.post(envelope, "hop limit", actor=to,
+                                   detail=f"more than {self.max_hops} hops in one chain")
+            return None
+        cell = self._cells.get(to)
+        if cell is None:
+            self.dead_letters.post(envelope, "no such actor", actor=to)
+            return None
+        self.inflight.add(envelope.correlation_id)
+        try:
+            cell.mailbox.put(Letter(envelope))
+        except MailboxFull:
+            self.finish(envelope, "mailbox full", actor=to,
+                        detail=f"capacity {cell.mailbox.capacity}, policy {cell.mailbox.policy.value}")
+            return None
+        except MailboxClosed:
+            self.finish(envelope, "actor stopped", actor=to)
+            return None
+        taps = self._taps.get(to)
+        if taps:
+            for probe in taps:
+                probe.offer(envelope)
+        return envelope
+
+    def finish(
+        self,
+        envelope: Envelope,
+        reason: str,
+        *,
+        actor: str | None = None,
+        detail: str = "",
+        error: BaseException | None = None,
+    ) -> None:
+        """Dead-letter an in-flight envelope: it leaves the system here."""
+        self.dead_letters.post(envelope, reason, actor=actor, detail=detail, error=error)
+        self.inflight.done(envelope.correlation_id)
+
+    def route_error(self, message: SystemMessage, *, cause: Envelope, actor: str | None = None) -> None:
+        """Where error system messages go. Until a supervisor routes them to retry
+        actors, each is a dead letter carrying its errors."""
+        self.dead_letters.post(cause.child(message), "llm output rejected", actor=actor,
+                               detail="; ".join(message.errors))
+
+    def wait_idle(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
+        """Wait until nothing (of one correlation, or at all) is in flight."""
+        return self.inflight.wait(correlation_id, timeout)
+
+    # ---------------------------------------------------------------- inspection
+
+    def probe(self, name: str) -> Probe:
+        """Watch every message delivered to ``name`` from now on (close it when done)."""
+        probe = Probe(name, on_close=self._untap)
+        with self._lock:
+            self._taps[name] = [*self._taps.get(name, ()), probe]
+        return probe
+
+    def _untap(self, probe: Probe) -> None:
+        with self._lock:
+            left = [p for p in self._taps.get(probe.name, ()) if p is not probe]
+            if left:
+                self._taps[probe.name] = left
+            else:
+                self._taps.pop(probe.name, None)
+
+    def has(self, name: str) -> bool:
+        return name in self._cells
+
+    def cell(self, name: str) -> Cell:
+        return self._cells[name]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return list(self._cells.values())

@@ -1,0 +1,49 @@
+"""Every limit of the runtime, each in one place.
+
+Settings take their defaults from here; code that needs a limit imports it from
+here instead of writing the number again.
+"""
+
+#: Messages one correlation (one user request) may travel before its chain is
+#: ended as a loop. A "run df -h" round trip takes about eight.
+MAX_HOPS = 32
+
+#: Work items an actor's mailbox holds before its overflow policy applies.
+MAILBOX_CAPACITY = 10_000
+
+#: How long a sender waits for room in a full mailbox whose policy is BLOCK.
+MAILBOX_BLOCK_SECONDS = 5.0
+
+#: Dead letters kept in memory for inspection; counts are kept for all of them.
+DEAD_LETTERS_KEPT = 10_000
+
+#: Longest text a message action may carry. Senders split it further to fit
+#: their platform; anything longer is an invalid payload the LLM is asked to fix.
+MAX_MESSAGE_CHARS = 32_000
+
+#: Longest command line the LLM may ask the terminal executor to run.
+MAX_COMMAND_CHARS = 1_000
+
+#: Longest LLM reply kept verbatim in an error system message (`your_reply`).
+MAX_YOUR_REPLY_CHARS = 4_000
+
+#: Errors listed in one error system message; the rest are counted.
+MAX_ERRORS_SHOWN = 10
+
+#: Bytes of command output kept; the rest is cut with a note.
+COMMAND_OUTPUT_CAP = 16_000
+
+#: Seconds a command may run before its whole process group is killed.
+COMMAND_TIMEOUT_SECONDS = 20.0
+
+#: LLM HTTP: attempts per request (the first one included), and timeouts.
+LLM_MAX_ATTEMPTS = 4
+LLM_CONNECT_TIMEOUT_SECONDS = 10.0
+LLM_READ_TIMEOUT_SECONDS = 120.0
+#: Longest Retry-After we honour; a server asking for more is treated as down.
+LLM_MAX_RETRY_AFTER_SECONDS = 60.0
+#: LLM requests in flight at once, over all chats.
+LLM_MAX_IN_FLIGHT = 64
+
+#: Seconds `stop()` waits for in-flight work to finish before stopping actors.
+DRAIN_SECONDS = 10.0

@@ -1,0 +1,81 @@
+"""The messages that flow between the pipeline's actors."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.messages.actions import BaseAction
+from autoresponse.messages.context import ChatId, OriginalContext
+from autoresponse.messages.prompt import PromptRequest
+
+
+class UserRequest(BaseModel):
+    """A user's message, from an inbound interface to the LLM client."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    context: OriginalContext
+
+
+class LLMRequest(BaseModel):
+    """A prompt for the LLM client to send."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: PromptRequest
+
+
+class LLMReply(BaseModel):
+    """The LLM's raw answer to a prompt, for the dispatcher to extract actions from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: PromptRequest
+    text: str
+
+
+class LLMFailure(BaseModel):
+    """The LLM could not be asked (HTTP error, timeout, quota)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: PromptRequest
+    error: str
+    status: int | None = None
+
+
+class ActionRequest(BaseModel):
+    """A valid action for an executor to carry out."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: BaseAction
+    context: OriginalContext
+
+
+class OutboundMessage(BaseModel):
+    """Text for a sender to deliver to a chat, threaded to the original message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    context: OriginalContext
+    chat_id: ChatId
+    text: str
+    reply_to_message_id: ChatId | None = None
+    thread_id: ChatId | None = None
+    #: True for the runtime's own notices (errors, refusals), False for LLM replies.
+    notice: bool = False
+
+    @classmethod
+    def reply(cls, context: OriginalContext, text: str, *, notice: bool = False,
+              chat_id: ChatId | None = None) -> OutboundMessage:
+        """A reply to ``context``'s message, in its chat unless ``chat_id`` says otherwise."""
+        return cls(
+            context=context,
+            chat_id=context.chat_id if chat_id is None else chat_id,
+            text=text,
+            reply_to_message_id=context.message_id if chat_id in (None, context.chat_id) else None,
+            thread_id=context.thread_id,
+            notice=notice,
+        )

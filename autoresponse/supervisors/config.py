@@ -1,0 +1,111 @@
+"""Settings: environment (AUTORESPONSE_..., nested with __), an optional TOML file, defaults.
+
+>>> import os
+>>> os.environ["AUTORESPONSE_TERMINAL__ENABLED"] = "true"
+>>> Settings.load().terminal.enabled
+True
+>>> del os.environ["AUTORESPONSE_TERMINAL__ENABLED"]
+
+Priority, highest first: explicit arguments, environment, the TOML file given
+with ``--config``, the caller's defaults (``autoresponse demo`` enables a small
+terminal allowlist), then the built-in defaults.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from autoresponse.interfaces.terminal.settings import TerminalSettings
+from autoresponse.limits import (
+    DRAIN_SECONDS,
+    LLM_CONNECT_TIMEOUT_SECONDS,
+    LLM_MAX_ATTEMPTS,
+    LLM_MAX_IN_FLIGHT,
+    LLM_READ_TIMEOUT_SECONDS,
+    MAILBOX_CAPACITY,
+    MAX_HOPS,
+)
+
+_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
+_defaults: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("defaults", default={})
+
+
+class LLMSettings(BaseModel):
+    """Without ``base_url`` the built-in offline engine answers."""
+
+    base_url: str | None = None
+    model: str = "gpt-4o-mini"
+    api_key: SecretStr | None = None
+    connect_timeout: float = Field(default=LLM_CONNECT_TIMEOUT_SECONDS, gt=0)
+    read_timeout: float = Field(default=LLM_READ_TIMEOUT_SECONDS, gt=0)
+    max_attempts: int = Field(default=LLM_MAX_ATTEMPTS, ge=1)
+    max_in_flight: int = Field(default=LLM_MAX_IN_FLIGHT, ge=1)
+    temperature: float | None = None
+
+
+class ConsoleSettings(BaseModel):
+    enabled: bool = True
+    #: Read requests from stdin when the daemon runs.
+    read_stdin: bool = True
+
+
+class RuntimeSettings(BaseModel):
+    max_hops: int = Field(default=MAX_HOPS, ge=1)
+    mailbox_capacity: int = Field(default=MAILBOX_CAPACITY, ge=1)
+    drain_seconds: float = Field(default=DRAIN_SECONDS, ge=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="AUTORESPONSE_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    llm: LLMSettings = LLMSettings()
+    terminal: TerminalSettings = TerminalSettings()
+    console: ConsoleSettings = ConsoleSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    data_dir: Path = Path("~/.local/share/autoresponse")
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *,
+             defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
+        """Settings from every source; ``config_file`` is a TOML file."""
+        if config_file is not None and not Path(config_file).is_file():
+            raise FileNotFoundError(f"config file not found: {config_file}")
+        file_token = _config_file.set(Path(config_file) if config_file else None)
+        defaults_token = _defaults.set(defaults or {})
+        try:
+            return cls(**overrides)
+        finally:
+            _config_file.reset(file_token)
+            _defaults.reset(defaults_token)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file.get()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        defaults = _defaults.get()
+        if defaults:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=defaults))
+        return tuple(sources)
