@@ -170,6 +170,8 @@ class TypedActor(pykka.ThreadingActor):
                            detail=f"{type(self).__name__} does not handle {type(body).__name__}")
             return
         try:
+            if runtime.fault is not None:
+                runtime.fault(self.name, env)
             handler(self, body, env)
         except BaseException:
             self._failing = env  # on_failure reports it; it stays in flight until then

@@ -165,8 +165,14 @@ def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseEx
     """The default crash policy: the message goes to the dead-letter office with
     its exception, and the actor starts afresh on the same mailbox. Supervisors
     replace this with their strategies."""
-    if envelope is not None:
-        cell.runtime.finish(envelope, "crash", actor=cell.name, error=error)
+    if envelope is None:
+        # It failed outside any message (in setup): restarting would fail the
+        # same way, forever. It stays stopped and its mailbox refuses work.
+        cell.stop(timeout=0)
+        for letter in cell.mailbox.close():
+            cell.runtime._discard(cell, letter)
+        return
+    cell.runtime.finish(envelope, "crash", actor=cell.name, error=error)
     cell.restart()
 
 
@@ -189,6 +195,9 @@ class Runtime:
         self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
             restart_and_dead_letter
         )
+        #: Called before every handler with (actor name, envelope); raising crashes
+        #: the actor as the handler would. For fault injection in tests (see testkit).
+        self.fault: Callable[[str, Envelope], None] | None = None
         self._cells: dict[str, Cell] = {}
         self._taps: dict[str, list[Probe]] = {}
         self._lock = threading.Lock()

@@ -35,7 +35,7 @@ from autoresponse.limits import (
 )
 
 RETRY_STATUSES = frozenset({408, 409, 429})
-_backoff = wait_exponential_jitter(initial=0.5, max=8.0, jitter=0.5)
+_backoff = wait_exponential_jitter(multiplier=0.5, max=8.0, jitter=0.5)
 
 
 def parse_retry_after(value: str | None) -> float | None:

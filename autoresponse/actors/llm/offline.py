@@ -95,6 +95,9 @@ class OfflineEngine:
             for out in message.get("outputs", []):
                 command = out.get("command") or out.get("action_type", "action")
                 output = out.get("output", "")
+                if output.startswith("refused: "):
+                    parts.append(f"I did not run `{command}`: {output.removeprefix('refused: ')}.")
+                    continue
                 if out.get("ok", True):
                     head = f"`{command}` finished. {_comment(command, output)}"
                 else:

@@ -1,0 +1,261 @@
+"""The actor kernel: typed handlers, stable names, mailboxes, dead letters, I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pykka
+import pytest
+from pydantic import BaseModel
+
+from autoresponse.actors import OverflowPolicy, Runtime, TypedActor, handles
+from autoresponse.actors.testkit import Recorder, running
+from autoresponse.messages import Envelope
+
+
+class Ping(BaseModel):
+    n: int
+
+
+class Pong(BaseModel):
+    n: int
+
+
+class Echo(TypedActor):
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.send("sink", Pong(n=ping.n), cause=env)
+
+
+class EitherWay(TypedActor):
+    @handles
+    def on_either(self, message: Ping | Pong, env: Envelope) -> None:
+        self.send("sink", Pong(n=message.n * 10), cause=env)
+
+
+class Gated(TypedActor):
+    """Waits on a gate for each message, raises on n == 2, forwards the rest."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        assert self.gate.wait(10)
+        if ping.n == 2:
+            raise ValueError("two is bad")
+        self.send("sink", Pong(n=ping.n), cause=env)
+
+
+class Bouncer(TypedActor):
+    def __init__(self, other: str) -> None:
+        super().__init__()
+        self.other = other
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.send(self.other, Ping(n=ping.n + 1), cause=env)
+
+
+class Sleeper(TypedActor):
+    """Hands work to the event loop and forwards what comes back."""
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.run_io(self._later(ping.n), cause=env)
+
+    async def _later(self, n: int) -> Pong:
+        await asyncio.sleep(0.01)
+        if n < 0:
+            raise ConnectionError("negative")
+        return Pong(n=n)
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        self.send("sink", Pong(n=pong.n + 1000 * (threading.current_thread() is not threading.main_thread())),
+                  cause=env)
+
+
+class FailsToStart(TypedActor):
+    def setup(self) -> None:
+        raise OSError("no such device")
+
+
+def test_handlers_are_chosen_by_message_class() -> None:
+    with running(("echo", Echo), ("either", EitherWay), ("sink", Recorder)) as rt:
+        with rt.probe("sink") as sink:
+            rt.send("echo", Ping(n=1))
+            rt.send("either", Ping(n=2))
+            rt.send("either", Pong(n=3))
+            assert rt.wait_idle(timeout=10)
+            assert sorted(p.n for p in sink.bodies(Pong)) == [1, 20, 30]
+
+
+def test_an_unknown_message_class_is_a_dead_letter_not_a_silent_no_op() -> None:
+    with running(("echo", Echo), ("sink", Recorder)) as rt:
+        env = rt.send("echo", "not a ping")
+        assert rt.wait_idle(timeout=10)
+        [letter] = rt.dead_letters.letters()
+        assert letter.reason == "no handler"
+        assert letter.actor == "echo"
+        assert letter.envelope.message_id == env.message_id
+        assert "str" in letter.detail
+
+
+def test_a_crash_dead_letters_the_message_and_keeps_the_queue_in_order() -> None:
+    gate = threading.Event()
+    with running(("gated", Gated, gate), ("sink", Recorder)) as rt:
+        cell = rt.cell("gated")
+        with rt.probe("sink") as sink:
+            for n in range(1, 6):
+                rt.send("gated", Ping(n=n))
+            gate.set()
+            assert rt.wait_idle(timeout=10)
+            # Everything behind the crash was handled, in order, by the new incarnation.
+            assert [p.n for p in sink.bodies(Pong)] == [1, 3, 4, 5]
+        [letter] = rt.dead_letters.letters()
+        assert letter.reason == "crash"
+        assert letter.error == "ValueError: two is bad"
+        assert letter.envelope.body == Ping(n=2)
+        assert cell.restarts == 1
+        assert cell.last_failure is not None and cell.last_failure.type == "ValueError"
+        # The name is stable: it still reaches the restarted actor.
+        assert rt.cell("gated") is cell and cell.alive
+        with rt.probe("sink") as sink:
+            rt.send("gated", Ping(n=7))
+            assert sink.expect(Pong, timeout=10).body.n == 7
+
+
+def test_a_full_mailbox_dead_letters_the_overflow() -> None:
+    gate = threading.Event()
+    with running(("sink", Recorder)) as rt:
+        rt.spawn("gated", Gated, gate, capacity=2)
+        sent = [rt.send("gated", Ping(n=n)) for n in (1, 3, 4, 5, 6)]
+        # One is being handled (blocked on the gate), two wait, the rest overflow.
+        time.sleep(0.2)
+        gate.set()
+        assert rt.wait_idle(timeout=10)
+        refused = [d for d in rt.dead_letters.letters() if d.reason == "mailbox full"]
+        assert len(refused) + sum(1 for s in sent if s is not None) == 5
+        assert 2 <= len(refused) <= 3
+        assert "capacity 2" in refused[0].detail
+
+
+def test_a_blocking_mailbox_makes_the_sender_wait_for_room() -> None:
+    gate = threading.Event()
+    with running(("sink", Recorder)) as rt:
+        rt.spawn("gated", Gated, gate, capacity=1, overflow=OverflowPolicy.BLOCK, block_seconds=10)
+        with rt.probe("sink") as sink:
+            done = threading.Event()
+
+            def producer() -> None:
+                for n in (1, 3, 4, 5):
+                    rt.send("gated", Ping(n=n))
+                done.set()
+
+            thread = threading.Thread(target=producer)
+            thread.start()
+            assert not done.wait(0.3), "the sender should be held back by the full mailbox"
+            gate.set()
+            thread.join(10)
+            assert rt.wait_idle(timeout=10)
+            assert [p.n for p in sink.bodies(Pong)] == [1, 3, 4, 5]
+        assert rt.dead_letters.letters() == []
+
+
+def test_a_blocking_mailbox_gives_up_after_its_wait() -> None:
+    gate = threading.Event()
+    with running(("sink", Recorder)) as rt:
+        rt.spawn("gated", Gated, gate, capacity=1, overflow=OverflowPolicy.BLOCK, block_seconds=0.1)
+        rt.send("gated", Ping(n=1))
+        time.sleep(0.1)  # the first is being handled
+        rt.send("gated", Ping(n=3))
+        assert rt.send("gated", Ping(n=4)) is None
+        gate.set()
+        assert rt.wait_idle(timeout=10)
+        assert [d.reason for d in rt.dead_letters.letters()] == ["mailbox full"]
+
+
+def test_stop_dead_letters_what_is_still_queued() -> None:
+    gate = threading.Event()
+    rt = Runtime().start()
+    rt.spawn("sink", Recorder)
+    rt.spawn("gated", Gated, gate)
+    for n in (1, 3, 4):
+        rt.send("gated", Ping(n=n))
+    threading.Timer(0.3, gate.set).start()
+    assert rt.stop(drain=0.05) is False
+    reasons = [d.reason for d in rt.dead_letters.letters()]
+    # The one in hand finished; the two queued behind it are accounted for.
+    assert reasons.count("shutdown") == 2
+    assert rt.inflight.count() == 0
+
+
+def test_a_looping_chain_ends_at_the_hop_limit() -> None:
+    with running(("ping", Bouncer, "pong"), ("pong", Bouncer, "ping"), runtime=Runtime(max_hops=12)) as rt:
+        env = rt.send("ping", Ping(n=0))
+        assert rt.wait_idle(env.correlation_id, timeout=10)
+        [letter] = rt.dead_letters.letters()
+        assert letter.reason == "hop limit"
+        assert letter.envelope.hops == 13
+        assert letter.correlation_id == env.correlation_id
+
+
+def test_expired_work_is_skipped_and_dead_lettered() -> None:
+    gate = threading.Event()
+    with running(("gated", Gated, gate), ("sink", Recorder)) as rt:
+        with rt.probe("sink") as sink:
+            rt.send("gated", Ping(n=1))
+            rt.send("gated", Ping(n=3), timeout=0.05)
+            time.sleep(0.2)
+            gate.set()
+            assert rt.wait_idle(timeout=10)
+            assert [p.n for p in sink.bodies(Pong)] == [1]
+        assert [d.reason for d in rt.dead_letters.letters()] == ["deadline"]
+
+
+def test_io_results_come_back_as_messages_in_the_actor_thread() -> None:
+    with running(("sleeper", Sleeper), ("sink", Recorder)) as rt:
+        with rt.probe("sink") as sink:
+            env = rt.send("sleeper", Ping(n=5))
+            pong = sink.expect(Pong, timeout=10)
+            # 1005: handled off the main thread, in the sleeper's own thread.
+            assert pong.body.n == 1005
+            assert pong.correlation_id == env.correlation_id
+            assert rt.wait_idle(timeout=10)
+
+
+def test_an_io_error_crashes_the_actor_with_its_message() -> None:
+    with running(("sleeper", Sleeper), ("sink", Recorder)) as rt:
+        env = rt.send("sleeper", Ping(n=-1))
+        assert rt.wait_idle(timeout=10)
+        [letter] = rt.dead_letters.letters()
+        assert (letter.reason, letter.error) == ("crash", "ConnectionError: negative")
+        assert letter.envelope.message_id == env.message_id
+
+
+def test_an_actor_that_fails_to_start_is_stopped_and_refuses_work() -> None:
+    with running(("broken", FailsToStart)) as rt:
+        cell = rt.cell("broken")
+        deadline = time.monotonic() + 10
+        while cell.state != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cell.state == "stopped"
+        assert cell.last_failure is not None and cell.last_failure.message == "no such device"
+        assert rt.send("broken", Ping(n=1)) is None
+        assert [d.reason for d in rt.dead_letters.letters()] == ["actor stopped"]
+
+
+def test_actors_only_start_inside_a_runtime() -> None:
+    with pytest.raises(RuntimeError, match="Runtime.spawn"):
+        Echo.start()
+    assert pykka.ActorRegistry.get_all() == []
+
+
+def test_names_are_unique() -> None:
+    with running(("sink", Recorder)) as rt:
+        with pytest.raises(ValueError, match="already exists"):
+            rt.spawn("sink", Recorder)

@@ -1,0 +1,104 @@
+"""The protocol: action models, the generated schema, system messages, prompts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from autoresponse.messages import (
+    ACTION_MODELS,
+    ActionResult,
+    OriginalContext,
+    SystemMessage,
+    TerminalAction,
+    build_chat_request,
+    build_delivery_request,
+    full_json_instructions,
+    parse_action,
+    render_openai_messages,
+)
+
+CTX = OriginalContext(chat_id=42, message_id=7, interface_name="console", original_command="run df -h")
+
+
+def schema_of(instructions: str) -> dict[str, Any]:
+    return json.loads(instructions.rsplit("\n", 1)[1])
+
+
+def action_types_in(schema: Any) -> set[str]:
+    """Every value the schema allows for an action's "type" field."""
+    found: set[str] = set()
+    if isinstance(schema, dict):
+        tag = schema.get("properties", {}).get("type")
+        if isinstance(tag, dict):
+            found |= set(tag.get("enum", [])) | ({tag["const"]} if "const" in tag else set())
+        for value in schema.values():
+            found |= action_types_in(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            found |= action_types_in(value)
+    return found
+
+
+def test_bash_is_an_alias_of_terminal() -> None:
+    action = parse_action({"type": "bash", "payload": {"command": "uptime"}})
+    assert isinstance(action, TerminalAction)
+    assert action.type == "terminal"
+
+
+def test_the_schema_shown_is_generated_from_the_models() -> None:
+    every = [m.action_type() for m in ACTION_MODELS]
+    schema = schema_of(full_json_instructions(every))
+    assert action_types_in(schema) == {"terminal", "bash", "event", "message_console",
+                                       "message_telegram_bot"}
+    # A field added to a model shows up without writing the schema again.
+    assert "command" in json.dumps(schema) and "repeat" in json.dumps(schema)
+
+
+def test_instructions_list_only_the_allowed_actions() -> None:
+    schema = schema_of(full_json_instructions(["message_console"]))
+    assert action_types_in(schema) == {"message_console"}
+
+
+def test_unknown_action_types_cannot_be_allowed() -> None:
+    with pytest.raises(ValueError, match="teleport"):
+        full_json_instructions(["teleport"])
+
+
+def test_an_error_system_message_needs_its_errors_and_policy() -> None:
+    with pytest.raises(ValidationError):
+        SystemMessage(type="error", original_context=CTX, full_json_instructions="x")
+
+
+def test_a_non_zero_exit_is_never_ok() -> None:
+    assert ActionResult(action_type="terminal", output="", exit_code=1).ok is False
+
+
+def test_oversized_message_text_is_an_invalid_payload() -> None:
+    with pytest.raises(ValidationError, match="at most 32000"):
+        parse_action({"type": "message_console", "payload": {"text": "x" * 32_001}})
+
+
+def test_a_delivery_prompt_carries_the_system_message_and_its_context() -> None:
+    message = SystemMessage(
+        type="output", original_context=CTX,
+        full_json_instructions=full_json_instructions(["message_console"]),
+        outputs=[ActionResult(action_type="terminal", command="df -h", output="/ 42%")],
+    )
+    prompt = build_delivery_request(message, allowed_actions=["message_console"])
+    assert prompt.mode == "delivery"
+    rendered = render_openai_messages(prompt)
+    sent = json.loads(rendered[-1]["content"])["system_message"]
+    assert sent["type"] == "output"
+    assert sent["original_context"]["chat_id"] == 42
+    assert sent["outputs"][0]["output"] == "/ 42%"
+
+
+def test_a_chat_prompt_shows_the_rules_in_the_system_turn() -> None:
+    prompt = build_chat_request("run df -h", CTX, allowed_actions=["terminal", "message_console"])
+    system, user = render_openai_messages(prompt)
+    assert "Allowed action types in this turn: message_console, terminal." in system["content"]
+    assert user == {"role": "user", "content": "run df -h"}

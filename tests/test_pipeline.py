@@ -1,0 +1,203 @@
+"""The whole loop: console → LLM → executor → LLM (delivery) → console, against a fake LLM."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from conftest import ask, console_text
+
+from autoresponse import request_llm_delivery
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.routes import LLM, executor, sender
+from autoresponse.actors.testkit import FaultInjector
+from autoresponse.messages import (
+    ActionRequest,
+    LLMRequest,
+    OriginalContext,
+    OutboundMessage,
+    SystemMessage,
+)
+from autoresponse.supervisors import Application
+
+MakeApp = Callable[..., Application]
+
+
+def actions(*items: dict) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(items)}))
+
+
+def terminal(command: str) -> dict:
+    return {"type": "terminal", "payload": {"command": command}}
+
+
+def reply(text: str, **payload: object) -> dict:
+    return {"type": "message_console", "payload": {"text": text, **payload}}
+
+
+def rejections(app: Application) -> list[SystemMessage]:
+    return [d.envelope.body for d in app.runtime.dead_letters.letters()
+            if d.reason == "llm output rejected"]
+
+
+def test_the_delivery_request_carries_output_context_and_only_message_actions(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(LLM) as at_llm:
+        ask(app, "run echo hello-from-the-terminal")
+        delivery = at_llm.expect(LLMRequest, where=lambda r: r.prompt.mode == "delivery").body
+
+    # In process: built from a PromptRequest in delivery mode, around an output system message.
+    assert delivery.prompt.system_message is not None
+    assert delivery.prompt.system_message.type == "output"
+    # On the wire: what the fake LLM received.
+    chat, sent = fake_llm.requests
+    assert chat.messages[-1]["content"] == "run echo hello-from-the-terminal"
+    message = json.loads(sent.messages[-1]["content"])["system_message"]
+    assert message["type"] == "output"
+    [output] = message["outputs"]
+    assert output["command"] == "echo hello-from-the-terminal"
+    assert output["output"].strip() == "hello-from-the-terminal"
+    assert message["original_context"] == {
+        "chat_id": "console", "message_id": 1, "interface_name": "console",
+        "original_command": "run echo hello-from-the-terminal",
+        "user_name": message["original_context"]["user_name"], "chat_type": "private",
+    }
+    instructions = message["full_json_instructions"]
+    assert "Allowed action types in this turn: message_console." in instructions
+    assert '"terminal"' not in instructions and '"event"' not in instructions
+
+
+def test_the_reply_goes_to_the_original_chat_as_a_reply(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(actions(terminal("echo 42")), actions(reply("The answer is 42.")))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "what is the answer?")
+        [sent] = out.bodies(OutboundMessage)
+    assert (sent.chat_id, sent.reply_to_message_id, sent.text) == ("console", 1, "The answer is 42.")
+    assert "↳#1 │ The answer is 42." in console_text(app)
+
+
+def test_a_delivery_may_name_its_own_chat_but_no_other(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(actions(terminal("echo 1")), actions(reply("here", target="console")),
+                    actions(terminal("echo 2")), actions(reply("leak", target="elsewhere")))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "first")
+        ask(app, "second")
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["here"]
+    [error] = rejections(app)
+    assert "a delivery answers the original chat" in error.errors[0]
+
+
+def test_several_outputs_are_delivered_in_one_llm_turn(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    app = make_app(base_url=fake_llm.base_url)
+    ctx = OriginalContext(chat_id="console", message_id=9, interface_name="console",
+                          original_command="check the box")
+    with app.runtime.probe(sender("console")) as out:
+        env = request_llm_delivery(
+            "Filesystem 42%", ctx, action_type="terminal", command="df -h",
+            action_outputs=[{"action_type": "terminal", "command": "uptime", "output": "load 0.1"},
+                            {"action_type": "terminal", "command": "date", "output": "Mon"}],
+            runtime=app.runtime,
+        )
+        assert app.runtime.wait_idle(env.correlation_id, 15)
+        [sent] = out.bodies(OutboundMessage)
+    [request] = fake_llm.requests
+    outputs = json.loads(request.messages[-1]["content"])["system_message"]["outputs"]
+    assert [o["command"] for o in outputs] == ["df -h", "uptime", "date"]
+    assert sent.reply_to_message_id == 9
+    assert "`uptime` finished" in sent.text and "`date` finished" in sent.text
+
+
+def test_request_llm_delivery_uses_the_running_runtime(make_app: MakeApp) -> None:
+    app = make_app()
+    ctx = OriginalContext(chat_id="console", message_id=3, interface_name="console")
+    with app.runtime.probe(sender("console")) as out:
+        request_llm_delivery("done", ctx, action_type="terminal", command="make")
+        assert "`make` finished" in out.expect(OutboundMessage, timeout=15).body.text
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("Sure! {oops this is not json", "invalid JSON"),
+        ('{"type": "teleport", "payload": {"to": "mars"}}', "unknown action type 'teleport'"),
+        ('{"type": "terminal", "payload": {"cmd": "df -h"}}', "payload.command: Field required"),
+    ],
+    ids=["invalid-json", "unknown-type", "invalid-payload"],
+)
+def test_bad_llm_output_becomes_an_error_system_message(
+    make_app: MakeApp, fake_llm: FakeLLMServer, bad: str, error: str
+) -> None:
+    fake_llm.script(FakeResponse(content=bad))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(executor("terminal")) as ran:
+        ask(app, "run df -h")
+        assert ran.envelopes == []
+    [message] = rejections(app)
+    assert message.type == "error"
+    assert error in message.errors[0]
+    assert message.your_reply == bad
+    assert message.error_retry_policy and "corrected actions" in message.error_retry_policy
+    assert message.original_context.original_command == "run df -h"
+    assert "Allowed action types in this turn" in message.full_json_instructions
+
+
+def test_a_delivery_turn_never_runs_a_command(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(actions(terminal("echo first")), actions(terminal("echo second")))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(executor("terminal")) as ran:
+        ask(app, "run echo first")
+        assert [r.action.payload.command for r in ran.bodies(ActionRequest)] == ["echo first"]
+    [message] = rejections(app)
+    assert "'terminal' is not allowed in this turn; allowed: message_console" in message.errors[0]
+
+
+def test_the_hop_limit_ends_a_chain(make_app: MakeApp) -> None:
+    app = make_app(runtime={"max_hops": 3})
+    ask(app, "run date")
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "hop limit"
+    assert letter.envelope.hops == 4
+
+
+def test_an_unreachable_llm_gives_the_user_a_notice(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(status=401))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "hello")
+        [notice] = out.bodies(OutboundMessage)
+    assert notice.notice and "could not reach the language model" in notice.text
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "llm unavailable" and "HTTP 401" in letter.detail
+
+
+PIPELINE = ["interface.console", "llm", "dispatcher", "executor.terminal", "builder", "sender.console"]
+
+
+@pytest.mark.parametrize("actor", PIPELINE)
+def test_a_crash_in_any_pipeline_actor_reaches_the_dead_letter_office(make_app: MakeApp, actor: str) -> None:
+    app = make_app()
+    faults = FaultInjector(actors={actor}, times=1)
+    app.runtime.fault = faults
+    ask(app, "run echo one")
+    [letter] = app.runtime.dead_letters.letters()
+    assert (letter.reason, letter.actor) == ("crash", actor)
+    assert letter.error == f"InjectedFault: injected fault in {actor}"
+    # The actor was restarted under the same name: the next request goes through.
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run echo two")
+        assert "two" in out.expect(OutboundMessage, timeout=5).body.text
+    assert app.runtime.cell(actor).restarts == 1
+
+
+def test_the_offline_engine_runs_the_whole_loop(make_app: MakeApp) -> None:
+    app = make_app()
+    ask(app, "run uname -s")
+    text = console_text(app)
+    assert "you     #1 │ run uname -s" in text
+    assert "bot    ↳#1 │ `uname -s` finished" in text
+    assert "Linux" in text

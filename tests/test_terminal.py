@@ -1,0 +1,155 @@
+"""The terminal executor: off by default, allowlisted, no shell, bounded in time and output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ask
+
+from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.actors.routes import BUILDER, executor
+from autoresponse.interfaces.terminal import (
+    CommandRefused,
+    TerminalExecutor,
+    TerminalSettings,
+    parse_command,
+    run_command,
+)
+from autoresponse.messages import ActionOutput, ActionRequest, OriginalContext, TerminalAction
+from autoresponse.supervisors import Application
+
+MakeApp = Callable[..., Application]
+CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")
+
+
+def delivered_outputs(fake_llm: FakeLLMServer) -> list[dict]:
+    """The action outputs the LLM was shown in delivery turns."""
+    found = []
+    for request in fake_llm.requests:
+        content = request.messages[-1]["content"]
+        if content.startswith('{"system_message"'):
+            found.extend(json.loads(content)["system_message"]["outputs"])
+    return found
+
+
+def test_the_terminal_is_off_by_default() -> None:
+    assert TerminalSettings().enabled is False
+
+
+def test_a_disabled_executor_refuses_and_says_so() -> None:
+    from autoresponse.actors.testkit import Recorder, running
+
+    with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, TerminalSettings(
+            allowed_commands=["echo"]))) as rt:
+        with rt.probe(BUILDER) as builder:
+            action = TerminalAction(type="terminal", payload={"command": "echo hi"})
+            rt.send(executor("terminal"), ActionRequest(action=action, context=CTX))
+            [result] = builder.expect(ActionOutput, timeout=10).body.results
+    assert result.ok is False
+    assert result.output == "refused: the terminal executor is off"
+
+
+def test_without_the_terminal_the_llm_is_not_offered_it(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    app = make_app(base_url=fake_llm.base_url, terminal=False)
+    ask(app, "run df -h")
+    system = fake_llm.requests[0].messages[0]["content"]
+    assert "Allowed action types in this turn: message_console." in system
+    assert not app.runtime.has(executor("terminal"))
+
+
+def test_only_allowlisted_programs_run(make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    victim = tmp_path / "precious"
+    victim.write_text("keep me")
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo"])
+    ask(app, f"run rm -f {victim}")
+    assert victim.exists()
+    [output] = delivered_outputs(fake_llm)
+    assert output["ok"] is False
+    assert output["output"] == "refused: 'rm' is not on the allowlist (allowed: echo)"
+
+
+@pytest.mark.parametrize("joiner", ["; ", " && ", " | ", " || ", " > "])
+def test_there_is_no_shell(make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path, joiner: str) -> None:
+    victim = tmp_path / "x"
+    victim.write_text("keep me")
+    app = make_app(base_url=fake_llm.base_url, allowed=["df", "rm"])
+    ask(app, f"run df -h{joiner}rm -rf {victim}")
+    assert victim.read_text() == "keep me"
+    [output] = delivered_outputs(fake_llm)
+    assert "commands run without a shell" in output["output"]
+
+
+def test_quoted_operators_are_just_text() -> None:
+    assert parse_command("echo 'a;b' \"c|d\"", ["echo"]) == ["echo", "a;b", "c|d"]
+    result = asyncio.run(run_command(["echo", "a;b"], label="echo", timeout=5, output_cap=100))
+    assert result.output == "a;b\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [("/bin/echo hi", "by name, not by path"), ("echo 'unclosed", "cannot parse"), ("", "empty"),
+     ("nosuchprogram-xyz", "not on the allowlist")],
+)
+def test_refusals_say_why(command: str, reason: str) -> None:
+    with pytest.raises(CommandRefused, match=reason):
+        parse_command(command, ["echo"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_a_timeout_kills_the_whole_process_group() -> None:
+    script = "sleep 60 & echo $!; wait"
+    started = time.monotonic()
+    result = asyncio.run(run_command(["sh", "-c", script], label="sh", timeout=0.5, output_cap=1000))
+    assert time.monotonic() - started < 30  # it did not wait for the sleeps
+    grandchild = int(re.search(r"^(\d+)$", result.output, re.M).group(1))  # type: ignore[union-attr]
+    until = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not _alive(grandchild), "the background child outlived the timeout"
+    assert result.ok is False
+    assert "timed out after 0.5s: the process group was killed" in result.output
+
+
+def test_output_is_capped_with_a_note() -> None:
+    result = asyncio.run(run_command(["seq", "1", "100000"], label="seq", timeout=10, output_cap=1000))
+    kept, note = result.output[:1000], result.output[1000:]
+    assert kept.startswith("1\n2\n3\n")
+    assert result.truncated
+    assert re.fullmatch(r"\n\[output cut: \d+ more bytes not shown\]", note)
+    assert result.ok  # cutting the output is not a failure of the command
+
+
+def test_a_non_zero_exit_is_delivered_through_the_llm(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    app = make_app(base_url=fake_llm.base_url, allowed=["ls"])
+    from autoresponse.actors.routes import sender
+    from autoresponse.messages import OutboundMessage
+
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run ls /no/such/directory")
+        [reply] = out.bodies(OutboundMessage)
+    [output] = delivered_outputs(fake_llm)
+    assert output["ok"] is False and output["exit_code"] == 2
+    assert "No such file or directory" in output["output"]
+    assert "`ls /no/such/directory` failed (exit 2)" in reply.text
+
+
+def test_the_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LLM__API_KEY", "sk-do-not-leak")
+    result = asyncio.run(run_command(["env"], label="env", timeout=5, output_cap=10_000))
+    assert "sk-do-not-leak" not in result.output
+    assert "PATH=/usr/local/bin:/usr/bin:/bin" in result.output.splitlines()
+    assert os.environ["AUTORESPONSE_LLM__API_KEY"] == "sk-do-not-leak"
