@@ -1,0 +1,1 @@
+"""Delivery-throughput benchmarks. Run with ``make bench`` or ``python -m benchmarks``."""
