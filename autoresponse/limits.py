@@ -47,3 +47,25 @@ LLM_MAX_IN_FLIGHT = 64
 
 #: Seconds `stop()` waits for in-flight work to finish before stopping actors.
 DRAIN_SECONDS = 10.0
+
+#: Times a message is handed to an actor that crashes on it before it is
+#: dead-lettered (the first attempt included).
+MESSAGE_ATTEMPTS = 3
+
+#: Restart intensity: a supervisor restarting more than this many children
+#: within the period gives up and fails to its parent.
+MAX_RESTARTS = 20
+RESTART_PERIOD_SECONDS = 10.0
+
+#: Backoff between restarts of one child.
+RESTART_BACKOFF_MIN_SECONDS = 0.01
+RESTART_BACKOFF_MAX_SECONDS = 5.0
+RESTART_BACKOFF_JITTER = 0.2
+RESTART_BACKOFF_RESET_SECONDS = 30.0
+
+#: Re-asks of the LLM after it answered with invalid actions (per work item).
+RETRY_MAX_ATTEMPTS = 2
+RETRY_BACKOFF_MIN_SECONDS = 0.5
+RETRY_BACKOFF_MAX_SECONDS = 8.0
+#: Retry actors in the pool; a correlation always lands on the same one.
+RETRY_POOL_SIZE = 4

@@ -52,6 +52,7 @@ def make_app() -> Iterator[Callable[..., Application]]:
 
     def make(*, base_url: str | None = None, terminal: bool = True,
              allowed: tuple[str, ...] | list[str] = DEMO_COMMANDS, **settings: Any) -> Application:
+        settings.setdefault("admin", {"enabled": False})
         llm = {"base_url": base_url, "read_timeout": 5, "max_attempts": 2, **settings.pop("llm", {})}
         config = Settings.load(
             llm=llm,

@@ -17,9 +17,10 @@ from autoresponse.messages import (
     LLMRequest,
     OriginalContext,
     OutboundMessage,
-    SystemMessage,
+    Rejection,
 )
 from autoresponse.supervisors import Application
+from autoresponse.supervisors.app import RETRY
 
 MakeApp = Callable[..., Application]
 
@@ -34,11 +35,6 @@ def terminal(command: str) -> dict:
 
 def reply(text: str, **payload: object) -> dict:
     return {"type": "message_console", "payload": {"text": text, **payload}}
-
-
-def rejections(app: Application) -> list[SystemMessage]:
-    return [d.envelope.body for d in app.runtime.dead_letters.letters()
-            if d.reason == "llm output rejected"]
 
 
 def test_the_delivery_request_carries_output_context_and_only_message_actions(
@@ -83,13 +79,13 @@ def test_the_reply_goes_to_the_original_chat_as_a_reply(make_app: MakeApp, fake_
 def test_a_delivery_may_name_its_own_chat_but_no_other(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
     fake_llm.script(actions(terminal("echo 1")), actions(reply("here", target="console")),
                     actions(terminal("echo 2")), actions(reply("leak", target="elsewhere")))
-    app = make_app(base_url=fake_llm.base_url)
-    with app.runtime.probe(sender("console")) as out:
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 0})
+    with app.runtime.probe(sender("console")) as out, app.runtime.probe(RETRY) as retry:
         ask(app, "first")
         ask(app, "second")
-        assert [m.text for m in out.bodies(OutboundMessage)] == ["here"]
-    [error] = rejections(app)
-    assert "a delivery answers the original chat" in error.errors[0]
+        assert [m.text for m in out.bodies(OutboundMessage) if not m.notice] == ["here"]
+        [rejected] = retry.bodies(Rejection)
+    assert "a delivery answers the original chat" in rejected.message.errors[0]
 
 
 def test_several_outputs_are_delivered_in_one_llm_turn(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
@@ -134,10 +130,11 @@ def test_bad_llm_output_becomes_an_error_system_message(
 ) -> None:
     fake_llm.script(FakeResponse(content=bad))
     app = make_app(base_url=fake_llm.base_url)
-    with app.runtime.probe(executor("terminal")) as ran:
+    with app.runtime.probe(executor("terminal")) as ran, app.runtime.probe(RETRY) as retry:
         ask(app, "run df -h")
         assert ran.envelopes == []
-    [message] = rejections(app)
+        [rejected] = retry.bodies(Rejection)
+    message = rejected.message
     assert message.type == "error"
     assert error in message.errors[0]
     assert message.your_reply == bad
@@ -149,11 +146,12 @@ def test_bad_llm_output_becomes_an_error_system_message(
 def test_a_delivery_turn_never_runs_a_command(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
     fake_llm.script(actions(terminal("echo first")), actions(terminal("echo second")))
     app = make_app(base_url=fake_llm.base_url)
-    with app.runtime.probe(executor("terminal")) as ran:
+    with app.runtime.probe(executor("terminal")) as ran, app.runtime.probe(RETRY) as retry:
         ask(app, "run echo first")
         assert [r.action.payload.command for r in ran.bodies(ActionRequest)] == ["echo first"]
-    [message] = rejections(app)
-    assert "'terminal' is not allowed in this turn; allowed: message_console" in message.errors[0]
+        [rejected] = retry.bodies(Rejection)
+    assert rejected.prompt.mode == "delivery"
+    assert "'terminal' is not allowed in this turn; allowed: message_console" in rejected.message.errors[0]
 
 
 def test_the_hop_limit_ends_a_chain(make_app: MakeApp) -> None:
@@ -179,19 +177,32 @@ PIPELINE = ["interface.console", "llm", "dispatcher", "executor.terminal", "buil
 
 
 @pytest.mark.parametrize("actor", PIPELINE)
-def test_a_crash_in_any_pipeline_actor_reaches_the_dead_letter_office(make_app: MakeApp, actor: str) -> None:
+def test_a_crash_in_any_pipeline_actor_loses_nothing(make_app: MakeApp, actor: str) -> None:
     app = make_app()
-    faults = FaultInjector(actors={actor}, times=1)
-    app.runtime.fault = faults
+    app.runtime.fault = FaultInjector(actors={actor}, times=1)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run echo one")
+        # The supervisor restarted the actor and it handled the same message again.
+        assert "`echo one` finished" in out.expect(OutboundMessage, timeout=5).body.text
+    assert app.runtime.dead_letters.letters() == []
+    assert app.runtime.cell(actor).restarts == 1
+    assert app.runtime.cell(actor).last_failure.message == f"injected fault in {actor}"
+
+
+@pytest.mark.parametrize("actor", PIPELINE)
+def test_a_message_that_always_crashes_its_actor_is_dead_lettered(make_app: MakeApp, actor: str) -> None:
+    app = make_app(supervision={"message_attempts": 3})
+    app.runtime.fault = FaultInjector(actors={actor}, times=3)
     ask(app, "run echo one")
     [letter] = app.runtime.dead_letters.letters()
     assert (letter.reason, letter.actor) == ("crash", actor)
     assert letter.error == f"InjectedFault: injected fault in {actor}"
-    # The actor was restarted under the same name: the next request goes through.
+    assert letter.detail == "failed on attempt 3 of 3"
+    # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:
         ask(app, "run echo two")
         assert "two" in out.expect(OutboundMessage, timeout=5).body.text
-    assert app.runtime.cell(actor).restarts == 1
+    assert app.runtime.cell(actor).restarts == 3
 
 
 def test_the_offline_engine_runs_the_whole_loop(make_app: MakeApp) -> None:

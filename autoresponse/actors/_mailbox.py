@@ -79,6 +79,22 @@ class Mailbox:
                 self._work.append(letter)
             self._readable.notify()
 
+    def put_priority(self, letter: Any) -> None:
+        """Queue ``letter`` ahead of all work, whatever its type (supervision signals)."""
+        with self._lock:
+            if self._closed:
+                raise MailboxClosed
+            self._priority.append(letter)
+            self._readable.notify()
+
+    def put_front(self, letter: Any) -> None:
+        """Put accepted work back at the head of the work lane (a retry keeps its place)."""
+        with self._lock:
+            if self._closed:
+                raise MailboxClosed
+            self._work.appendleft(letter)
+            self._readable.notify()
+
     def _wait_for_room(self) -> None:
         if self.policy is OverflowPolicy.BLOCK:
             until = time.monotonic() + self.block_seconds

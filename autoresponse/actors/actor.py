@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors._mailbox import InboxView, Letter, MailboxClosed
+from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
     from autoresponse.actors.runtime import Cell, Runtime
-    from autoresponse.messages.system import SystemMessage
 
 Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()
@@ -65,6 +65,18 @@ def adopting(cell: Cell) -> Iterator[None]:
         yield
     finally:
         _adoption.cell = None
+
+
+class ActorGaveUp(Exception):
+    """Raised by a handler to crash its actor on purpose.
+
+    Unlike any other exception, the message being handled counts as handled:
+    it is not retried by the next incarnation.
+    """
+
+
+class CrashRequested(ActorGaveUp):
+    """The actor was sent a ``Crash`` message."""
 
 
 class _IoDone:
@@ -134,11 +146,16 @@ class TypedActor(pykka.ThreadingActor):
 
         future.add_done_callback(finished)
 
-    def report_error(self, message: SystemMessage, *, cause: Envelope) -> None:
-        """Hand an error system message to the runtime's error route."""
-        self.runtime.route_error(message, cause=cause, actor=self.name)
+    def report_error(self, error: Any, *, cause: Envelope) -> None:
+        """Hand an error (an LLM rejection) to the runtime's error route: the supervision
+        tree's retry actors, or the dead-letter office when there are none."""
+        self.runtime.route_error(error, cause=cause, actor=self.name)
 
     # ---------------------------------------------------------------- receiving
+
+    @handles
+    def on_crash_request(self, crash: Crash, env: Envelope) -> None:
+        raise CrashRequested(crash.reason)
 
     def on_receive(self, message: Any) -> Any:
         kind = type(message)
@@ -222,3 +239,5 @@ class TypedActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self.teardown()
+        if not self.cell.stop_requested:
+            self.cell.exited_normally()  # it stopped itself: tell whoever supervises it

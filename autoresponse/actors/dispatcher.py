@@ -12,6 +12,8 @@ from autoresponse.messages import (
     LLMReply,
     OriginalContext,
     OutboundMessage,
+    Rejection,
+    action_key,
 )
 
 
@@ -19,7 +21,8 @@ class ActionDispatcher(TypedActor):
     """Extracts the actions of each reply, sends the valid ones on, reports the rest.
 
     Message actions go to their interface's sender as a reply to the original
-    message; other actions go to their executor.
+    message; other actions go to their executor. An action a re-ask repeats
+    after it was carried out is skipped: nothing runs or is delivered twice.
     """
 
     @handles
@@ -27,12 +30,20 @@ class ActionDispatcher(TypedActor):
         prompt = reply.prompt
         found = extract_actions(reply.text, prompt.allowed_actions)
         errors = list(found.errors)
+        carried_out = list(prompt.carried_out)
         for action in found.actions:
+            key = action_key(action)
+            if key in prompt.carried_out:
+                continue
             problem = self._dispatch(action, prompt.original_context, prompt.mode, env)
             if problem:
                 errors.append(problem)
+            else:
+                carried_out.append(key)
         if errors:
-            self.report_error(rejection(prompt, reply.text, errors), cause=env)
+            message = rejection(prompt, reply.text, errors)
+            self.report_error(Rejection(prompt=prompt, message=message,
+                                        carried_out=tuple(carried_out)), cause=env)
 
     def _dispatch(self, action: BaseAction, ctx: OriginalContext, mode: str, env: Envelope) -> str:
         if action.kind == "message":

@@ -19,12 +19,15 @@ DISPATCHER = "dispatcher"
 BUILDER = "builder"
 
 
+SENDER_PREFIX = "sender."
+
+
 def interface(name: str) -> str:
     return f"interface.{name}"
 
 
 def sender(interface_name: str) -> str:
-    return f"sender.{interface_name}"
+    return f"{SENDER_PREFIX}{interface_name}"
 
 
 def executor(action_type: str) -> str:

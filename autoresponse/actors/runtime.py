@@ -22,28 +22,25 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import pykka
-from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors._loop import EventLoopThread
 from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
-from autoresponse.actors.actor import TypedActor, adopting
+from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
 from autoresponse.actors.deadletters import DeadLetterOffice
 from autoresponse.actors.probe import Probe
-from autoresponse.limits import DRAIN_SECONDS, MAILBOX_BLOCK_SECONDS, MAILBOX_CAPACITY, MAX_HOPS
+from autoresponse.limits import (
+    DRAIN_SECONDS,
+    MAILBOX_BLOCK_SECONDS,
+    MAILBOX_CAPACITY,
+    MAX_HOPS,
+    MESSAGE_ATTEMPTS,
+)
+from autoresponse.messages.control import Exit, Failure
 from autoresponse.messages.envelope import Envelope
-from autoresponse.messages.system import SystemMessage
 
 log = logging.getLogger("autoresponse.runtime")
 
 CellState = Literal["running", "restarting", "stopped"]
-
-
-class Failure(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    type: str
-    message: str
-    time: float
 
 
 class InFlight:
@@ -101,8 +98,13 @@ class Cell:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         mailbox: Mailbox,
+        supervisor: str | None = None,
     ) -> None:
         self.runtime = runtime
+        #: The name of the supervisor told of this actor's exits; None for the root.
+        self.supervisor = supervisor
+        #: True while a stop asked for by the runtime or a supervisor is under way.
+        self.stop_requested = False
         self.name = name
         self.actor_class = actor_class
         self.args = args
@@ -119,14 +121,16 @@ class Cell:
         return f"<Cell {self.name} {self.state} restarts={self.restarts}>"
 
     def start(self) -> None:
+        """Start an incarnation on this cell's mailbox (the first, or after a stop)."""
         with self._lock, adopting(self):
+            self.stop_requested = False
             self._ref = self.actor_class.start(*self.args, **self.kwargs)
             self.state = "running"
 
     def restart(self) -> None:
-        """Start a fresh incarnation on the same mailbox (after a crash)."""
+        """Start a fresh incarnation on the same mailbox, counted as a restart."""
         with self._lock:
-            if self.state == "stopped" or self.mailbox.closed:
+            if self.mailbox.closed:
                 return
             self.restarts += 1
             self.start()
@@ -134,15 +138,28 @@ class Cell:
     def crashed(self, envelope: Envelope | None, error: BaseException) -> None:
         """Called by a dying incarnation, in its own thread, with what it was handling."""
         with self._lock:
-            self.last_failure = Failure(type=type(error).__name__, message=str(error), time=time.time())
-            if self.state == "running":
-                self.state = "restarting"
-        self.runtime.crash_policy(self, envelope, error)
+            self.last_failure = Failure.of(error)
+            self.state = "restarting"
+        if self.supervisor is None:
+            self.runtime.crash_policy(self, envelope, error)
+            return
+        self.runtime.recover(self, envelope, error)
+        self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=True,
+                                                  failure=self.last_failure))
 
-    def stop(self, timeout: float) -> bool:
-        """Stop the current incarnation for good; True if it stopped in time."""
+    def exited_normally(self) -> None:
+        """Called by an incarnation that stopped itself."""
         with self._lock:
             self.state = "stopped"
+            self._ref = None
+        if self.supervisor is not None:
+            self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=False))
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the current incarnation, keeping the mailbox; True if it stopped in time."""
+        with self._lock:
+            self.state = "stopped"
+            self.stop_requested = True
             ref, self._ref = self._ref, None
         if ref is None:
             return True
@@ -157,8 +174,9 @@ class Cell:
 
     @property
     def alive(self) -> bool:
-        ref = self._ref
-        return ref is not None and ref.is_alive()
+        with self._lock:  # a (re)start in progress holds the lock until its ref is known
+            ref = self._ref
+            return ref is not None and ref.is_alive()
 
 
 def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
@@ -169,10 +187,12 @@ def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseEx
         # It failed outside any message (in setup): restarting would fail the
         # same way, forever. It stays stopped and its mailbox refuses work.
         cell.stop(timeout=0)
-        for letter in cell.mailbox.close():
-            cell.runtime._discard(cell, letter)
+        cell.runtime.close(cell)
         return
-    cell.runtime.finish(envelope, "crash", actor=cell.name, error=error)
+    if isinstance(error, ActorGaveUp):
+        cell.runtime.inflight.done(envelope.correlation_id)
+    else:
+        cell.runtime.finish(envelope, "crash", actor=cell.name, error=error)
     cell.restart()
 
 
@@ -186,8 +206,10 @@ class Runtime:
         *,
         max_hops: int = MAX_HOPS,
         mailbox_capacity: int = MAILBOX_CAPACITY,
+        message_attempts: int = MESSAGE_ATTEMPTS,
     ) -> None:
         self.max_hops = max_hops
+        self.message_attempts = message_attempts
         self.mailbox_capacity = mailbox_capacity
         self.dead_letters = DeadLetterOffice()
         self.io = EventLoopThread()
@@ -198,10 +220,12 @@ class Runtime:
         #: Called before every handler with (actor name, envelope); raising crashes
         #: the actor as the handler would. For fault injection in tests (see testkit).
         self.fault: Callable[[str, Envelope], None] | None = None
+        #: The actor that error reports go to (see ``route_error``).
+        self.error_route: str | None = None
         self._cells: dict[str, Cell] = {}
         self._taps: dict[str, list[Probe]] = {}
         self._lock = threading.Lock()
-        self._state: Literal["new", "running", "stopped"] = "new"
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
 
     # ---------------------------------------------------------------- lifetime
 
@@ -228,13 +252,18 @@ class Runtime:
         capacity: int | None = None,
         overflow: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
         block_seconds: float = MAILBOX_BLOCK_SECONDS,
+        supervisor: str | None = None,
         **kwargs: Any,
     ) -> Cell:
-        """Start ``actor_class(*args, **kwargs)`` under the stable ``name``."""
+        """Start ``actor_class(*args, **kwargs)`` under the stable ``name``.
+
+        ``supervisor`` names the actor told of its exits; without one, a crash
+        dead-letters the message and restarts the actor at once.
+        """
         if self._state != "running":
             raise RuntimeError("start the runtime before spawning actors")
         mailbox = Mailbox(capacity or self.mailbox_capacity, overflow, block_seconds)
-        cell = Cell(self, name, actor_class, args, kwargs, mailbox)
+        cell = Cell(self, name, actor_class, args, kwargs, mailbox, supervisor)
         with self._lock:
             if name in self._cells:
                 raise ValueError(f"an actor named {name!r} already exists")
@@ -255,17 +284,27 @@ class Runtime:
             if name in self._cells:
                 self._cells[name].stop(timeout=drain)
         drained = self.inflight.wait(timeout=drain)
-        self._state = "stopped"
+        self._state = "stopping"
         cells = list(self._cells.values())
         for cell in reversed(cells):
             cell.stop(timeout=max(drain, 1.0))
         for cell in cells:
-            for letter in cell.mailbox.close():
-                self._discard(cell, letter)
+            self.close(cell)
         self.io.stop()
+        self._state = "stopped"
         if Runtime._current is self:
             Runtime._current = None
         return drained
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop`` has begun stopping actors: nothing restarts any more."""
+        return self._state in ("stopping", "stopped")
+
+    def close(self, cell: Cell) -> None:
+        """Close ``cell``'s mailbox for good; what was queued is dead-lettered."""
+        for letter in cell.mailbox.close():
+            self._discard(cell, letter)
 
     def _discard(self, cell: Cell, letter: Any) -> None:
         message = letter.message
@@ -331,6 +370,44 @@ class Runtime:
                 probe.offer(envelope)
         return envelope
 
+    def signal(self, to: str, body: Any) -> None:
+        """Deliver a control message ahead of all queued work (exit signals, restarts)."""
+        cell = self._cells.get(to)
+        envelope = Envelope.new(body)
+        if cell is None:
+            self.dead_letters.post(envelope, "no such actor", actor=to)
+            return
+        self.inflight.add(envelope.correlation_id)
+        try:
+            cell.mailbox.put_priority(Letter(envelope))
+        except MailboxClosed:
+            self.inflight.done(envelope.correlation_id)
+            if not self.stopping:
+                log.warning("%s is stopped; dropped control message %r", to, body)
+
+    def recover(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+        """After a crash: put the message back for the next incarnation, at the head of
+        the queue, or dead-letter it once it has failed ``message_attempts`` times."""
+        if envelope is None:
+            return
+        if isinstance(error, ActorGaveUp):
+            self.inflight.done(envelope.correlation_id)
+        elif envelope.attempt < self.message_attempts and not self.stopping:
+            try:
+                cell.mailbox.put_front(Letter(envelope.retried()))
+            except MailboxClosed:
+                self.finish(envelope, "actor stopped", actor=cell.name, error=error)
+        else:
+            self.finish(envelope, "crash", actor=cell.name, error=error,
+                        detail=f"failed on attempt {envelope.attempt} of {self.message_attempts}")
+
+    def replay(self, letter_id: int) -> Envelope | None:
+        """Send a dead letter again, to the actor it was for, as a new attempt."""
+        letter = self.dead_letters.get(letter_id)
+        if letter is None or letter.actor is None:
+            raise KeyError(f"no replayable dead letter #{letter_id}")
+        return self.deliver(letter.actor, letter.envelope.retried())
+
     def finish(
         self,
         envelope: Envelope,
@@ -344,11 +421,14 @@ class Runtime:
         self.dead_letters.post(envelope, reason, actor=actor, detail=detail, error=error)
         self.inflight.done(envelope.correlation_id)
 
-    def route_error(self, message: SystemMessage, *, cause: Envelope, actor: str | None = None) -> None:
-        """Where error system messages go. Until a supervisor routes them to retry
-        actors, each is a dead letter carrying its errors."""
-        self.dead_letters.post(cause.child(message), "llm output rejected", actor=actor,
-                               detail="; ".join(message.errors))
+    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None) -> None:
+        """Send an error to ``error_route`` (the retry pool); without one it is a dead letter."""
+        if self.error_route is not None and self.has(self.error_route):
+            self.deliver(self.error_route, cause.child(error))
+            return
+        errors = getattr(getattr(error, "message", error), "errors", ())
+        self.dead_letters.post(cause.child(error), "llm output rejected", actor=actor,
+                               detail="; ".join(errors))
 
     def wait_idle(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
         """Wait until nothing (of one correlation, or at all) is in flight."""

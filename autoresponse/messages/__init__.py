@@ -17,11 +17,13 @@ from autoresponse.messages.actions import (
     MessagePayload,
     MessageTelegramBotAction,
     TerminalAction,
+    action_key,
     full_json_instructions,
     message_action_for,
     parse_action,
 )
 from autoresponse.messages.context import ChatId, OriginalContext
+from autoresponse.messages.control import Crash, Exit, Failure
 from autoresponse.messages.envelope import Envelope
 from autoresponse.messages.pipeline import (
     ActionRequest,
@@ -29,6 +31,7 @@ from autoresponse.messages.pipeline import (
     LLMReply,
     LLMRequest,
     OutboundMessage,
+    Rejection,
     UserRequest,
 )
 from autoresponse.messages.prompt import (
@@ -36,6 +39,7 @@ from autoresponse.messages.prompt import (
     Turn,
     build_chat_request,
     build_delivery_request,
+    build_reask_request,
     render_openai_messages,
 )
 from autoresponse.messages.system import (
@@ -56,9 +60,12 @@ __all__ = [
     "ActionResult",
     "BaseAction",
     "ChatId",
+    "Crash",
     "DueEvent",
     "Envelope",
     "EventAction",
+    "Exit",
+    "Failure",
     "LLMFailure",
     "LLMReply",
     "LLMRequest",
@@ -68,12 +75,15 @@ __all__ = [
     "OriginalContext",
     "OutboundMessage",
     "PromptRequest",
+    "Rejection",
     "SystemMessage",
     "TerminalAction",
     "Turn",
     "UserRequest",
     "build_chat_request",
+    "action_key",
     "build_delivery_request",
+    "build_reask_request",
     "full_json_instructions",
     "message_action_for",
     "parse_action",

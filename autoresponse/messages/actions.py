@@ -17,6 +17,7 @@ whose sender delivers it.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Iterable
 from functools import lru_cache
@@ -139,6 +140,12 @@ ACTION_ALIASES: dict[str, str] = {"bash": "terminal"}
 def parse_action(raw: Any) -> BaseAction:
     """Validate one action object. Raises ``pydantic.ValidationError``."""
     return _ACTION_ADAPTER.validate_python(raw)
+
+
+def action_key(action: BaseAction) -> str:
+    """A stable key of what an action does, to recognise it when an LLM repeats it."""
+    canonical = json.dumps(action.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
 def message_action_for(interface_name: str) -> type[BaseAction] | None:

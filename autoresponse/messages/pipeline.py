@@ -7,6 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from autoresponse.messages.actions import BaseAction
 from autoresponse.messages.context import ChatId, OriginalContext
 from autoresponse.messages.prompt import PromptRequest
+from autoresponse.messages.system import SystemMessage
 
 
 class UserRequest(BaseModel):
@@ -79,3 +80,15 @@ class OutboundMessage(BaseModel):
             thread_id=context.thread_id,
             notice=notice,
         )
+
+
+class Rejection(BaseModel):
+    """An LLM reply was (partly) invalid: the error system message, the prompt it
+    answered, and the actions of this turn already carried out. Routed through
+    the supervisor to a retry actor."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: PromptRequest
+    message: SystemMessage
+    carried_out: tuple[str, ...] = ()

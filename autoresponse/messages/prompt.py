@@ -56,6 +56,11 @@ class PromptRequest(BaseModel):
     original_context: OriginalContext
     #: The system message a delivery turn answers; None in a chat turn.
     system_message: SystemMessage | None = None
+    #: How many times the LLM was re-asked for this turn after invalid replies.
+    reask: int = 0
+    #: Keys (``action_key``) of the actions already carried out for this turn, so a
+    #: re-ask that repeats one never runs or delivers it twice.
+    carried_out: tuple[str, ...] = ()
 
 
 def _runtime_context(ctx: OriginalContext) -> dict[str, str]:
@@ -109,6 +114,31 @@ def build_delivery_request(
         original_context=ctx,
         system_message=system_message,
     )
+
+
+def build_reask_request(
+    prompt: PromptRequest,
+    error: SystemMessage,
+    *,
+    carried_out: Iterable[str] = (),
+    max_errors: int | None = None,
+) -> PromptRequest:
+    """The same turn asked again: the rejected reply and the error system message
+    become the newest turns of the conversation."""
+    errors = error.errors
+    if max_errors is not None and len(errors) > max_errors:
+        errors = (*errors[:max_errors], f"... and {len(errors) - max_errors} more errors")
+    shown = error.model_copy(update={"errors": errors})
+    payload = {"system_message": shown.model_dump(mode="json", exclude_none=True)}
+    turns = (*prompt.turns, Turn(role="user", content=prompt.current_text),
+             Turn(role="assistant", content=error.your_reply or ""))
+    return prompt.model_copy(update={
+        "turns": turns,
+        "current_text": json.dumps(payload, ensure_ascii=False),
+        "system_message": shown,
+        "reask": prompt.reask + 1,
+        "carried_out": tuple(carried_out),
+    })
 
 
 def render_openai_messages(prompt: PromptRequest) -> list[dict[str, str]]:

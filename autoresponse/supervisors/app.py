@@ -1,26 +1,47 @@
-"""The application: the actor tree the daemon and the demo run.
+"""The application: the supervision tree the daemon and the demo run.
 
->>> with Application(Settings.load()) as app:          # doctest: +SKIP
+>>> with Application(Settings.load()) as app:                        # doctest: +SKIP
 ...     app.runtime.send("interface.console", ConsoleInput(text="run date"))
 
-It owns what it starts: the runtime (actors and event loop thread) and the LLM
-engine; ``stop`` drains in-flight work, then stops all of it.
+::
+
+    root (one_for_one)
+    ├── pipeline (one_for_one): sender.*, executor.*, dispatcher, llm, builder
+    ├── retry (simple_one_for_one pool): retry.0 … retry.N-1
+    └── interfaces (one_for_one): interface.*
+
+It owns what it starts: the runtime (actors, event loop thread), the LLM
+engine and the admin endpoint; ``stop`` stops the interfaces, drains in-flight
+work, then stops all of it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from typing import Any
 
-from autoresponse.actors import Runtime
+from autoresponse.actors import Cell, Runtime
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
+from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, executor, interface, sender
 from autoresponse.interfaces.console import Console, ConsoleInterface, ConsoleSender
 from autoresponse.interfaces.terminal import TerminalExecutor
+from autoresponse.messages import Envelope
+from autoresponse.supervisors.admin import AdminServer
 from autoresponse.supervisors.config import LLMSettings, Settings
+from autoresponse.supervisors.spec import ChildSpec, Spec, Strategy, SupervisorSpec
+from autoresponse.supervisors.supervisor import Supervisor
 
 log = logging.getLogger("autoresponse.app")
+
+ROOT = "root"
+PIPELINE = "pipeline"
+RETRY = "retry"
+INTERFACES = "interfaces"
 
 
 def make_engine(settings: LLMSettings) -> LLMEngine:
@@ -39,8 +60,17 @@ def make_engine(settings: LLMSettings) -> LLMEngine:
     )
 
 
+def names_in(spec: Spec) -> list[str]:
+    """Every actor name a spec starts (pool children included)."""
+    if not isinstance(spec, SupervisorSpec):
+        return [spec.id]
+    if spec.strategy is Strategy.SIMPLE_ONE_FOR_ONE:
+        return [spec.id, *(f"{spec.children[0].id}.{n}" for n in range(spec.pool_size))]
+    return [spec.id, *(name for child in spec.children for name in names_in(child))]
+
+
 class Application:
-    """Pipeline actors plus the configured interfaces, in one runtime."""
+    """Pipeline actors, retry pool and interfaces, supervised in one runtime."""
 
     def __init__(self, settings: Settings, *, console: Console | None = None,
                  engine: LLMEngine | None = None, read_stdin: bool | None = None) -> None:
@@ -51,31 +81,77 @@ class Application:
         self.runtime = Runtime(
             max_hops=settings.runtime.max_hops,
             mailbox_capacity=settings.runtime.mailbox_capacity,
+            message_attempts=settings.supervision.message_attempts,
         )
-        self.inbound: list[str] = []
+        self.admin: AdminServer | None = None
+        #: Set when the root supervisor gave up; ``failure`` says why.
+        self.failed = threading.Event()
+        self.failure: str | None = None
 
-    def start(self) -> Application:
+    def tree(self) -> SupervisorSpec:
+        s = self.settings
+
+        def supervisor(name: str, strategy: Strategy, children: list[Spec], **kw: Any) -> SupervisorSpec:
+            return SupervisorSpec(name, strategy, tuple(children), intensity=s.supervision.intensity(),
+                                  backoff=s.supervision.backoff(), **kw)
+
+        pipeline: list[Spec] = []
+        inbound: list[Spec] = []
+        if s.console.enabled:
+            pipeline.append(ChildSpec(sender("console"), ConsoleSender, (self.console,)))
+            inbound.append(ChildSpec(interface("console"), ConsoleInterface, (self.console,),
+                                     {"read_stdin": self.read_stdin}))
+        if s.terminal.enabled:
+            pipeline.append(ChildSpec(executor("terminal"), TerminalExecutor, (s.terminal,)))
+        pipeline += [
+            ChildSpec(DISPATCHER, ActionDispatcher),
+            ChildSpec(LLM, LLMClient, (self.engine,)),
+            ChildSpec(BUILDER, AutoResponseBuilder),
+        ]
+        retry = supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
+                           pool_size=s.retry.pool_size)
+        return supervisor(ROOT, Strategy.ONE_FOR_ONE, [
+            supervisor(PIPELINE, Strategy.ONE_FOR_ONE, pipeline),
+            retry,
+            supervisor(INTERFACES, Strategy.ONE_FOR_ONE, inbound),
+        ])
+
+    def start(self, timeout: float = 10.0) -> Application:
         rt = self.runtime.start()
         rt.io.add_closer(self.engine.aclose)
-        # Downstream first, so nothing is sent to a name before it exists.
-        if self.settings.console.enabled:
-            rt.spawn(sender("console"), ConsoleSender, self.console)
-        if self.settings.terminal.enabled:
-            rt.spawn(executor("terminal"), TerminalExecutor, self.settings.terminal)
-        rt.spawn(DISPATCHER, ActionDispatcher)
-        rt.spawn(LLM, LLMClient, self.engine)
-        rt.spawn(BUILDER, AutoResponseBuilder)
-        if self.settings.console.enabled:
-            rt.spawn(interface("console"), ConsoleInterface, self.console, read_stdin=self.read_stdin)
-            self.inbound.append(interface("console"))
-        log.info("started: llm=%r, terminal=%s, actors=%s", self.engine,
-                 "on" if self.settings.terminal.enabled else "off",
-                 ", ".join(c.name for c in rt.cells))
+        rt.crash_policy = self._root_failed
+        rt.error_route = RETRY
+        tree = self.tree()
+        rt.spawn(ROOT, Supervisor, tree)
+        self._wait_until_up(names_in(tree), timeout)
+        if self.settings.admin.enabled:
+            self.admin = AdminServer(rt, self.settings.admin)
+            url = self.admin.start()
+            log.info("admin endpoint at %s", url)
+        log.info("started: llm=%r, terminal=%s, %d actors", self.engine,
+                 "on" if self.settings.terminal.enabled else "off", len(rt.cells))
         return self
+
+    def _wait_until_up(self, names: list[str], timeout: float) -> None:
+        """Supervisors start their children in their own threads; wait for the whole tree."""
+        until = time.monotonic() + timeout
+        while not all(self.runtime.has(n) and self.runtime.cell(n).alive for n in names):
+            if time.monotonic() > until or self.failed.is_set():
+                self.runtime.stop(0)
+                raise RuntimeError(f"the supervision tree did not start: {self.failure or 'timeout'}")
+            time.sleep(0.005)
+
+    def _root_failed(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+        """The root gave up (its restart intensity was exceeded): the daemon must stop."""
+        if envelope is not None:
+            self.runtime.inflight.done(envelope.correlation_id)
+        self.failure = f"{type(error).__name__}: {error}"
+        log.error("the root supervisor gave up, stopping: %s", self.failure)
+        self.failed.set()
 
     def stop(self) -> bool:
         """Stop inbound interfaces, drain in-flight work, stop everything. True if drained."""
-        drained = self.runtime.stop(self.settings.runtime.drain_seconds, first=tuple(self.inbound))
+        drained = self.runtime.stop(self.settings.runtime.drain_seconds, first=(INTERFACES,))
         if not drained:
             log.warning("stopped before all in-flight work finished; the rest is dead-lettered")
         return drained

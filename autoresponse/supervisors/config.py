@@ -26,6 +26,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from autoresponse.actors.retry import RetrySettings
 from autoresponse.interfaces.terminal.settings import TerminalSettings
 from autoresponse.limits import (
     DRAIN_SECONDS,
@@ -35,7 +36,15 @@ from autoresponse.limits import (
     LLM_READ_TIMEOUT_SECONDS,
     MAILBOX_CAPACITY,
     MAX_HOPS,
+    MAX_RESTARTS,
+    MESSAGE_ATTEMPTS,
+    RESTART_BACKOFF_JITTER,
+    RESTART_BACKOFF_MAX_SECONDS,
+    RESTART_BACKOFF_MIN_SECONDS,
+    RESTART_BACKOFF_RESET_SECONDS,
+    RESTART_PERIOD_SECONDS,
 )
+from autoresponse.supervisors.spec import BackoffPolicy, RestartIntensity
 
 _config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
 _defaults: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("defaults", default={})
@@ -66,6 +75,40 @@ class RuntimeSettings(BaseModel):
     drain_seconds: float = Field(default=DRAIN_SECONDS, ge=0)
 
 
+class SupervisionSettings(BaseModel):
+    """Restart intensity and backoff of every supervisor of the tree."""
+
+    max_restarts: int = Field(default=MAX_RESTARTS, ge=0)
+    period: float = Field(default=RESTART_PERIOD_SECONDS, gt=0)
+    backoff_min: float = Field(default=RESTART_BACKOFF_MIN_SECONDS, ge=0)
+    backoff_max: float = Field(default=RESTART_BACKOFF_MAX_SECONDS, ge=0)
+    backoff_jitter: float = Field(default=RESTART_BACKOFF_JITTER, ge=0, le=1)
+    backoff_reset: float = Field(default=RESTART_BACKOFF_RESET_SECONDS, ge=0)
+    #: Times a message is handed to actors that crash on it before it is a dead letter.
+    message_attempts: int = Field(default=MESSAGE_ATTEMPTS, ge=1)
+
+    def intensity(self) -> RestartIntensity:
+        return RestartIntensity(self.max_restarts, self.period)
+
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(self.backoff_min, self.backoff_max, self.backoff_jitter,
+                             self.backoff_reset)
+
+
+class AdminSettings(BaseModel):
+    """The admin HTTP endpoint: loopback by default; any other bind needs a token."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    token: SecretStr | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="AUTORESPONSE_", env_nested_delimiter="__", extra="ignore"
@@ -75,6 +118,9 @@ class Settings(BaseSettings):
     terminal: TerminalSettings = TerminalSettings()
     console: ConsoleSettings = ConsoleSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    supervision: SupervisionSettings = SupervisionSettings()
+    retry: RetrySettings = RetrySettings()
+    admin: AdminSettings = AdminSettings()
     data_dir: Path = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
 

@@ -1,0 +1,42 @@
+"""Control messages of the runtime itself: exit signals and requested crashes."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Failure(BaseModel):
+    """Why an actor last failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+    time: float = Field(default_factory=time.time)
+
+    @classmethod
+    def of(cls, error: BaseException) -> Failure:
+        return cls(type=type(error).__name__, message=str(error))
+
+
+class Exit(BaseModel):
+    """An actor's incarnation ended; sent to its supervisor (Erlang's EXIT signal).
+
+    ``abnormal`` is False when the actor stopped itself normally.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    abnormal: bool
+    failure: Failure | None = None
+
+
+class Crash(BaseModel):
+    """Ask an actor to crash, as if its handler had raised (for operators and chaos tests)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: str = "crash requested"

@@ -1,0 +1,72 @@
+"""A snapshot of the whole supervision tree, for people and for machines.
+
+>>> snapshot(runtime).model_dump_json(indent=2)                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from autoresponse.actors import Runtime
+from autoresponse.messages import Failure
+
+
+class ActorStatus(BaseModel):
+    name: str
+    kind: Literal["supervisor", "worker"]
+    state: Literal["running", "restarting", "stopped"]
+    restarts: int
+    last_failure: Failure | None
+    mailbox: int = Field(description="letters waiting")
+    processed: int
+    children: list[ActorStatus] = Field(default_factory=list)
+
+    def walk(self) -> list[ActorStatus]:
+        """This node and every node below it, depth first."""
+        return [self, *(node for child in self.children for node in child.walk())]
+
+
+class Status(BaseModel):
+    time: float
+    tree: list[ActorStatus]
+    in_flight: int
+    dead_letters: dict[str, int] = Field(description="counts by reason")
+    dead_letters_total: int
+
+    def find(self, name: str) -> ActorStatus | None:
+        return next((n for root in self.tree for n in root.walk() if n.name == name), None)
+
+
+def snapshot(runtime: Runtime) -> Status:
+    from autoresponse.supervisors.supervisor import Supervisor  # the kernel knows no supervisors
+
+    cells = runtime.cells
+    children: dict[str, list[str]] = {}
+    for cell in cells:
+        if cell.supervisor is not None:
+            children.setdefault(cell.supervisor, []).append(cell.name)
+
+    def node(name: str) -> ActorStatus:
+        cell = runtime.cell(name)
+        return ActorStatus(
+            name=name,
+            kind="supervisor" if issubclass(cell.actor_class, Supervisor) else "worker",
+            state=cell.state,
+            restarts=cell.restarts,
+            last_failure=cell.last_failure,
+            mailbox=len(cell.mailbox),
+            processed=cell.processed,
+            children=[node(child) for child in children.get(name, [])],
+        )
+
+    counts = runtime.dead_letters.counts()
+    return Status(
+        time=time.time(),
+        tree=[node(c.name) for c in cells if c.supervisor is None or not runtime.has(c.supervisor)],
+        in_flight=runtime.inflight.count(),
+        dead_letters=counts,
+        dead_letters_total=sum(counts.values()),
+    )
