@@ -37,6 +37,6 @@ class Exit(BaseModel):
 class Crash(BaseModel):
     """Ask an actor to crash, as if its handler had raised (for operators and chaos tests)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     reason: str = "crash requested"

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors import Cell, Runtime
 from autoresponse.actors.routes import SENDER_PREFIX
+from autoresponse.messages import Crash
 from autoresponse.supervisors.config import AdminSettings
 from autoresponse.supervisors.status import snapshot
 
@@ -44,9 +45,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def message_types(cell: Cell) -> list[type[BaseModel]]:
-    """The pydantic message classes an actor handles, in declaration order."""
-    return [t for t in cell.actor_class._handlers if isinstance(t, type) and issubclass(t, BaseModel)]
+#: Messages every actor handles; injected only when asked for by name (``?type=Crash``),
+#: never guessed from a body that happens to fit.
+CONTROL_MESSAGES = (Crash,)
+
+
+def message_types(cell: Cell, *, control: bool = True) -> list[type[BaseModel]]:
+    """The pydantic message classes an actor handles: its own first, then control ones."""
+    handled = [t for t in cell.actor_class._handlers if isinstance(t, type) and issubclass(t, BaseModel)]
+    own = [t for t in handled if t not in CONTROL_MESSAGES]
+    return own + [t for t in handled if t in CONTROL_MESSAGES] if control else own
 
 
 class RuntimeCollector:
@@ -175,8 +183,8 @@ class AdminServer:
             data = await request.json()
         except json.JSONDecodeError as exc:
             return _error(400, f"the body is not JSON: {exc}")
-        types = message_types(self.runtime.cell(name))
         wanted = request.query.get("type")
+        types = message_types(self.runtime.cell(name), control=wanted is not None)
         if wanted is not None:
             types = [t for t in types if t.__name__ == wanted]
             if not types:

@@ -7,7 +7,8 @@
 ...     llm.requests[0].body["messages"]
 
 With nothing scripted it answers like the offline engine would, so the full
-loop works against it. Scripted responses are served first, in order.
+loop works against it. Scripted responses are served first, in order; a
+``responder(body)`` answers the rest, or returns None to leave it to the default.
 Run it alone with ``python -m autoresponse.actors.llm.fake_server --port 8089``.
 """
 
@@ -73,7 +74,7 @@ class FakeLLMServer:
     """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
 
     def __init__(self, *, delay: float = 0.0, port: int = 0,
-                 responder: Callable[[dict[str, Any]], str] | None = None) -> None:
+                 responder: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         self.delay = delay
         self.port = port
         self.responder = responder
@@ -111,11 +112,10 @@ class FakeLLMServer:
                 {"error": {"message": f"scripted {scripted.status}", "type": "fake"}})
             return web.Response(status=scripted.status, text=text, headers=scripted.headers,
                                 content_type="application/json")
-        if scripted is not None and scripted.content is not None:
-            content = scripted.content
-        elif self.responder is not None:
+        content = scripted.content if scripted is not None else None
+        if content is None and self.responder is not None:
             content = self.responder(body)
-        else:
+        if content is None:
             content = await self._offline.complete(body.get("messages", []))
         return web.json_response(completion(content, body.get("model", "fake")))
 

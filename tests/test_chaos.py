@@ -1,0 +1,58 @@
+"""Chaos: every pipeline actor raises on 5% of its messages; nothing may vanish."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+
+from conftest import console_text
+
+from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.actors.routes import interface, sender
+from autoresponse.actors.testkit import FaultInjector
+from autoresponse.interfaces.console import ConsoleInput
+from autoresponse.messages import OutboundMessage
+from autoresponse.supervisors import Application
+
+REQUESTS = 2000
+PIPELINE = ["interface.console", "llm", "dispatcher", "executor.terminal", "builder", "sender.console"]
+
+
+def test_two_thousand_deliveries_under_random_faults_are_each_delivered_once_or_dead_lettered(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer
+) -> None:
+    app = make_app(
+        base_url=fake_llm.base_url,
+        allowed=["echo"],
+        llm={"max_in_flight": 32},
+        # Crashes are the point here: let supervisors restart as often as it takes, quickly.
+        supervision={"max_restarts": 1_000_000, "backoff_min": 0.001, "backoff_max": 0.01},
+    )
+    faults = FaultInjector(actors=PIPELINE, rate=0.05, seed=2026)
+    app.runtime.fault = faults
+    sent = []
+    with app.runtime.probe(sender("console")) as out:
+        for n in range(REQUESTS):
+            envelope = app.runtime.send(interface("console"), ConsoleInput(text=f"run echo chaos-{n}"))
+            assert envelope is not None
+            sent.append(envelope.correlation_id)
+        assert app.runtime.wait_idle(timeout=240), f"{app.runtime.inflight.count()} still in flight"
+        replies = [e for e in out.envelopes if isinstance(e.body, OutboundMessage) and not e.body.notice]
+
+    dead = {d.correlation_id: d for d in app.runtime.dead_letters.letters()}
+    replied = Counter(e.correlation_id for e in replies)
+    printed = Counter(re.findall(r"^bot +↳#(\d+) │", console_text(app), re.M))
+    print(f"\nchaos: {len(faults.raised)} faults injected, {len(replied)} replied, "
+          f"{len(dead)} dead-lettered: {Counter(d.reason for d in dead.values())}")
+
+    assert len(faults.raised) > REQUESTS * 0.05 * 5  # the faults really were spread over the hops
+    assert all(count == 1 for count in replied.values()), "a request was answered twice"
+    assert all(count == 1 for count in printed.values()), "a reply was printed twice"
+    assert sum(printed.values()) == len(replies)
+    assert not set(replied) & set(dead), "a request was both answered and dead-lettered"
+    assert all(d.reason and (d.error or d.detail) for d in dead.values())
+    missing = [c for c in sent if c not in replied and c not in dead]
+    assert missing == [], f"{len(missing)} requests vanished"
+    restarts = {name: app.runtime.cell(name).restarts for name in PIPELINE}
+    assert all(count > 0 for count in restarts.values()), restarts

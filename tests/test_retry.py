@@ -1,0 +1,120 @@
+"""Error routing: invalid LLM replies are re-asked by retry actors, within bounds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from conftest import ask
+
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.retry import GIVE_UP_NOTICE
+from autoresponse.actors.routes import LLM, sender
+from autoresponse.messages import (
+    ERROR_RETRY_POLICY,
+    OriginalContext,
+    OutboundMessage,
+    UserRequest,
+)
+from autoresponse.supervisors import Application
+
+MakeApp = Callable[..., Application]
+FAST = {"backoff_min": 0.05, "backoff_max": 0.2}
+
+
+def say(text: str, **payload: Any) -> dict[str, Any]:
+    return {"type": "message_console", "payload": {"text": text, **payload}}
+
+
+def content(*actions: dict[str, Any]) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(actions)}))
+
+
+def system_message(request: Any) -> dict[str, Any]:
+    return json.loads(request.messages[-1]["content"])["system_message"]
+
+
+def test_one_bad_reply_is_re_asked_once_and_answered_once(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(content="Sure thing! {not json"), content(say("All good now.")))
+    app = make_app(base_url=fake_llm.base_url, retry=FAST)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "hello")
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["All good now."]
+    first, reask = fake_llm.requests
+    error = system_message(reask)
+    assert error["type"] == "error"
+    assert error["error_retry_policy"] == ERROR_RETRY_POLICY
+    assert error["your_reply"] == "Sure thing! {not json"
+    assert error["errors"] and "invalid JSON" in error["errors"][0]
+    # The conversation so far is kept: the user's text and the rejected reply.
+    assert reask.messages[-3:-1] == [{"role": "user", "content": "hello"},
+                                     {"role": "assistant", "content": "Sure thing! {not json"}]
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_valid_actions_run_once_and_only_the_invalid_are_re_asked(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(
+        content(say("part one"), {"type": "teleport", "payload": {}}),
+        # The re-ask repeats the message already delivered, then adds the fixed one.
+        content(say("part one"), say("part two")),
+    )
+    app = make_app(base_url=fake_llm.base_url, retry=FAST)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "tell me in two parts")
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["part one", "part two"]
+    errors = system_message(fake_llm.requests[1])["errors"]
+    assert errors == ["action 2: unknown action type 'teleport'; allowed: message_console, terminal"]
+
+
+def test_a_turn_that_stays_invalid_is_dead_lettered_with_a_notice_while_other_chats_are_served(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.responder = lambda body: "I refuse to speak JSON" if "garbage please" in json.dumps(body) else None
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 2, "backoff_min": 0.3})
+    bad = OriginalContext(chat_id="A", message_id=1, interface_name="console", original_command="garbage please")
+    good = OriginalContext(chat_id="B", message_id=2, interface_name="console", original_command="hello")
+    with app.runtime.probe(sender("console")) as out:
+        env_bad = app.runtime.send(LLM, UserRequest(text="garbage please", context=bad))
+        env_good = app.runtime.send(LLM, UserRequest(text="hello", context=good))
+        served = out.expect(OutboundMessage, where=lambda m: m.chat_id == "B", timeout=10)
+        served_at = time.time()
+        assert app.runtime.wait_idle(env_bad.correlation_id, timeout=20)
+        assert app.runtime.wait_idle(env_good.correlation_id, timeout=20)
+        [notice] = [m for m in out.bodies(OutboundMessage) if m.chat_id == "A"]
+    assert "Hello!" in served.body.text
+    assert notice.notice and notice.text == GIVE_UP_NOTICE and notice.reply_to_message_id == 1
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "retries exhausted"
+    assert letter.detail.startswith("still invalid after 2 re-asks: your reply is not an action list")
+    assert letter.time > served_at  # chat B was answered while chat A was still being retried
+    asked_for_a = [r for r in fake_llm.requests if "garbage please" in r.raw]
+    assert len(asked_for_a) == 3  # the first ask and two re-asks
+
+
+def test_the_notice_can_be_switched_off(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.responder = lambda body: "never JSON"
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST})
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "hello")
+        assert out.envelopes == []
+    assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
+    assert len(fake_llm.requests) == 2
+
+
+def test_a_dead_lettered_turn_can_be_replayed(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(content="nope"), FakeResponse(content="still nope"))
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST})
+    ask(app, "hello")
+    [letter] = app.runtime.dead_letters.letters()
+    # The LLM behaves now: replaying asks again, with the errors so far, and answers the user.
+    with app.runtime.probe(sender("console")) as out:
+        env = app.runtime.replay(letter.id)
+        assert env is not None and env.attempt == 2
+        assert app.runtime.wait_idle(env.correlation_id, timeout=10)
+        [reply] = out.bodies(OutboundMessage)
+    assert reply.reply_to_message_id == 1 and not reply.notice
+    assert system_message(fake_llm.requests[-1])["your_reply"] == "still nope"

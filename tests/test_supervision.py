@@ -1,0 +1,261 @@
+"""Supervisors: strategies, restart types, intensity and escalation, backoff, pools."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from pydantic import BaseModel
+
+from autoresponse.actors import Runtime, TypedActor, handles
+from autoresponse.messages import Crash, Envelope
+from autoresponse.supervisors import (
+    Backoff,
+    BackoffPolicy,
+    ChildSpec,
+    Restart,
+    RestartIntensity,
+    StartChild,
+    Strategy,
+    Supervisor,
+    SupervisorSpec,
+)
+
+NO_DELAY = BackoffPolicy(min=0, max=0, jitter=0)
+
+
+class Quit(BaseModel):
+    """Ask a worker to stop itself normally."""
+
+
+class Note(BaseModel):
+    text: str
+
+
+class Journal:
+    """What happened to the workers, in order, across threads."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+
+    def add(self, event: str) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: str) -> list[str]:
+        with self._lock:
+            return [e.split(":", 1)[1] for e in self.events if e.startswith(kind + ":")]
+
+
+class Worker(TypedActor):
+    def __init__(self, journal: Journal, *extra: str) -> None:
+        super().__init__()
+        self.journal = journal
+        self.extra = extra
+
+    def setup(self) -> None:
+        self.journal.add(f"start:{self.name}")
+
+    def teardown(self) -> None:
+        self.journal.add(f"stop:{self.name}")
+
+    @handles
+    def on_quit(self, quit: Quit, env: Envelope) -> None:
+        self.stop()
+
+    @handles
+    def on_note(self, note: Note, env: Envelope) -> None:
+        self.journal.add(f"note:{self.name}={note.text}")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    until = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def journal() -> Journal:
+    return Journal()
+
+
+@pytest.fixture
+def supervise(journal: Journal) -> Iterator[Callable[..., Runtime]]:
+    runtimes: list[Runtime] = []
+
+    def start(strategy: Strategy, *children: ChildSpec | SupervisorSpec, **spec: object) -> Runtime:
+        rt = Runtime().start()
+        runtimes.append(rt)
+        spec.setdefault("backoff", NO_DELAY)
+        rt.spawn("top", Supervisor, SupervisorSpec("top", strategy, children, **spec))  # type: ignore[arg-type]
+        return rt
+
+    yield start
+    for rt in runtimes:
+        rt.stop(drain=2)
+
+
+def workers(journal: Journal, *names: str, restart: Restart = Restart.PERMANENT) -> list[ChildSpec]:
+    return [ChildSpec(name, Worker, (journal,), restart=restart) for name in names]
+
+
+def crash(rt: Runtime, name: str) -> None:
+    before = rt.cell(name).restarts if rt.has(name) else 0
+    rt.send(name, Crash(reason=f"crash {name}"))
+    wait_for(lambda: rt.cell(name).restarts > before and rt.cell(name).alive)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "stopped", "restarted"),
+    [
+        (Strategy.ONE_FOR_ONE, [], ["b"]),
+        (Strategy.ONE_FOR_ALL, ["c", "a"], ["a", "b", "c"]),
+        (Strategy.REST_FOR_ONE, ["c"], ["b", "c"]),
+    ],
+)
+def test_strategies_restart_the_right_children_in_start_order(
+    supervise: Callable[..., Runtime], journal: Journal, strategy: Strategy,
+    stopped: list[str], restarted: list[str]
+) -> None:
+    rt = supervise(strategy, *workers(journal, "a", "b", "c"))
+    wait_for(lambda: len(journal.of("start")) == 3)
+    assert journal.of("start") == ["a", "b", "c"]
+    crash(rt, "b")
+    wait_for(lambda: len(journal.of("start")) == 3 + len(restarted))
+    time.sleep(0.05)
+    assert journal.of("start")[3:] == restarted
+    # "b" tears down as it crashes; the others are stopped by the supervisor, last started first.
+    assert [n for n in journal.of("stop") if n != "b"] == stopped
+    assert all(rt.cell(n).alive for n in "abc")
+
+
+def test_temporary_children_are_never_restarted(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "t", restart=Restart.TEMPORARY))
+    wait_for(lambda: rt.has("t") and rt.cell("t").alive)
+    rt.send("t", Crash())
+    wait_for(lambda: rt.cell("t").mailbox.closed)
+    assert rt.cell("t").restarts == 0 and not rt.cell("t").alive
+    assert rt.send("t", Note(text="late")) is None
+    assert rt.dead_letters.letters()[-1].reason == "actor stopped"
+
+
+@pytest.mark.parametrize(("restart", "after_quit"), [(Restart.TRANSIENT, 0), (Restart.PERMANENT, 1)])
+def test_transient_children_are_restarted_only_after_a_crash(
+    supervise: Callable[..., Runtime], journal: Journal, restart: Restart, after_quit: int
+) -> None:
+    rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "w", restart=restart))
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    crash(rt, "w")
+    assert rt.cell("w").restarts == 1
+    rt.send("w", Quit())
+    wait_for(lambda: journal.of("stop").count("w") == 2)
+    time.sleep(0.1)
+    assert rt.cell("w").restarts == 1 + after_quit
+    assert rt.cell("w").alive is bool(after_quit)
+
+
+def test_too_many_restarts_escalate_to_the_parent(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    inner = SupervisorSpec("inner", Strategy.ONE_FOR_ONE, tuple(workers(journal, "w")),
+                           intensity=RestartIntensity(max_restarts=2, period=60), backoff=NO_DELAY)
+    rt = supervise(Strategy.ONE_FOR_ONE, inner, intensity=RestartIntensity(max_restarts=5, period=60))
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    crash(rt, "w")
+    crash(rt, "w")
+    assert rt.cell("inner").restarts == 0
+    rt.send("w", Crash(reason="the third"))
+    wait_for(lambda: rt.cell("inner").restarts == 1 and rt.cell("w").alive)
+    failure = rt.cell("inner").last_failure
+    assert failure is not None and failure.type == "Escalation"
+    assert "inner: more than 2 restarts in 60s; last: w (CrashRequested: the third)" == failure.message
+    # The restarted supervisor started its child afresh, with a clean restart count.
+    crash(rt, "w")
+    assert rt.cell("inner").restarts == 1
+
+
+def test_the_root_failing_reaches_the_runtime(journal: Journal) -> None:
+    gave_up: list[str] = []
+    rt = Runtime().start()
+    rt.crash_policy = lambda cell, env, error: gave_up.append(f"{cell.name}: {error}")
+    try:
+        rt.spawn("root", Supervisor, SupervisorSpec("root", Strategy.ONE_FOR_ONE, tuple(workers(journal, "w")),
+                                                    intensity=RestartIntensity(0, 60), backoff=NO_DELAY))
+        wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+        rt.send("w", Crash(reason="fatal"))
+        wait_for(lambda: bool(gave_up))
+        assert gave_up == ["root: root: more than 0 restarts in 60s; last: w (CrashRequested: fatal)"]
+        assert not rt.cell("w").alive  # the root stopped its children as it gave up
+    finally:
+        rt.stop(drain=2)
+
+
+def test_backoff_follows_min_max_and_jitter_and_resets_when_quiet() -> None:
+    now = [0.0]
+    spread = iter([0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    backoff = Backoff(BackoffPolicy(min=1.0, max=8.0, jitter=0.5, reset_after=30.0),
+                      clock=lambda: now[0], rng=lambda: next(spread))
+    delays = []
+    for _ in range(5):
+        delays.append(backoff.next_delay())
+        now[0] += 10.0  # restarts 10 s apart: never quiet long enough to reset
+    # 1 * (1 - 0.5), 2 * (1 + 0.5), then 4 and 8 without jitter, then capped at max.
+    assert delays == [0.5, 3.0, 4.0, 8.0, 8.0]
+    now[0] += 30.0
+    assert backoff.next_delay() == 1.0
+
+
+def test_a_restart_waits_for_its_backoff(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "w"),
+                   backoff=BackoffPolicy(min=0.3, max=0.3, jitter=0))
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    rt.send("w", Note(text="queued before"))
+    crashed_at = time.monotonic()
+    rt.send("w", Crash())
+    rt.send("w", Note(text="queued after"))
+    wait_for(lambda: rt.cell("w").last_failure is not None)
+    assert rt.cell("w").state == "restarting"
+    wait_for(lambda: rt.cell("w").alive and "w=queued after" in journal.of("note"))
+    assert time.monotonic() - crashed_at >= 0.3
+    assert journal.of("note") == ["w=queued before", "w=queued after"]
+
+
+def test_a_pool_grows_routes_by_correlation_and_restarts_one_child(
+    supervise: Callable[..., Runtime], journal: Journal
+) -> None:
+    rt = supervise(Strategy.SIMPLE_ONE_FOR_ONE, ChildSpec("p", Worker, (journal,)), pool_size=2)
+    wait_for(lambda: rt.has("p.1") and rt.cell("p.1").alive)
+    rt.send("top", StartChild(args=("extra",)))
+    wait_for(lambda: rt.has("p.2") and rt.cell("p.2").alive)
+    for n in range(30):
+        rt.send("top", Note(text=str(n)), correlation_id=f"chat-{n % 3}")
+    assert rt.wait_idle(timeout=10)
+    by_child: dict[str, set[str]] = {}
+    for note in journal.of("note"):
+        child, text = note.split("=")
+        by_child.setdefault(child, set()).add(f"chat-{int(text) % 3}")
+    # Each correlation was handled by exactly one child.
+    assert sum(len(chats) for chats in by_child.values()) == 3
+    crash(rt, "p.1")
+    assert [rt.cell(n).restarts for n in ("p.0", "p.1", "p.2")] == [0, 1, 0]
+
+
+def test_children_stop_in_reverse_order_with_the_runtime(journal: Journal) -> None:
+    rt = Runtime().start()
+    rt.spawn("top", Supervisor, SupervisorSpec("top", Strategy.ONE_FOR_ONE,
+                                               tuple(workers(journal, "a", "b", "c"))))
+    wait_for(lambda: len(journal.of("start")) == 3)
+    rt.stop(drain=2)
+    assert journal.of("stop") == ["c", "b", "a"]
+
+
+def test_a_supervisor_refuses_work_it_cannot_route(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "a"))
+    rt.send("top", Note(text="misdirected"))
+    assert rt.wait_idle(timeout=10)
+    [letter] = rt.dead_letters.letters()
+    assert letter.reason == "no handler" and letter.actor == "top"
+
+
