@@ -1,7 +1,7 @@
 """An OpenAI-compatible chat completions client over aiohttp.
 
->>> engine = HttpEngine("http://127.0.0.1:11434/v1", model="llama3")   # doctest: +SKIP
->>> await engine.complete([{"role": "user", "content": "hi"}])          # doctest: +SKIP
+>>> async with HttpEngine("http://127.0.0.1:11434/v1", model="llama3") as engine:  # doctest: +SKIP
+...     await engine.complete([{"role": "user", "content": "hi"}])
 
 Retries 408, 409, 429, 5xx, timeouts and connection errors a bounded number of
 times, waiting as ``Retry-After`` says when the server says; never retries
@@ -160,3 +160,9 @@ class HttpEngine:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+    async def __aenter__(self) -> HttpEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
