@@ -57,10 +57,14 @@ def test_demo_talks_to_any_openai_compatible_server(fake_llm: FakeLLMServer) -> 
     assert "`date` finished" in done.stdout
 
 
-def test_demo_fails_clearly_when_the_llm_is_unreachable() -> None:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def test_demo_fails_clearly_when_the_llm_is_unreachable() -> None:
+    port = free_port()
     env = environment(AUTORESPONSE_LLM__BASE_URL=f"http://127.0.0.1:{port}/v1",
                       AUTORESPONSE_LLM__MAX_ATTEMPTS="1", AUTORESPONSE_LLM__API_KEY="sk-secret-key")
     done = autoresponse("demo", "hello", env=env)
@@ -100,6 +104,7 @@ def _lines(stream) -> queue.Queue[str]:  # type: ignore[no-untyped-def]
 def test_the_daemon_serves_until_signalled_then_exits_cleanly(signum: int, tmp_path: Path) -> None:
     env = environment(AUTORESPONSE_TERMINAL__ENABLED="true",
                       AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()),
                       AUTORESPONSE_DATA_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -122,3 +127,22 @@ def test_the_daemon_serves_until_signalled_then_exits_cleanly(signum: int, tmp_p
     assert "stopping: draining in-flight work" in stderr
     assert "threads still alive" not in stderr
     assert stderr.rstrip().endswith("autoresponse: stopped")
+
+
+def test_the_daemon_exits_with_one_clear_line_when_it_cannot_start() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = autoresponse("run", env=environment(AUTORESPONSE_ADMIN__PORT=str(port)), timeout=60)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1
+    assert f"cannot start: the admin endpoint cannot listen on 127.0.0.1:{port}" in errors[0]
+
+
+def test_the_daemon_refuses_an_admin_bind_outside_loopback_without_a_token() -> None:
+    done = autoresponse("run", env=environment(AUTORESPONSE_ADMIN__HOST="0.0.0.0",
+                                               AUTORESPONSE_ADMIN__PORT=str(free_port())), timeout=60)
+    assert done.returncode == 1
+    assert "cannot start: the admin endpoint may bind to '0.0.0.0' only with a token" in done.stderr

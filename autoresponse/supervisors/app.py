@@ -69,6 +69,10 @@ def names_in(spec: Spec) -> list[str]:
     return [spec.id, *(name for child in spec.children for name in names_in(child))]
 
 
+class StartError(RuntimeError):
+    """The application could not start; the message says why, for the operator."""
+
+
 class Application:
     """Pipeline actors, retry pool and interfaces, supervised in one runtime."""
 
@@ -117,17 +121,26 @@ class Application:
         ])
 
     def start(self, timeout: float = 10.0) -> Application:
+        """Start the tree and the admin endpoint; if any of it fails, stop what started."""
         rt = self.runtime.start()
-        rt.io.add_closer(self.engine.aclose)
-        rt.crash_policy = self._root_failed
-        rt.error_route = RETRY
-        tree = self.tree()
-        rt.spawn(ROOT, Supervisor, tree)
-        self._wait_until_up(names_in(tree), timeout)
-        if self.settings.admin.enabled:
-            self.admin = AdminServer(rt, self.settings.admin)
-            url = self.admin.start()
-            log.info("admin endpoint at %s", url)
+        try:
+            rt.io.add_closer(self.engine.aclose)
+            rt.crash_policy = self._root_failed
+            rt.error_route = RETRY
+            tree = self.tree()
+            rt.spawn(ROOT, Supervisor, tree)
+            self._wait_until_up(names_in(tree), timeout)
+            if self.settings.admin.enabled:
+                self.admin = AdminServer(rt, self.settings.admin)
+                try:
+                    log.info("admin endpoint at %s", self.admin.start())
+                except OSError as exc:
+                    raise StartError(f"the admin endpoint cannot listen on "
+                                     f"{self.settings.admin.host}:{self.settings.admin.port}: "
+                                     f"{exc.strerror or exc}") from None
+        except BaseException:
+            rt.stop(0)
+            raise
         log.info("started: llm=%r, terminal=%s, %d actors", self.engine,
                  "on" if self.settings.terminal.enabled else "off", len(rt.cells))
         return self
@@ -137,8 +150,7 @@ class Application:
         until = time.monotonic() + timeout
         while not all(self.runtime.has(n) and self.runtime.cell(n).alive for n in names):
             if time.monotonic() > until or self.failed.is_set():
-                self.runtime.stop(0)
-                raise RuntimeError(f"the supervision tree did not start: {self.failure or 'timeout'}")
+                raise StartError(f"the supervision tree did not start: {self.failure or 'timeout'}")
             time.sleep(0.005)
 
     def _root_failed(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:

@@ -22,7 +22,7 @@ from rich.tree import Tree
 from autoresponse.actors.routes import interface, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
-from autoresponse.supervisors.app import Application
+from autoresponse.supervisors.app import Application, StartError
 from autoresponse.supervisors.config import Settings
 
 log = logging.getLogger("autoresponse")
@@ -55,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    app = Application(settings).start()
+    try:
+        app = Application(settings).start()
+    except (StartError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
     log.info("autoresponse is running; SIGTERM or SIGINT stops it")
     while not stopping.wait(0.2) and not app.failed.is_set():
         pass
