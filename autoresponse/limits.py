@@ -69,3 +69,24 @@ RETRY_BACKOFF_MIN_SECONDS = 0.5
 RETRY_BACKOFF_MAX_SECONDS = 8.0
 #: Retry actors in the pool; a correlation always lands on the same one.
 RETRY_POOL_SIZE = 4
+
+#: Telegram: longest message, in UTF-16 code units as Telegram counts them.
+TELEGRAM_MESSAGE_UTF16 = 4096
+#: Telegram's flood limits: one message a second per chat, 30 a second overall,
+#: 20 a minute per group.
+TELEGRAM_CHAT_INTERVAL_SECONDS = 1.0
+TELEGRAM_GLOBAL_PER_SECOND = 30
+TELEGRAM_GROUP_PER_MINUTE = 20
+#: Attempts per chunk on TimedOut/NetworkError, and waits on RetryAfter per chunk.
+TELEGRAM_SEND_ATTEMPTS = 3
+TELEGRAM_MAX_RETRY_AFTERS = 5
+#: Seconds a getUpdates long poll waits for updates.
+TELEGRAM_POLL_TIMEOUT_SECONDS = 10
+
+#: Events: how often due reminders are looked for, and how long a reminder
+#: handed to the LLM may stay unconfirmed before it is tried again.
+EVENTS_CHECK_SECONDS = 5.0
+EVENTS_UNCONFIRMED_SECONDS = 300.0
+
+#: Seconds a supervisor waits for one child's setup before starting the next.
+START_SECONDS = 30.0

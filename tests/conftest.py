@@ -5,6 +5,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,13 +47,15 @@ def fake_llm() -> Iterator[FakeLLMServer]:
 
 
 @pytest.fixture
-def make_app() -> Iterator[Callable[..., Application]]:
+def make_app(tmp_path: Path) -> Iterator[Callable[..., Application]]:
     """Start an Application on a captured console; every one is stopped after the test."""
     apps: list[Application] = []
 
     def make(*, base_url: str | None = None, terminal: bool = True,
              allowed: tuple[str, ...] | list[str] = DEMO_COMMANDS, **settings: Any) -> Application:
         settings.setdefault("admin", {"enabled": False})
+        settings.setdefault("events", {"enabled": False})
+        settings.setdefault("data_dir", tmp_path / "data")
         llm = {"base_url": base_url, "read_timeout": 5, "max_attempts": 2, **settings.pop("llm", {})}
         config = Settings.load(
             llm=llm,

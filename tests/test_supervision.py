@@ -242,6 +242,28 @@ def test_a_pool_grows_routes_by_correlation_and_restarts_one_child(
     assert [rt.cell(n).restarts for n in ("p.0", "p.1", "p.2")] == [0, 1, 0]
 
 
+class SlowToStart(Worker):
+    def setup(self) -> None:
+        time.sleep(0.2)
+        super().setup()
+
+
+class Checker(Worker):
+    """Records, as it starts, whether the siblings started before it are already up."""
+
+    def setup(self) -> None:
+        up = all(self.runtime.has(n) and self.runtime.cell(n).ready.is_set() for n in ("slow", "a"))
+        self.journal.add(f"start:{self.name}={'after its elders' if up else 'too early'}")
+
+
+def test_children_start_one_after_the_other(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    inner = SupervisorSpec("inner", Strategy.ONE_FOR_ONE, (ChildSpec("slow", SlowToStart, (journal,)),))
+    rt = supervise(Strategy.ONE_FOR_ONE, inner, *workers(journal, "a"), ChildSpec("check", Checker, (journal,)))
+    wait_for(lambda: len(journal.of("start")) == 3)
+    assert journal.of("start") == ["slow", "a", "check=after its elders"]
+    assert rt.cell("check").alive
+
+
 def test_children_stop_in_reverse_order_with_the_runtime(journal: Journal) -> None:
     rt = Runtime().start()
     rt.spawn("top", Supervisor, SupervisorSpec("top", Strategy.ONE_FOR_ONE,

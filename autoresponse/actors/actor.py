@@ -117,6 +117,7 @@ class TypedActor(pykka.ThreadingActor):
         self.runtime: Runtime = self.cell.runtime
         self.name: str = self.cell.name
         self.actor_inbox.bind(self.actor_stopped)  # type: ignore[attr-defined]
+        self._ready = self.cell.ready  # this incarnation's; set once setup is done
         self._failing: Envelope | None = None
 
     # ---------------------------------------------------------------- sending
@@ -145,6 +146,16 @@ class TypedActor(pykka.ThreadingActor):
                                detail="its I/O finished after it stopped")
 
         future.add_done_callback(finished)
+
+    def schedule(self, delay: float, message: Any) -> None:
+        """Send ``message`` to this actor after ``delay`` seconds, as a new correlation.
+
+        A pending timer is not work in flight (it does not hold up a drain); it is
+        dropped when the runtime stops.
+        """
+        runtime, name = self.runtime, self.name
+        loop = runtime.io.loop
+        loop.call_soon_threadsafe(loop.call_later, delay, runtime.send, name, message)
 
     def report_error(self, error: Any, *, cause: Envelope) -> None:
         """Hand an error (an LLM rejection) to the runtime's error route: the supervision
@@ -235,7 +246,10 @@ class TypedActor(pykka.ThreadingActor):
             # pykka would stop the actor quietly; a failed start is a crash like any other.
             self.actor_stopped.set()
             pykka.ActorRegistry.unregister(self.actor_ref)
+            self._ready.set()
             self.cell.crashed(None, exc)
+        finally:
+            self._ready.set()
 
     def on_stop(self) -> None:
         self.teardown()

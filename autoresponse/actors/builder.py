@@ -18,6 +18,7 @@ from autoresponse.messages import (
     ActionOutput,
     ActionResult,
     Envelope,
+    EventDue,
     LLMRequest,
     OriginalContext,
     SystemMessage,
@@ -27,22 +28,24 @@ from autoresponse.messages import (
 
 
 class AutoResponseBuilder(TypedActor):
-    """Turns action output (and, later, due events) into a delivery turn for the LLM."""
+    """Turns action output and due events into a delivery turn for the LLM."""
 
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
-        ctx = output.original_context
+        self._deliver(output.original_context, env, type="output", outputs=output.results)
+
+    @handles
+    def on_event(self, due: EventDue, env: Envelope) -> None:
+        self._deliver(due.context, env, type="event", event=due.event)
+
+    def _deliver(self, ctx: OriginalContext, env: Envelope, **content: Any) -> None:
         allowed = delivery_actions(self.runtime, ctx.interface_name)
         if not allowed:
             self.runtime.dead_letters.post(env, "no sender", actor=self.name,
                                            detail=f"nothing can reply on {ctx.interface_name!r}")
             return
-        message = SystemMessage(
-            type="output",
-            original_context=ctx,
-            full_json_instructions=full_json_instructions(allowed),
-            outputs=output.results,
-        )
+        message = SystemMessage(original_context=ctx, full_json_instructions=full_json_instructions(allowed),
+                                **content)
         prompt = build_delivery_request(message, allowed_actions=allowed)
         self.send(LLM, LLMRequest(prompt=prompt), cause=env)
 

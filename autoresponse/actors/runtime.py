@@ -34,6 +34,7 @@ from autoresponse.limits import (
     MAILBOX_CAPACITY,
     MAX_HOPS,
     MESSAGE_ATTEMPTS,
+    START_SECONDS,
 )
 from autoresponse.messages.control import Exit, Failure
 from autoresponse.messages.envelope import Envelope
@@ -114,18 +115,28 @@ class Cell:
         self.restarts = 0
         self.processed = 0
         self.last_failure: Failure | None = None
+        #: Set when the current incarnation has finished its setup.
+        self.ready = threading.Event()
         self._ref: pykka.ActorRef[Any] | None = None
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"<Cell {self.name} {self.state} restarts={self.restarts}>"
 
-    def start(self) -> None:
-        """Start an incarnation on this cell's mailbox (the first, or after a stop)."""
+    def start(self, wait: float = START_SECONDS) -> None:
+        """Start an incarnation on this cell's mailbox (the first, or after a stop).
+
+        Returns once its ``setup`` has finished (or failed), as OTP's start_link
+        does, so a supervisor's children start one after the other, in order.
+        """
         with self._lock, adopting(self):
             self.stop_requested = False
+            self.ready = threading.Event()
             self._ref = self.actor_class.start(*self.args, **self.kwargs)
             self.state = "running"
+            ready = self.ready
+        if not ready.wait(wait):
+            log.warning("actor %s is still setting up after %.0fs", self.name, wait)
 
     def restart(self) -> None:
         """Start a fresh incarnation on the same mailbox, counted as a restart."""

@@ -27,11 +27,13 @@ from autoresponse.messages.control import Crash, Exit, Failure
 from autoresponse.messages.envelope import Envelope
 from autoresponse.messages.pipeline import (
     ActionRequest,
+    EventDue,
     LLMFailure,
     LLMReply,
     LLMRequest,
     OutboundMessage,
     Rejection,
+    SendReceipt,
     UserRequest,
 )
 from autoresponse.messages.prompt import (
@@ -64,6 +66,7 @@ __all__ = [
     "DueEvent",
     "Envelope",
     "EventAction",
+    "EventDue",
     "Exit",
     "Failure",
     "LLMFailure",
@@ -76,6 +79,7 @@ __all__ = [
     "OutboundMessage",
     "PromptRequest",
     "Rejection",
+    "SendReceipt",
     "SystemMessage",
     "TerminalAction",
     "Turn",

@@ -26,3 +26,12 @@ class OriginalContext(BaseModel):
     user_id: ChatId | None = None
     user_name: str | None = None
     chat_type: str | None = None
+    #: An actor to tell (with ``receipt_key``) once the final reply is confirmed sent,
+    #: or has failed for good; e.g. the event scheduler, which marks a reminder
+    #: delivered only then.
+    receipt_to: str | None = None
+    receipt_key: str | None = None
+
+    @property
+    def is_group(self) -> bool:
+        return self.chat_type in ("group", "supergroup")

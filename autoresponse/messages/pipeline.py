@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict
 from autoresponse.messages.actions import BaseAction
 from autoresponse.messages.context import ChatId, OriginalContext
 from autoresponse.messages.prompt import PromptRequest
-from autoresponse.messages.system import SystemMessage
+from autoresponse.messages.system import DueEvent, SystemMessage
 
 
 class UserRequest(BaseModel):
@@ -92,3 +92,22 @@ class Rejection(BaseModel):
     prompt: PromptRequest
     message: SystemMessage
     carried_out: tuple[str, ...] = ()
+
+
+class SendReceipt(BaseModel):
+    """A sender's word on a reply whose context asked for a receipt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    ok: bool
+    detail: str = ""
+
+
+class EventDue(BaseModel):
+    """A reminder fell due, for the builder to hand to the LLM."""
+
+    model_config = ConfigDict(frozen=True)
+
+    context: OriginalContext
+    event: DueEvent

@@ -8,7 +8,7 @@
     root (one_for_one)
     ├── pipeline (one_for_one): sender.*, executor.*, dispatcher, llm, builder
     ├── retry (simple_one_for_one pool): retry.0 … retry.N-1
-    └── interfaces (one_for_one): interface.*
+    └── interfaces (one_for_one): interface.*, events (the reminder scheduler)
 
 It owns what it starts: the runtime (actors, event loop thread), the LLM
 engine and the admin endpoint; ``stop`` stops the interfaces, drains in-flight
@@ -29,6 +29,8 @@ from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEng
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, executor, interface, sender
 from autoresponse.interfaces.console import Console, ConsoleInterface, ConsoleSender
+from autoresponse.interfaces.events import EventExecutor, EventScheduler, EventStore
+from autoresponse.interfaces.telegram import TelegramDelivery, TelegramInterface, TelegramSender
 from autoresponse.interfaces.terminal import TerminalExecutor
 from autoresponse.messages import Envelope
 from autoresponse.supervisors.admin import AdminServer
@@ -42,6 +44,7 @@ ROOT = "root"
 PIPELINE = "pipeline"
 RETRY = "retry"
 INTERFACES = "interfaces"
+EVENTS = "events"
 
 
 def make_engine(settings: LLMSettings) -> LLMEngine:
@@ -88,6 +91,8 @@ class Application:
             message_attempts=settings.supervision.message_attempts,
         )
         self.admin: AdminServer | None = None
+        self.events: EventStore | None = None
+        self.telegram: TelegramDelivery | None = None
         #: Set when the root supervisor gave up; ``failure`` says why.
         self.failed = threading.Event()
         self.failure: str | None = None
@@ -105,8 +110,14 @@ class Application:
             pipeline.append(ChildSpec(sender("console"), ConsoleSender, (self.console,)))
             inbound.append(ChildSpec(interface("console"), ConsoleInterface, (self.console,),
                                      {"read_stdin": self.read_stdin}))
+        if self.telegram is not None:
+            pipeline.append(ChildSpec(sender("telegram"), TelegramSender, (self.telegram,)))
+            inbound.append(ChildSpec(interface("telegram"), TelegramInterface, (s.telegram,)))
         if s.terminal.enabled:
             pipeline.append(ChildSpec(executor("terminal"), TerminalExecutor, (s.terminal,)))
+        if self.events is not None:
+            pipeline.append(ChildSpec(executor("event"), EventExecutor, (self.events,)))
+            inbound.append(ChildSpec(EVENTS, EventScheduler, (self.events, s.events)))
         pipeline += [
             ChildSpec(DISPATCHER, ActionDispatcher),
             ChildSpec(LLM, LLMClient, (self.engine,)),
@@ -125,6 +136,7 @@ class Application:
         rt = self.runtime.start()
         try:
             rt.io.add_closer(self.engine.aclose)
+            self._open_resources()
             rt.crash_policy = self._root_failed
             rt.error_route = RETRY
             tree = self.tree()
@@ -139,11 +151,34 @@ class Application:
                                      f"{self.settings.admin.host}:{self.settings.admin.port}: "
                                      f"{exc.strerror or exc}") from None
         except BaseException:
-            rt.stop(0)
+            self._stop_runtime(0)
             raise
         log.info("started: llm=%r, terminal=%s, %d actors", self.engine,
                  "on" if self.settings.terminal.enabled else "off", len(rt.cells))
         return self
+
+    def _open_resources(self) -> None:
+        """What the actors share and outlives their restarts: the event store, the bot."""
+        s = self.settings
+        if s.events.enabled:
+            self.events = EventStore(s.data_dir.expanduser() / "events.sqlite3")
+        if s.telegram.enabled:
+            from telegram import Bot
+
+            assert s.telegram.token is not None
+            bot = Bot(s.telegram.token.get_secret_value(), base_url=s.telegram.base_url)
+            self.telegram = TelegramDelivery(bot, parse_mode=s.telegram.parse_mode)
+            try:
+                self.runtime.io.run(self.telegram.start(), timeout=60)
+            except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
+                raise StartError(f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
+            self.runtime.io.add_closer(self.telegram.aclose)
+
+    def _stop_runtime(self, drain: float) -> bool:
+        drained = self.runtime.stop(drain, first=(INTERFACES,))
+        if self.events is not None:
+            self.events.close()
+        return drained
 
     def _wait_until_up(self, names: list[str], timeout: float) -> None:
         """Supervisors start their children in their own threads; wait for the whole tree."""
@@ -163,7 +198,7 @@ class Application:
 
     def stop(self) -> bool:
         """Stop inbound interfaces, drain in-flight work, stop everything. True if drained."""
-        drained = self.runtime.stop(self.settings.runtime.drain_seconds, first=(INTERFACES,))
+        drained = self._stop_runtime(self.settings.runtime.drain_seconds)
         if not drained:
             log.warning("stopped before all in-flight work finished; the rest is dead-lettered")
         return drained

@@ -27,6 +27,8 @@ from pydantic_settings import (
 )
 
 from autoresponse.actors.retry import RetrySettings
+from autoresponse.interfaces.events.settings import EventsSettings
+from autoresponse.interfaces.telegram.settings import TelegramSettings
 from autoresponse.interfaces.terminal.settings import TerminalSettings
 from autoresponse.limits import (
     DRAIN_SECONDS,
@@ -117,6 +119,8 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     terminal: TerminalSettings = TerminalSettings()
     console: ConsoleSettings = ConsoleSettings()
+    telegram: TelegramSettings = TelegramSettings()
+    events: EventsSettings = EventsSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     supervision: SupervisionSettings = SupervisionSettings()
     retry: RetrySettings = RetrySettings()

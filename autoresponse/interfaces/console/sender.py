@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.receipts import send_receipt
 from autoresponse.interfaces.console.console import Console
 from autoresponse.messages import Envelope, OutboundMessage
 
@@ -16,3 +17,4 @@ class ConsoleSender(TypedActor):
     def on_message(self, message: OutboundMessage, env: Envelope) -> None:
         tag = f"↳#{message.reply_to_message_id}" if message.reply_to_message_id is not None else ""
         self.console.write("bot" if not message.notice else "note", tag, message.text)
+        send_receipt(self, message, env, ok=True)

@@ -1,0 +1,25 @@
+"""The event executor: stores the reminder an `event` action asks for, and says so."""
+
+from __future__ import annotations
+
+from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.routes import BUILDER
+from autoresponse.interfaces.events.store import EventStore
+from autoresponse.messages import ActionOutput, ActionRequest, ActionResult, Envelope
+
+
+class EventExecutor(TypedActor):
+    def __init__(self, store: EventStore) -> None:
+        super().__init__()
+        self.store = store
+
+    @handles
+    def on_action(self, request: ActionRequest, env: Envelope) -> None:
+        payload = request.action.payload
+        event = self.store.add(payload, request.context)
+        repeat = "" if event.repeat == "none" else f", repeating {event.repeat}"
+        result = ActionResult(
+            action_type="event", command=f"remind: {event.description}",
+            output=f"reminder #{event.id} scheduled for {event.due_text}{repeat}",
+        )
+        self.send(BUILDER, ActionOutput(original_context=request.context, results=(result,)), cause=env)
