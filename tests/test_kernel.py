@@ -260,3 +260,11 @@ def test_names_are_unique() -> None:
     with running(("sink", Recorder)) as rt:
         with pytest.raises(ValueError, match="already exists"):
             rt.spawn("sink", Recorder)
+
+
+def test_an_actor_may_not_shadow_pykkas_machinery() -> None:
+    with pytest.raises(TypeError, match=r"must not define \['_stop'\]"):
+
+        class Shadowing(TypedActor):
+            async def _stop(self) -> None:
+                pass

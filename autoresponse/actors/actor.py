@@ -89,6 +89,13 @@ class _IoDone:
         self.cause = cause
 
 
+#: Names a TypedActor subclass may not define: pykka's private machinery and the
+#: hooks this base class implements.
+_RESERVED = frozenset(
+    name for name in dir(pykka.ThreadingActor) if name.startswith("_") and not name.startswith("__")
+) | {"on_start", "on_stop", "on_failure", "on_receive"}
+
+
 class TypedActor(pykka.ThreadingActor):
     """Base of every actor of the runtime. Start one with ``Runtime.spawn``."""
 
@@ -96,6 +103,11 @@ class TypedActor(pykka.ThreadingActor):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        clash = _RESERVED & set(vars(cls))
+        if clash:
+            # e.g. an `async def _stop` would silently replace pykka's own `_stop()`.
+            raise TypeError(f"{cls.__name__} must not define {sorted(clash)}: pykka uses these "
+                            "names; override setup() and teardown() for lifetime hooks")
         table: dict[type, Handler] = {}
         for klass in reversed(cls.__mro__):
             for attr in vars(klass).values():

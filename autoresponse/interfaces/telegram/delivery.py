@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 from telegram import Bot
 from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, RetryAfter
+from telegram.warnings import PTBDeprecationWarning
 
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
 from autoresponse.limits import (
@@ -131,7 +133,7 @@ class TelegramDelivery:
                 retry_afters += 1
                 if retry_afters > TELEGRAM_MAX_RETRY_AFTERS:
                     raise Undeliverable("flood control", str(exc)) from None
-                await self._sleep(_seconds(exc.retry_after))
+                await self._sleep(_seconds(exc))
             except ChatMigrated as exc:
                 self.migrated[str(message.chat_id)] = exc.new_chat_id
             except Forbidden as exc:
@@ -158,5 +160,9 @@ class TelegramDelivery:
                 lane.recent.append(lane.last)
 
 
-def _seconds(value: Any) -> float:
+def _seconds(error: RetryAfter) -> float:
+    """RetryAfter's wait in seconds (PTB moves it from int to timedelta; accept both)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = error.retry_after
     return value.total_seconds() if hasattr(value, "total_seconds") else float(value)

@@ -81,9 +81,9 @@ class TelegramInterface(TypedActor):
             .build()
         )
         self._ptb.add_handler(MessageHandler(filters.TEXT, self._on_update))
-        self.runtime.io.run(self._start(timeout), timeout=60)
+        self.runtime.io.run(self._start_polling(timeout), timeout=60)
 
-    async def _start(self, timeout: int) -> None:
+    async def _start_polling(self, timeout: int) -> None:
         assert self._ptb is not None
         await self._ptb.initialize()
         self._username = self._ptb.bot.username
@@ -94,10 +94,10 @@ class TelegramInterface(TypedActor):
 
     def teardown(self) -> None:
         if self._ptb is not None and self.runtime.io.running:
-            self.runtime.io.run(self._stop(), timeout=30)
+            self.runtime.io.run(self._stop_polling(), timeout=30)
         self._ptb = None
 
-    async def _stop(self) -> None:
+    async def _stop_polling(self) -> None:
         assert self._ptb is not None
         if self._ptb.updater is not None and self._ptb.updater.running:
             await self._ptb.updater.stop()

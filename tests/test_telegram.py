@@ -1,0 +1,212 @@
+"""Telegram end to end: python-telegram-bot against a fake Bot API server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.routes import executor, sender
+from autoresponse.interfaces.telegram import REFUSAL, utf16_len
+from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.supervisors import Application
+
+ALLOWED = 7
+CHAT = 42
+
+
+@pytest.fixture
+def fake_telegram() -> Iterator[FakeTelegramServer]:
+    with FakeTelegramServer() as server:
+        yield server
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
+        make_app: Callable[..., Application]) -> Application:
+    # The servers come first so that they outlive the app: it stops before they do.
+    return make_app(base_url=fake_llm.base_url, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
+        "allowed_users": [ALLOWED], "poll_timeout": 1,
+    })
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    until = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.02)
+    return result
+
+
+def reply_to(call: Any) -> Any:
+    return call.params["reply_parameters"]["message_id"]
+
+
+def actions(*items: dict[str, Any]) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(items)}))
+
+
+def tell(app: Application, text: str, chat_id: int = CHAT, **context: Any) -> None:
+    ctx = OriginalContext(chat_id=chat_id, message_id=context.pop("message_id", 5),
+                          interface_name="telegram", **context)
+    app.runtime.send(sender("telegram"), OutboundMessage.reply(ctx, text))
+
+
+def test_the_full_loop_through_python_telegram_bot(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": "df -h"}}),
+                    actions({"type": "message_telegram_bot", "payload": {"text": "Your disks are fine."}}))
+    message = fake_telegram.push_text("run df -h", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
+    assert bot.runtime.wait_idle(timeout=10)
+    assert sent.params["text"] == "Your disks are fine."
+    assert reply_to(sent) == message["message_id"]
+    assert sent.params["reply_parameters"]["allow_sending_without_reply"] is True
+    assert len(fake_telegram.sent()) == 1
+    # The LLM saw the Telegram context and the command's real output.
+    delivery = json.loads(fake_llm.requests[1].messages[-1]["content"])["system_message"]
+    assert delivery["original_context"]["chat_id"] == CHAT
+    assert delivery["original_context"]["interface_name"] == "telegram"
+    assert "Filesystem" in delivery["outputs"][0]["output"]
+    assert "message_telegram_bot" in delivery["full_json_instructions"]
+
+
+def test_a_long_reply_arrives_as_ordered_chunks(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    code = "```python\n" + "".join(f"print({n})  # 🐍\n" for n in range(120)) + "```"
+    text = ("Intro 👋\n\n" + "Lorem ipsum 😀 dolor sit amet. " * 150 + "\n\n" + code + "\n\n"
+            + "Family 👨‍👩‍👧 time. " * 200)
+    assert len(text) >= 10_000
+    tell(bot, text)
+    chunks = wait_for(lambda: len(fake_telegram.sent(CHAT)) >= 3 and fake_telegram.sent(CHAT), timeout=30)
+    assert bot.runtime.wait_idle(timeout=30)
+    texts = [c.params["text"] for c in fake_telegram.sent(CHAT)]
+    assert all(utf16_len(t) <= 4096 for t in texts)
+    assert sum(code in t for t in texts) == 1  # the code block is whole, in one chunk
+    assert all(t.count("```") % 2 == 0 for t in texts)
+    assert "".join(texts).count("👨‍👩‍👧") == 200  # no emoji sequence broken
+    assert "".join(t.replace("\n", "").replace(" ", "") for t in texts) == text.replace("\n", "").replace(" ", "")
+    assert reply_to(chunks[0]) == 5 and all("reply_parameters" not in c.params for c in chunks[1:])
+
+
+def test_a_429_holds_back_only_its_own_chat(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 2", chat_id=1,
+                            parameters={"retry_after": 2})
+    tell(bot, "to A", chat_id=1)
+    time.sleep(0.1)
+    tell(bot, "to B", chat_id=2)
+    wait_for(lambda: fake_telegram.sent(1) and fake_telegram.sent(2))
+    assert bot.runtime.wait_idle(timeout=10)
+    [refused] = [c for c in fake_telegram.calls_to("sendMessage") if not c.ok]
+    [to_a], [to_b] = fake_telegram.sent(1), fake_telegram.sent(2)
+    assert to_a.time - refused.time >= 2.0  # the wait was obeyed
+    assert to_b.time < to_a.time and to_b.time - refused.time < 1.0  # B was not held back
+
+
+def test_replies_to_one_chat_are_spaced_a_second_apart(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    for n in range(5):
+        tell(bot, f"reply {n}")
+    sent = wait_for(lambda: len(fake_telegram.sent(CHAT)) == 5 and fake_telegram.sent(CHAT), timeout=30)
+    assert [c.params["text"] for c in sent] == [f"reply {n}" for n in range(5)]
+    gaps = [b.time - a.time for a, b in zip(sent, sent[1:], strict=False)]
+    assert all(gap >= 1.0 for gap in gaps), gaps
+
+
+def test_an_unparsable_reply_is_resent_once_as_plain_text(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: can't parse entities: can't find end of "
+                                                "the entity starting at byte offset 3")
+    tell(bot, "a *broken markdown reply")
+    wait_for(lambda: fake_telegram.sent(CHAT))
+    assert bot.runtime.wait_idle(timeout=10)
+    first, second = fake_telegram.calls_to("sendMessage")
+    assert (first.ok, first.params["parse_mode"]) == (False, "Markdown")
+    assert second.ok and "parse_mode" not in second.params
+    assert second.params["text"] == "a *broken markdown reply"
+
+
+def test_a_too_long_message_is_split_further(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: message is too long")
+    text = "first half. " * 20 + "second half. " * 20
+    tell(bot, text)
+    wait_for(lambda: fake_telegram.sent(CHAT))
+    assert bot.runtime.wait_idle(timeout=15)
+    sent = fake_telegram.sent(CHAT)
+    assert len(sent) > 1 and len(fake_telegram.calls_to("sendMessage")) == len(sent) + 1
+    assert "".join(c.params["text"] for c in sent).replace(" ", "") == text.replace(" ", "")
+
+
+def test_a_blocked_chat_is_marked_and_dead_lettered_without_retries(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
+    tell(bot, "hello?")
+    wait_for(lambda: bot.runtime.dead_letters.letters())
+    tell(bot, "are you there?")
+    assert bot.runtime.wait_idle(timeout=10)
+    letters = bot.runtime.dead_letters.letters()
+    assert [d.reason for d in letters] == ["chat unreachable", "chat unreachable"]
+    assert "bot was blocked by the user" in letters[0].detail
+    assert "blocked the bot earlier" in letters[1].detail
+    assert len(fake_telegram.calls_to("sendMessage")) == 1
+
+
+def test_a_migrated_chat_is_re_targeted(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: group chat was upgraded to a supergroup chat",
+                            chat_id=-5, parameters={"migrate_to_chat_id": -1005})
+    tell(bot, "first", chat_id=-5, chat_type="group")
+    wait_for(lambda: fake_telegram.sent(-1005))
+    tell(bot, "second", chat_id=-5, chat_type="group")
+    wait_for(lambda: len(fake_telegram.sent(-1005)) == 2)
+    assert fake_telegram.sent(-5) == []
+
+
+def test_network_errors_are_retried(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    fake_telegram.fail_next("sendMessage", 502, "Bad Gateway", times=2)
+    tell(bot, "eventually")
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
+    assert sent.params["text"] == "eventually"
+    assert len(fake_telegram.calls_to("sendMessage")) == 3
+
+
+def test_forum_replies_stay_in_their_topic(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    message = fake_telegram.push_text("@synth_bot hello", chat_id=-100, user_id=ALLOWED,
+                                      chat_type="supergroup", thread_id=77)
+    [sent] = wait_for(lambda: fake_telegram.sent(-100))
+    assert sent.params["message_thread_id"] == 77
+    assert reply_to(sent) == message["message_id"]
+    assert fake_llm.requests[0].messages[-1]["content"] == "hello"  # the mention is not part of the request
+
+
+def test_strangers_get_a_refusal_and_nothing_runs(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    with bot.runtime.probe(executor("terminal")) as ran:
+        message = fake_telegram.push_text("run df -h", chat_id=99, user_id=99)
+        [sent] = wait_for(lambda: fake_telegram.sent(99))
+        assert bot.runtime.wait_idle(timeout=10)
+        assert ran.envelopes == []
+    assert sent.params["text"] == REFUSAL
+    assert reply_to(sent) == message["message_id"]
+    assert fake_llm.requests == []
+
+
+def test_in_groups_the_bot_answers_only_when_addressed(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.push_text("run df -h", chat_id=-300, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_text("nice weather", chat_id=-300, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_text("hi there", chat_id=-300, user_id=ALLOWED, chat_type="group", reply_to_bot=True)
+    [sent] = wait_for(lambda: fake_telegram.sent(-300))
+    assert bot.runtime.wait_idle(timeout=10)
+    assert [r.messages[-1]["content"] for r in fake_llm.requests] == ["hi there"]
+    assert "Hello!" in sent.params["text"]
