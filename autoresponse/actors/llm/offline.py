@@ -13,12 +13,18 @@ so the whole loop (extraction, dispatch, delivery turns) runs for real::
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from typing import Any
 
 _ALLOWED = re.compile(r"Allowed action types in this turn: ([a-z_, ]+)\.")
 _RUN = re.compile(r"^(?:\w+\s*[,:]\s*)?(?:please\s+)?(?:run|exec|execute)\s+(.+?)\s*$", re.I | re.S)
+_REMIND = re.compile(
+    r"^(?:\w+\s*[,:]\s*)?remind me(?: in (\d+) (minutes?|hours?))?(?: at (\d{1,2}:\d{2}))?"
+    r"(?: (daily|every day|weekly|every week|monthly|every month))?(?: to)? (.+?)\s*$", re.I | re.S)
+_REPEATS = {"daily": "daily", "every day": "daily", "weekly": "weekly", "every week": "weekly",
+            "monthly": "monthly", "every month": "monthly"}
 _GREETING = re.compile(r"^\s*(hi|hello|hey|good (morning|evening|afternoon))\b", re.I)
 _PERCENT = re.compile(r"(\d{1,3})%")
 _LOAD = re.compile(r"load averages?:\s*([\d.,\s]+)$", re.I)
@@ -56,6 +62,22 @@ def _comment(command: str, output: str) -> str:
     return f"{lines} line{'s' if lines != 1 else ''} of output."
 
 
+def _reminder(amount: str | None, unit: str | None, at: str | None, repeat: str | None,
+              what: str) -> dict[str, Any]:
+    now = dt.datetime.now().astimezone()
+    if amount:
+        when = now + dt.timedelta(**{"hours" if unit.startswith("hour") else "minutes": int(amount)})  # type: ignore[union-attr]
+    elif at:
+        hour, minute = map(int, at.split(":"))
+        when = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+        if when <= now:
+            when += dt.timedelta(days=1)
+    else:
+        when = now + dt.timedelta(minutes=1)
+    return {"date": when.date().isoformat(), "time": when.strftime("%H:%M:%S"),
+            "repeat": _REPEATS.get((repeat or "").lower(), "none"), "description": what}
+
+
 class OfflineEngine:
     """A rule-based stand-in for an LLM: `run <command>` in chat, formatting in delivery."""
 
@@ -81,6 +103,11 @@ class OfflineEngine:
             if "terminal" in allowed:
                 return [{"type": "terminal", "payload": {"command": run.group(1)}}]
             return [_message(allowed, "I can't run commands here: the terminal executor is off.")]
+        remind = _REMIND.match(text.strip())
+        if remind:
+            if "event" not in allowed:
+                return [_message(allowed, "I can't schedule reminders here: events are off.")]
+            return [{"type": "event", "payload": _reminder(*remind.groups())}]
         if _GREETING.match(text):
             return [_message(allowed, "Hello! I'm synth, on the built-in offline engine. "
                                       "Ask me to `run df -h`, `run uptime` or `run date`.")]

@@ -1,0 +1,151 @@
+"""Scheduled events: stored in SQLite, delivered through the LLM once confirmed sent."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ask, console_text
+
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.interfaces.console import Console
+from autoresponse.interfaces.events import EventStore, due_in, next_due
+from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.messages import OriginalContext
+from autoresponse.messages.actions import EventPayload
+from autoresponse.supervisors import Application, Settings
+
+CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
+                          original_command="remind me to stretch")
+FAST = {"enabled": True, "check_seconds": 0.1, "unconfirmed_seconds": 60}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    until = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.02)
+    return result
+
+
+def schedule(data_dir: Path, context: OriginalContext, seconds_from_now: float,
+             description: str = "stretch your legs", repeat: str = "none") -> int:
+    date, at = due_in(seconds_from_now)
+    store = EventStore(data_dir / "events.sqlite3")
+    try:
+        return store.add(EventPayload(date=date, time=at, repeat=repeat, description=description), context).id
+    finally:
+        store.close()
+
+
+def state_of(data_dir: Path, event_id: int) -> Any:
+    store = EventStore(data_dir / "events.sqlite3")
+    try:
+        return store.get(event_id)
+    finally:
+        store.close()
+
+
+def event_requests(fake_llm: FakeLLMServer) -> list[dict[str, Any]]:
+    found = []
+    for request in fake_llm.requests:
+        content = request.messages[-1]["content"]
+        if content.startswith('{"system_message"'):
+            message = json.loads(content)["system_message"]
+            if message["type"] == "event":
+                found.append(message)
+    return found
+
+
+def test_a_due_event_is_delivered_once_through_the_llm_to_its_chat(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5)
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data)
+    wait_for(lambda: "Reminder: stretch your legs" in console_text(app))
+    wait_for(lambda: state_of(data, event_id).state == "delivered")
+    time.sleep(0.5)  # several more checks: nothing is sent again
+    assert console_text(app).count("Reminder: stretch your legs") == 1
+    [message] = event_requests(fake_llm)
+    assert message["event"]["description"] == "stretch your legs"
+    assert message["original_context"]["chat_id"] == "console"
+    assert "↳#3 │ ⏰ Reminder: stretch your legs" in console_text(app)
+
+
+def test_asking_for_a_reminder_stores_it_and_confirms(make_app: Callable[..., Application], tmp_path: Path) -> None:
+    app = make_app(events=FAST, data_dir=tmp_path / "data")
+    ask(app, "remind me in 5 minutes to drink water")
+    assert "reminder #1 scheduled for" in console_text(app)
+    event = state_of(tmp_path / "data", 1)
+    assert (event.description, event.state, event.repeat) == ("drink water", "pending", "none")
+    assert 4 * 60 < event.due - time.time() <= 5 * 60
+
+
+def test_an_unconfirmed_event_is_delivered_after_a_restart(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -90)
+    fake_llm.script(FakeResponse(hang=True))  # the LLM never answers before the stop
+
+    def start() -> Application:
+        settings = Settings.load(llm={"base_url": fake_llm.base_url, "read_timeout": 30},
+                                 events=FAST, data_dir=data, admin={"enabled": False},
+                                 runtime={"drain_seconds": 0.5})
+        return Application(settings, console=Console(io.StringIO()), read_stdin=False).start()
+
+    first = start()
+    wait_for(lambda: fake_llm.requests)
+    first.stop()
+    assert state_of(data, event_id).state == "pending"
+
+    second = start()
+    try:
+        wait_for(lambda: state_of(data, event_id).state == "delivered")
+        assert second.console.out.getvalue().count("Reminder: stretch your legs") == 1
+        late = event_requests(fake_llm)[-1]["event"]["late_seconds"]
+        assert late >= 90
+        assert "(I was 1 min late, sorry.)" in second.console.out.getvalue()
+    finally:
+        second.stop()
+
+
+def test_a_failed_send_never_marks_an_event_delivered(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    chat = OriginalContext(chat_id=42, message_id=8, interface_name="telegram", chat_type="private")
+    event_id = schedule(data, chat, -5)
+    with FakeTelegramServer() as telegram:
+        telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user", chat_id=42)
+        app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, telegram={
+            "token": "1:TOKEN", "base_url": telegram.base_url, "allowed_users": [7], "poll_timeout": 1})
+        wait_for(lambda: state_of(data, event_id).failures == 1)
+        time.sleep(0.3)
+        event = state_of(data, event_id)
+        assert (event.state, event.failures) == ("pending", 1)
+        assert telegram.sent() == []
+        app.stop()
+
+
+@pytest.mark.parametrize(
+    ("repeat", "start", "now", "expected"),
+    [
+        ("daily", "2026-01-30 09:00", "2026-02-02 10:00", "2026-02-03 09:00"),
+        ("weekly", "2026-01-30 09:00", "2026-02-02 10:00", "2026-02-06 09:00"),
+        ("monthly", "2026-01-31 09:00", "2026-02-01 10:00", "2026-02-28 09:00"),
+        ("none", "2026-01-31 09:00", "2026-02-01 10:00", None),
+    ],
+)
+def test_repeating_events_move_to_their_next_occurrence(repeat: str, start: str, now: str,
+                                                        expected: str | None) -> None:
+    def ts(text: str) -> float:
+        return dt.datetime.strptime(text, "%Y-%m-%d %H:%M").astimezone().timestamp()
+
+    following = next_due(ts(start), repeat, ts(now))
+    assert following == (None if expected is None else ts(expected))
