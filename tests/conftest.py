@@ -84,3 +84,12 @@ def console_text(app: Application) -> str:
     out = app.console.out
     assert isinstance(out, io.StringIO)
     return out.getvalue()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Poll ``condition`` until it is truthy (returning it), or fail after ``timeout``."""
+    until = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.01)
+    return result

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ask, console_text
+from conftest import ask, console_text, wait_for
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
@@ -26,12 +26,6 @@ CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="conso
 FAST = {"enabled": True, "check_seconds": 0.1, "unconfirmed_seconds": 60}
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
-    until = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < until, "condition not met in time"
-        time.sleep(0.02)
-    return result
 
 
 def schedule(data_dir: Path, context: OriginalContext, seconds_from_now: float,

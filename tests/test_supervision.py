@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from conftest import wait_for
 from pydantic import BaseModel
 
 from autoresponse.actors import Runtime, TypedActor, handles
@@ -71,11 +72,6 @@ class Worker(TypedActor):
         self.journal.add(f"note:{self.name}={note.text}")
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    until = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < until, "condition not met in time"
-        time.sleep(0.005)
 
 
 @pytest.fixture

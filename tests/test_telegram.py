@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from conftest import wait_for
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
@@ -36,12 +37,6 @@ def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
     })
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
-    until = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < until, "condition not met in time"
-        time.sleep(0.02)
-    return result
 
 
 def reply_to(call: Any) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from autoresponse.actors.llm.offline import OfflineEngine
+from autoresponse.loopback import LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -70,22 +71,18 @@ def completion(content: str, model: str = "fake") -> dict[str, Any]:
     }
 
 
-class FakeLLMServer:
+class FakeLLMServer(LoopbackServer):
     """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
 
     def __init__(self, *, delay: float = 0.0, port: int = 0,
                  responder: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+        super().__init__(port=port, name="fake-llm")
         self.delay = delay
-        self.port = port
         self.responder = responder
         self.requests: list[RecordedRequest] = []
         self._script: deque[FakeResponse] = deque()
         self._lock = threading.Lock()
         self._offline = OfflineEngine()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._stopping: asyncio.Event | None = None
 
     @property
     def base_url(self) -> str:
@@ -101,8 +98,7 @@ class FakeLLMServer:
             self.requests.append(RecordedRequest(time.monotonic(), body, dict(request.headers)))
             scripted = self._script.popleft() if self._script else None
         if scripted is not None and scripted.hang:
-            assert self._stopping is not None
-            await self._stopping.wait()
+            await self.stopping.wait()
             raise web.HTTPServiceUnavailable()
         delay = scripted.delay if scripted is not None else self.delay
         if delay:
@@ -119,45 +115,8 @@ class FakeLLMServer:
             content = await self._offline.complete(body.get("messages", []))
         return web.json_response(completion(content, body.get("model", "fake")))
 
-    async def _serve(self, started: threading.Event) -> None:
-        self._stopping = asyncio.Event()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        started.set()
-        await self._stopping.wait()
-        await self._runner.cleanup()
-
-    def start(self) -> FakeLLMServer:
-        started = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=lambda: self._loop.run_until_complete(self._serve(started)),  # type: ignore[union-attr]
-            name="fake-llm", daemon=True,
-        )
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the fake LLM server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None:
-            return
-        assert self._stopping is not None
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(10)
-        self._loop.close()
-        self._loop = self._thread = None
-
-    def __enter__(self) -> FakeLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main() -> None:

@@ -29,6 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
+from autoresponse.loopback import LoopbackServer
+
 BOT_USER = {"id": 1000, "is_bot": True, "first_name": "synth", "username": "synth_bot",
             "can_join_groups": True, "can_read_all_group_messages": False,
             "supports_inline_queries": False}
@@ -50,19 +52,16 @@ class Failure:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-class FakeTelegramServer:
+class FakeTelegramServer(LoopbackServer):
     def __init__(self, *, port: int = 0) -> None:
-        self.port = port
+        super().__init__(port=port, name="fake-telegram")
         self.calls: list[Call] = []
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(10_000)
         self._failures: dict[tuple[str, Any], deque[Failure]] = {}
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping: asyncio.Event | None = None
-        self._new_update: asyncio.Event | None = None
+        self._new_update = asyncio.Event()
 
     @property
     def base_url(self) -> str:
@@ -95,8 +94,7 @@ class FakeTelegramServer:
                                            "chat": message["chat"], "from": BOT_USER, "text": "earlier"}
         with self._lock:
             self._updates.append({"update_id": next(self._update_ids), "message": message})
-        if self._loop is not None and self._new_update is not None:
-            self._loop.call_soon_threadsafe(self._new_update.set)
+        self.call_soon(self._new_update.set)
         return message
 
     def fail_next(self, method: str, status: int, description: str, *, chat_id: Any = None,
@@ -164,14 +162,13 @@ class FakeTelegramServer:
     async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         offset = int(params.get("offset") or 0)
         timeout = float(params.get("timeout") or 0)
-        assert self._new_update is not None and self._stopping is not None
         until = asyncio.get_running_loop().time() + timeout
         while True:
             with self._lock:
                 self._updates = [u for u in self._updates if u["update_id"] >= offset]
                 ready = list(self._updates)
             left = until - asyncio.get_running_loop().time()
-            if ready or left <= 0 or self._stopping.is_set():
+            if ready or left <= 0 or self.stopping.is_set():
                 return ready
             self._new_update.clear()
             try:
@@ -185,43 +182,8 @@ class FakeTelegramServer:
                 "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
                 "from": BOT_USER, "text": params.get("text", "")}
 
-    async def _serve(self, started: threading.Event) -> None:
-        self._stopping = asyncio.Event()
-        self._new_update = asyncio.Event()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/bot{token}/{method}", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        started.set()
-        await self._stopping.wait()
-        self._new_update.set()
-        await runner.cleanup()
 
-    def start(self) -> FakeTelegramServer:
-        started = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=lambda: self._loop.run_until_complete(self._serve(started)),  # type: ignore[union-attr]
-            name="fake-telegram", daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise RuntimeError("the fake Telegram server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is None or self._thread is None:
-            return
-        assert self._stopping is not None
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._thread.join(10)
-        self._loop.close()
-        self._loop = self._thread = None
-
-    def __enter__(self) -> FakeTelegramServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def on_stopping(self) -> None:
+        self._new_update.set()  # release long polls
