@@ -205,3 +205,33 @@ def test_in_groups_the_bot_answers_only_when_addressed(
     assert bot.runtime.wait_idle(timeout=10)
     assert [r.messages[-1]["content"] for r in fake_llm.requests] == ["hi there"]
     assert "Hello!" in sent.params["text"]
+
+
+async def test_a_group_gets_at_most_twenty_messages_a_minute_on_a_controllable_clock(
+    fake_telegram: FakeTelegramServer,
+) -> None:
+    from telegram import Bot
+
+    from autoresponse.interfaces.telegram import TelegramDelivery
+
+    now = [1000.0]
+    sent_at: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # virtual time: waiting advances the clock
+        now[0] += seconds
+
+    delivery = TelegramDelivery(Bot("1:TOKEN", base_url=fake_telegram.base_url),
+                                clock=lambda: now[0], sleep=sleep)
+    await delivery.start()
+    try:
+        group = OriginalContext(chat_id=-77, interface_name="telegram", chat_type="supergroup")
+        for n in range(25):
+            await delivery.deliver(OutboundMessage.reply(group, f"message {n}"))
+            sent_at.append(now[0])
+    finally:
+        await delivery.aclose()
+    assert len(fake_telegram.sent(-77)) == 25
+    gaps = [b - a for a, b in zip(sent_at, sent_at[1:], strict=False)]
+    assert all(gap >= 1.0 for gap in gaps)  # and one a second per chat
+    # Any 21 consecutive sends span at least a minute.
+    assert all(sent_at[i + 20] - sent_at[i] >= 60.0 for i in range(len(sent_at) - 20))
