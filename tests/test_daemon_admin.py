@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 
 API_KEY = "sk-live-do-not-print-0123456789"
 TOKEN = "admin-secret-token-9876543210"
+BOT_TOKEN = "987654:BOT-TOKEN-never-in-logs"
 
 
 def free_port() -> int:
@@ -154,3 +156,23 @@ def test_a_bad_llm_in_a_daemon_leaves_a_dead_letter_that_can_be_replayed(
         while actors(d.status())["sender.console"]["processed"] < 2:  # the notice, then the reply
             assert time.monotonic() < until
             time.sleep(0.1)
+
+
+def test_a_telegram_daemon_logs_no_bot_token_even_at_debug(tmp_path: Path, fake_llm: FakeLLMServer) -> None:
+    with FakeTelegramServer() as telegram, daemon(
+        tmp_path, fake_llm.base_url, AUTORESPONSE_TELEGRAM__TOKEN=BOT_TOKEN,
+        AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url, AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]",
+        AUTORESPONSE_TELEGRAM__POLL_TIMEOUT="1",
+    ) as d:
+        telegram.push_text("run echo hi", chat_id=5, user_id=7)
+        until = time.monotonic() + 20
+        while not telegram.sent(5):
+            assert time.monotonic() < until
+            time.sleep(0.1)
+        status = json.dumps(d.status())
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(30) == 0
+    log = (tmp_path / "stderr.log").read_text()
+    assert "getUpdates" in log or "sendMessage" in log or "polling Telegram" in log  # it did log its work
+    for secret in (BOT_TOKEN, API_KEY, TOKEN):
+        assert secret not in log and secret not in status

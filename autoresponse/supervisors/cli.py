@@ -37,12 +37,38 @@ DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COM
                  "admin": {"enabled": False}}
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
+class RedactSecrets(logging.Filter):
+    """Replaces every configured secret (bot token, API key, admin token) in log lines.
+
+    Libraries log what they like (httpx logs each request URL, and a Telegram URL
+    holds the bot token), so the redaction happens at the handler, for all of them.
+    """
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if len(s) >= 4]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            text = record.getMessage()
+            if any(secret in text for secret in self.secrets):
+                for secret in self.secrets:
+                    text = text.replace(secret, "[secret]")
+                record.msg, record.args = text, None
+        return True
+
+
+def _secrets(settings: Settings) -> list[str]:
+    values = (settings.llm.api_key, settings.telegram.token, settings.admin.token)
+    return [v.get_secret_value() for v in values if v is not None]
+
+
+def _logging(level: str, settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(RedactSecrets(_secrets(settings)))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     If the root supervisor gives up, stop the same way and exit 1.
     """
     settings = Settings.load(args.config)
-    _logging(settings.log_level)
+    _logging(settings.log_level, settings)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
@@ -156,7 +182,7 @@ def deadletters(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     """A console conversation on the offline engine (or the configured LLM)."""
     settings = Settings.load(args.config, defaults=DEMO_DEFAULTS)
-    _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level)
+    _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings)
     texts = args.texts or list(DEMO_SCRIPT)
     app = Application(settings, read_stdin=False).start()
     unanswered = 0
