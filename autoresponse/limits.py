@@ -90,3 +90,6 @@ EVENTS_UNCONFIRMED_SECONDS = 300.0
 
 #: Seconds a supervisor waits for one child's setup before starting the next.
 START_SECONDS = 30.0
+
+#: Finished work items stay in the journal this long before compaction.
+JOURNAL_RETENTION_SECONDS = 24 * 3600.0

@@ -14,12 +14,13 @@ of its actor, so a restart breaks no sender and loses no queued message.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
@@ -39,6 +40,9 @@ from autoresponse.limits import (
 from autoresponse.messages.control import Exit, Failure
 from autoresponse.messages.envelope import Envelope
 
+if TYPE_CHECKING:
+    from autoresponse.journal import DeliveryJournal
+
 log = logging.getLogger("autoresponse.runtime")
 
 CellState = Literal["running", "restarting", "stopped"]
@@ -56,6 +60,8 @@ class InFlight:
         self._cond = threading.Condition()
         self._by_correlation: Counter[str] = Counter()
         self._total = 0
+        #: Called (outside the lock) with each correlation that has finished.
+        self.on_finished: Callable[[str], None] | None = None
 
     def add(self, correlation_id: str) -> None:
         with self._cond:
@@ -71,6 +77,8 @@ class InFlight:
                 del self._by_correlation[correlation_id]
                 self._cond.notify_all()
             self._total -= 1
+        if left <= 0 and self.on_finished is not None:
+            self.on_finished(correlation_id)
 
     def count(self, correlation_id: str | None = None) -> int:
         with self._cond:
@@ -233,6 +241,10 @@ class Runtime:
         self.fault: Callable[[str, Envelope], None] | None = None
         #: The actor that error reports go to (see ``route_error``).
         self.error_route: str | None = None
+        #: Where accepted work and confirmed sends are recorded (see ``accept``).
+        self.journal: DeliveryJournal | None = None
+        self._journaled: set[str] = set()
+        self.inflight.on_finished = self._finished
         self._cells: dict[str, Cell] = {}
         self._taps: dict[str, list[Probe]] = {}
         self._lock = threading.Lock()
@@ -431,6 +443,55 @@ class Runtime:
         """Dead-letter an in-flight envelope: it leaves the system here."""
         self.dead_letters.post(envelope, reason, actor=actor, detail=detail, error=error)
         self.inflight.done(envelope.correlation_id)
+
+    def accept(self, to: str, body: Any, *, correlation_id: str | None = None) -> concurrent.futures.Future[Envelope]:
+        """Start a correlation durably: the message is journaled (when a journal is set)
+        and then delivered; the future resolves with its envelope once both are done,
+        which is when the caller may acknowledge it upstream."""
+        envelope = Envelope.new(body, correlation_id=correlation_id)
+        accepted: concurrent.futures.Future[Envelope] = concurrent.futures.Future()
+        if self.journal is None:
+            self.deliver(to, envelope)
+            accepted.set_result(envelope)
+            return accepted
+
+        def journaled(written: concurrent.futures.Future[bool]) -> None:
+            if written.exception() is not None:
+                accepted.set_exception(written.exception())  # type: ignore[arg-type]
+                return
+            if written.result():  # new; a known correlation is already running or done
+                with self._lock:
+                    self._journaled.add(envelope.correlation_id)
+                self.deliver(to, envelope)
+            accepted.set_result(envelope)
+
+        self.journal.accept(envelope, actor=to).add_done_callback(journaled)
+        return accepted
+
+    def resume(self) -> int:
+        """Deliver again every journaled item that had not finished (after a crash or kill)."""
+        if self.journal is None:
+            return 0
+        resumed = 0
+        for item in self.journal.unfinished():
+            cell = self._cells.get(item.actor)
+            types = {t.__name__: t for t in (cell.actor_class._handlers if cell else ()) if isinstance(t, type)}
+            if item.type not in types:
+                log.error("cannot resume %s: %s does not handle %s", item.correlation, item.actor, item.type)
+                self.journal.finish(item.correlation)
+                continue
+            body = types[item.type].model_validate_json(item.payload)  # type: ignore[attr-defined]
+            with self._lock:
+                self._journaled.add(item.correlation)
+            self.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation))
+            resumed += 1
+        return resumed
+
+    def _finished(self, correlation_id: str) -> None:
+        if self.journal is not None and correlation_id in self._journaled:
+            with self._lock:
+                self._journaled.discard(correlation_id)
+            self.journal.finish(correlation_id)
 
     def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None) -> None:
         """Send an error to ``error_route`` (the retry pool); without one it is a dead letter."""

@@ -67,10 +67,13 @@ class OutboundMessage(BaseModel):
     thread_id: ChatId | None = None
     #: True for the runtime's own notices (errors, refusals), False for LLM replies.
     notice: bool = False
+    #: Names this reply within its correlation, the same when a resumed item is
+    #: replayed; a sender appends the chunk number and skips chunks already sent.
+    key: str | None = None
 
     @classmethod
     def reply(cls, context: OriginalContext, text: str, *, notice: bool = False,
-              chat_id: ChatId | None = None) -> OutboundMessage:
+              chat_id: ChatId | None = None, key: str | None = None) -> OutboundMessage:
         """A reply to ``context``'s message, in its chat unless ``chat_id`` says otherwise."""
         return cls(
             context=context,
@@ -79,6 +82,7 @@ class OutboundMessage(BaseModel):
             reply_to_message_id=context.message_id if chat_id in (None, context.chat_id) else None,
             thread_id=context.thread_id,
             notice=notice,
+            key=key,
         )
 
 

@@ -7,7 +7,9 @@ Routes (JSON unless said otherwise)::
     GET  /metrics                      Prometheus text
     GET  /deadletters?limit=N          counts by reason and the newest letters
     POST /deadletters/{id}/replay      send a dead letter again, as a new attempt
-    POST /inject/{actor}?type=Name     a JSON message, validated against the actor's types
+    POST /inject/{actor}?type=Name     a JSON message, validated against the actor's types;
+         &correlation=ID               journaled before the 202: a retry with the same ID is
+                                       acknowledged again, not run twice
 
 It binds to 127.0.0.1 by default. Binding anywhere else requires a token, and
 when a token is set every request must carry ``Authorization: Bearer <token>``.
@@ -15,6 +17,7 @@ when a token is set every request must carry ``Authorization: Bearer <token>``.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -198,9 +201,10 @@ class AdminServer:
                 problems[message_type.__name__] = [
                     f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()]
                 continue
-            envelope = self.runtime.send(name, message)
-            if envelope is None:
-                return _error(503, f"{name} refused the message; see the dead letters")
+            # Journaled before the 202; a client retrying with the same ?correlation= is
+            # acknowledged again without the work being started twice.
+            envelope = await asyncio.wrap_future(
+                self.runtime.accept(name, message, correlation_id=request.query.get("correlation")))
             return web.json_response({"type": message_type.__name__, "message_id": envelope.message_id,
                                       "correlation_id": envelope.correlation_id}, status=202)
         return _error(422, f"the body fits none of the messages {name} handles", problems=problems)

@@ -32,6 +32,7 @@ from autoresponse.interfaces.console import Console, ConsoleInterface, ConsoleSe
 from autoresponse.interfaces.events import EventExecutor, EventScheduler, EventStore
 from autoresponse.interfaces.telegram import TelegramDelivery, TelegramInterface, TelegramSender
 from autoresponse.interfaces.terminal import TerminalExecutor
+from autoresponse.journal import SqliteJournal
 from autoresponse.messages import Envelope
 from autoresponse.supervisors.admin import AdminServer
 from autoresponse.supervisors.config import LLMSettings, Settings
@@ -92,6 +93,7 @@ class Application:
         )
         self.admin: AdminServer | None = None
         self.events: EventStore | None = None
+        self.journal: SqliteJournal | None = None
         self.telegram: TelegramDelivery | None = None
         #: Set when the root supervisor gave up; ``failure`` says why.
         self.failed = threading.Event()
@@ -107,7 +109,7 @@ class Application:
         pipeline: list[Spec] = []
         inbound: list[Spec] = []
         if s.console.enabled:
-            pipeline.append(ChildSpec(sender("console"), ConsoleSender, (self.console,)))
+            pipeline.append(ChildSpec(sender("console"), ConsoleSender, (self.console, self.journal)))
             inbound.append(ChildSpec(interface("console"), ConsoleInterface, (self.console,),
                                      {"read_stdin": self.read_stdin}))
         if self.telegram is not None:
@@ -142,6 +144,9 @@ class Application:
             tree = self.tree()
             rt.spawn(ROOT, Supervisor, tree)
             self._wait_until_up(names_in(tree), timeout)
+            resumed = rt.resume()
+            if resumed:
+                log.info("resumed %d unfinished work items from the journal", resumed)
             if self.settings.admin.enabled:
                 self.admin = AdminServer(rt, self.settings.admin)
                 try:
@@ -160,6 +165,11 @@ class Application:
     def _open_resources(self) -> None:
         """What the actors share and outlives their restarts: the event store, the bot."""
         s = self.settings
+        if s.journal.enabled:
+            self.journal = SqliteJournal(s.journal.path or s.data_dir.expanduser() / "journal.sqlite3")
+            self.runtime.journal = self.journal
+            forgotten = self.journal.compact(time.time() - s.journal.retention_seconds)
+            log.debug("journal: compacted %d finished items", forgotten)
         if s.events.enabled:
             self.events = EventStore(s.data_dir.expanduser() / "events.sqlite3")
         if s.telegram.enabled:
@@ -167,7 +177,7 @@ class Application:
 
             assert s.telegram.token is not None
             bot = Bot(s.telegram.token.get_secret_value(), base_url=s.telegram.base_url)
-            self.telegram = TelegramDelivery(bot, parse_mode=s.telegram.parse_mode)
+            self.telegram = TelegramDelivery(bot, parse_mode=s.telegram.parse_mode, journal=self.journal)
             try:
                 self.runtime.io.run(self.telegram.start(), timeout=60)
             except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
@@ -178,6 +188,8 @@ class Application:
         drained = self.runtime.stop(drain, first=(INTERFACES,))
         if self.events is not None:
             self.events.close()
+        if self.journal is not None:
+            self.journal.close()
         return drained
 
     def _wait_until_up(self, names: list[str], timeout: float) -> None:

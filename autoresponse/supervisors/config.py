@@ -32,6 +32,7 @@ from autoresponse.interfaces.telegram.settings import TelegramSettings
 from autoresponse.interfaces.terminal.settings import TerminalSettings
 from autoresponse.limits import (
     DRAIN_SECONDS,
+    JOURNAL_RETENTION_SECONDS,
     LLM_CONNECT_TIMEOUT_SECONDS,
     LLM_MAX_ATTEMPTS,
     LLM_MAX_IN_FLIGHT,
@@ -111,6 +112,15 @@ class AdminSettings(BaseModel):
         return f"http://{host}:{self.port}"
 
 
+class JournalSettings(BaseModel):
+    """The delivery journal: ``<data_dir>/journal.sqlite3`` unless a path is given."""
+
+    enabled: bool = True
+    path: Path | None = None
+    #: Finished work (and its send keys) is forgotten after this long.
+    retention_seconds: float = Field(default=JOURNAL_RETENTION_SECONDS, ge=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="AUTORESPONSE_", env_nested_delimiter="__", extra="ignore"
@@ -125,6 +135,7 @@ class Settings(BaseSettings):
     supervision: SupervisionSettings = SupervisionSettings()
     retry: RetrySettings = RetrySettings()
     admin: AdminSettings = AdminSettings()
+    journal: JournalSettings = JournalSettings()
     data_dir: Path = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
 

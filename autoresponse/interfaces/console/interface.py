@@ -56,7 +56,7 @@ class StdinReader:
             for line in lines:
                 text = line.decode("utf-8", errors="replace").strip()
                 if text:
-                    self._runtime.send(self._to, ConsoleInput(text=text))
+                    self._runtime.accept(self._to, ConsoleInput(text=text)).result(timeout=30)
 
 
 class ConsoleInterface(TypedActor):

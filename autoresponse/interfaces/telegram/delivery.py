@@ -26,6 +26,7 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, Re
 from telegram.warnings import PTBDeprecationWarning
 
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
+from autoresponse.journal import DeliveryJournal
 from autoresponse.limits import (
     TELEGRAM_CHAT_INTERVAL_SECONDS,
     TELEGRAM_GLOBAL_PER_SECOND,
@@ -62,9 +63,11 @@ class _ChatLane:
 
 class TelegramDelivery:
     def __init__(self, bot: Bot, *, parse_mode: str | None = "Markdown",
+                 journal: DeliveryJournal | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.bot = bot
+        self.journal = journal
         self.parse_mode = parse_mode
         self._clock = clock
         self._sleep = sleep
@@ -100,8 +103,13 @@ class TelegramDelivery:
         async with lane.lock:  # FIFO: replies to one chat keep their order
             ids: list[int] = []
             for n, chunk in enumerate(split_message(message.text)):
+                key = f"{message.key}#{n}" if message.key and self.journal else None
+                if key is not None and self.journal.was_sent(key):  # type: ignore[union-attr]
+                    continue  # confirmed before a restart: never twice
                 reply_to = message.reply_to_message_id if n == 0 else None
                 ids += await self._send(lane, message, chunk, reply_to)
+                if key is not None:
+                    await asyncio.wrap_future(self.journal.mark_sent(key))  # type: ignore[union-attr]
             return ids
 
     async def _pace(self, lane: _ChatLane, group: bool) -> None:

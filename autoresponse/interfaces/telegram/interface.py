@@ -8,6 +8,7 @@ mailbox; authorization and addressing are decided here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from pydantic import BaseModel, ConfigDict
@@ -110,7 +111,7 @@ class TelegramInterface(TypedActor):
         assert self._ptb is not None
         parsed = parse_update(update, self._username, self._ptb.bot.id)
         if parsed is not None:
-            self.runtime.send(self.name, parsed)
+            await asyncio.wrap_future(self.runtime.accept(self.name, parsed))  # journaled first
 
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:
