@@ -19,6 +19,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m benchmarks
 
 clean:

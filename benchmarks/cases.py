@@ -1,0 +1,151 @@
+"""The benchmark cases. Each comparison runs side by side in the same process run."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors.llm import HttpEngine, OfflineEngine
+from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.journal import SqliteJournal
+from autoresponse.messages import OriginalContext, UserRequest
+from benchmarks.harness import Run, Tally, drive, pipeline, rss_kib
+
+# ---------------------------------------------------------------- 1. in process
+
+
+class _RawHop(pykka.ThreadingActor):
+    """A bare pykka actor that forwards tuples; the first one also crosses the loop once."""
+
+    def __init__(self, following: Any, loop: EventLoopThread | None = None, done: Any = None) -> None:
+        super().__init__()
+        self.following, self.loop, self.done = following, loop, done
+
+    def on_receive(self, message: Any) -> None:
+        kind, n = message
+        if kind == "request" and self.loop is not None:
+            me = self.actor_ref
+            self.loop.submit(asyncio.sleep(0)).add_done_callback(lambda _: me.tell(("io", n)))
+        elif self.following is not None:
+            self.following.tell(("forward", n))
+        else:
+            self.done(n)
+
+
+def raw_pykka(requests: int) -> Run:
+    """The same hops as the runtime's delivery path (inbound → LLM actor, a loop round trip,
+    → dispatcher → sender), carrying plain tuples and doing nothing else."""
+    loop = EventLoopThread()
+    loop.start()
+    finished = threading.Event()
+    answered: dict[int, float] = {}
+
+    def done(n: int) -> None:
+        answered[n] = time.perf_counter()
+        if len(answered) == requests:
+            finished.set()
+
+    last = _RawHop.start(None, done=done)
+    middle = _RawHop.start(last)
+    first = _RawHop.start(middle, loop=loop)
+    try:
+        sent: dict[int, float] = {}
+        started = time.perf_counter()
+        for n in range(requests):
+            sent[n] = time.perf_counter()
+            first.tell(("request", n))
+        finished.wait(120)
+        elapsed = time.perf_counter() - started
+    finally:
+        for ref in (first, middle, last):
+            ref.stop()
+        loop.stop()
+    return Run(requests, elapsed, [answered[n] - t for n, t in sent.items()])
+
+
+def runtime_offline(requests: int, journal_dir: Path | None = None) -> Run:
+    tally = Tally(expected=requests)
+    journal = SqliteJournal(journal_dir / "journal.sqlite3") if journal_dir else None
+    runtime = pipeline(OfflineEngine(), tally, journal)
+    try:
+        return drive(runtime, tally, chats=requests, per_chat=1, journaled=journal is not None)
+    finally:
+        runtime.stop(drain=5)
+        if journal is not None:
+            journal.close()
+
+
+def in_process(requests: int, repeats: int) -> dict[str, Any]:
+    """Case 1 and case 5: the runtime against raw pykka, and with the journal on and off.
+    Runs are interleaved, and the median of each is kept, so machine noise hits all alike."""
+    runs: dict[str, list[Run]] = {"raw pykka": [], "runtime": [], "runtime + journal": []}
+    for _ in range(repeats):
+        runs["raw pykka"].append(raw_pykka(requests))
+        runs["runtime"].append(runtime_offline(requests))
+        with tempfile.TemporaryDirectory() as tmp:
+            runs["runtime + journal"].append(runtime_offline(requests, Path(tmp)))
+    best = {name: sorted(r, key=lambda run: run.rate)[len(r) // 2] for name, r in runs.items()}
+    return {
+        "runs": {name: run.summary() for name, run in best.items()},
+        "runtime_vs_raw": best["runtime"].rate / best["raw pykka"].rate,
+        "journal_vs_none": best["runtime + journal"].rate / best["runtime"].rate,
+    }
+
+
+# ---------------------------------------------------------------- 3. bound by LLM latency
+
+
+def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict[str, Any]:
+    """Deliveries/s against chats in parallel, with a fake LLM that takes ``latency`` s."""
+    points = []
+    with FakeLLMServer(delay=latency) as llm:
+        for chats in levels:
+            tally = Tally(expected=2 * chats)
+            engine = HttpEngine(llm.base_url, model="fake", max_in_flight=max_in_flight)
+            runtime = pipeline(engine, tally)
+            runtime.io.add_closer(engine.aclose)
+            try:
+                run = drive(runtime, tally, chats=chats, per_chat=2, timeout=600)
+            finally:
+                runtime.stop(drain=5)
+            target = 0.9 * min(chats, max_in_flight) / latency
+            points.append({"chats": chats, "per_second": round(run.rate, 2), "target": round(target, 2),
+                           "met": run.rate >= target, "order_kept": run.in_order,
+                           "one_at_a_time": round(1 / latency, 2), **run.summary()})
+    return {"latency_s": latency, "max_in_flight": max_in_flight, "points": points}
+
+
+# ---------------------------------------------------------------- 4. scale
+
+
+def scale(chats: int, wave: int = 1_000) -> dict[str, Any]:
+    """Threads and memory with ``chats`` chats that were each active once and are now idle."""
+    tally = Tally(expected=chats)
+    runtime = pipeline(OfflineEngine(), tally)
+    try:
+        gc.collect()
+        before = rss_kib()
+        threads_idle = threading.active_count()
+        for start in range(0, chats, wave):  # waves, so the peak is the chats, not one burst
+            for n in range(start, min(chats, start + wave)):
+                runtime.send("llm", UserRequest(text="hello", context=OriginalContext(
+                    chat_id=n, message_id=1, interface_name="console")))
+            runtime.wait_idle(timeout=120)
+        threads_busy = threading.active_count()
+        gc.collect()
+        after = rss_kib()
+    finally:
+        runtime.stop(drain=5)
+    return {"chats": chats, "threads": max(threads_idle, threads_busy), "rss_before_kib": before,
+            "rss_after_kib": after, "kib_per_idle_chat": round((after - before) / chats, 3),
+            "threads_met": max(threads_idle, threads_busy) <= 64,
+            "memory_met": (after - before) / chats <= 4}
+
