@@ -93,3 +93,7 @@ START_SECONDS = 30.0
 
 #: Finished work items stay in the journal this long before compaction.
 JOURNAL_RETENTION_SECONDS = 24 * 3600.0
+
+#: Telegram sends in flight at once (Telegram takes 30 a second overall anyway);
+#: more only grows the HTTP connection pool, which costs CPU per request.
+TELEGRAM_MAX_CONCURRENT_SENDS = 32

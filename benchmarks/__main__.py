@@ -10,7 +10,9 @@ throughput against concurrency to benchmarks/results/latency_bound.png.
 4. scale: 10,000 chats, each active once, then idle;  target <= 64 threads, <= 4 KiB/chat
 5. the journal: case 1 with the journal on and off.
 
-Case 2 (loopback HTTP against a hand-written asyncio baseline) is not built yet.
+2. loopback HTTP: the LLM client and the Telegram sender against the fake LLM and
+   the fake Bot API, each in its own process, next to a hand-written asyncio
+   client making the same two calls with the same concurrency;  target >= 0.9
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.cases import in_process, latency_bound, scale
+from benchmarks.cases import in_process, latency_bound, loopback_http, scale
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -81,6 +83,8 @@ def main() -> None:
     started = time.time()
     with console.status("case 1 and 5: in process, raw pykka, journal"):
         inproc = in_process(requests, repeats)
+    with console.status("case 2: loopback HTTP"):
+        loopback = loopback_http(500 if args.quick else 2_000, concurrency=32, repeats=1 if args.quick else 3)
     with console.status("case 3: bound by LLM latency"):
         latency = latency_bound(levels, latency=0.5, max_in_flight=64)
     with console.status("case 4: scale"):
@@ -99,6 +103,10 @@ def main() -> None:
     table.add_row("5 runtime + journal", f"{runs['runtime + journal']['per_second']:.0f}",
                   f"{runs['runtime + journal']['p50_ms']}", f"{runs['runtime + journal']['p99_ms']}",
                   f"{inproc['journal_vs_none']:.2f} of no journal")
+    table.add_row("2 asyncio baseline, HTTP", f"{loopback['baseline_per_second']:.0f}", "", "", "baseline")
+    http_ratio = loopback["runtime_vs_baseline"]
+    table.add_row("2 runtime, HTTP LLM + PTB", f"{loopback['runtime_per_second']:.0f}", "", "",
+                  f"{http_ratio:.2f} (target 0.9: {'met' if http_ratio >= 0.9 else 'MISSED'})")
     for point in latency["points"]:
         table.add_row(f"3 {point['chats']} chats, LLM 0.5 s", f"{point['per_second']:.1f}",
                       f"{point['p50_ms']:.0f}", f"{point['p99_ms']:.0f}",
@@ -111,7 +119,7 @@ def main() -> None:
 
     RESULTS.mkdir(exist_ok=True)
     figures = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick,
-               "seconds": round(time.time() - started, 1), "in_process": inproc,
+               "seconds": round(time.time() - started, 1), "in_process": inproc, "loopback_http": loopback,
                "latency_bound": latency, "scale": scaled}
     (RESULTS / "latest.json").write_text(json.dumps(figures, indent=2))
     drawn = plot(latency, RESULTS / "latency_bound.png")

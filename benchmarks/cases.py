@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -16,6 +20,7 @@ from autoresponse.actors._loop import EventLoopThread
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.journal import SqliteJournal
+from autoresponse.limits import TELEGRAM_MAX_CONCURRENT_SENDS
 from autoresponse.messages import OriginalContext, UserRequest
 from benchmarks.harness import Run, Tally, drive, pipeline, rss_kib
 
@@ -149,3 +154,118 @@ def scale(chats: int, wave: int = 1_000) -> dict[str, Any]:
             "threads_met": max(threads_idle, threads_busy) <= 64,
             "memory_met": (after - before) / chats <= 4}
 
+
+
+# ---------------------------------------------------------------- 2. loopback HTTP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(module: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A fake server in a process of its own, once it accepts connections."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    until = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() > until or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"{module} did not start") from None
+            time.sleep(0.05)
+
+
+TOKEN = "1:BENCH"
+
+
+def _telegram_context(n: int) -> OriginalContext:
+    return OriginalContext(chat_id=100_000 + n, message_id=n, interface_name="telegram", chat_type="private")
+
+
+def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
+    from telegram import Bot
+
+    from autoresponse.actors.routes import sender
+    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender
+
+    tally = Tally(expected=requests)
+    engine = HttpEngine(llm_url, model="fake", max_in_flight=concurrency)
+    runtime = pipeline(engine, tally)
+    delivery = TelegramDelivery(Bot(TOKEN, base_url=telegram_url), parse_mode=None,
+                                overall_per_second=1e9)  # the fake has no flood limit to respect
+    runtime.io.run(delivery.start())
+    runtime.io.add_closer(delivery.aclose)
+    runtime.io.add_closer(engine.aclose)
+    runtime.spawn(sender("telegram"), TelegramSender, delivery)
+    try:
+        started = time.perf_counter()
+        for n in range(requests):
+            runtime.send("llm", UserRequest(text="hello", context=_telegram_context(n)))
+        if not runtime.wait_idle(timeout=300):
+            raise SystemExit("case 2: the runtime did not finish")
+        return time.perf_counter() - started
+    finally:
+        runtime.stop(drain=5)
+
+
+def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
+    """The same two HTTP calls per request, written by hand: aiohttp to the LLM, then
+    python-telegram-bot's send_message, with the same concurrency."""
+    import aiohttp
+    from telegram import Bot
+
+    from autoresponse.messages import build_chat_request, render_openai_messages
+
+    prompt = build_chat_request("hello", _telegram_context(0), allowed_actions=["message_telegram_bot"])
+    body = {"model": "fake", "messages": render_openai_messages(prompt)}
+
+    async def run() -> float:
+        # The same shape of concurrency as the runtime: `concurrency` LLM calls and as
+        # many Telegram sends (TELEGRAM_MAX_CONCURRENT_SENDS) in flight.
+        asking, sending = asyncio.Semaphore(concurrency), asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session, Bot(TOKEN, base_url=telegram_url) as bot:
+
+            async def one(n: int) -> None:
+                async with asking, session.post(f"{llm_url}/chat/completions", json=body) as response:
+                    content = (await response.json())["choices"][0]["message"]["content"]
+                text = json.loads(content)["actions"][0]["payload"]["text"]
+                async with sending:
+                    await bot.send_message(chat_id=100_000 + n, text=text, reply_to_message_id=n,
+                                           allow_sending_without_reply=True)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(one(n) for n in range(requests)))
+            return time.perf_counter() - started
+
+    return asyncio.run(run())
+
+
+def loopback_http(requests: int, concurrency: int, repeats: int) -> dict[str, Any]:
+    """Case 2: the LLM client and the Telegram sender against fakes in their own processes,
+    next to a hand-written asyncio client making the same calls; runs interleaved."""
+    llm, llm_port = _serve("autoresponse.actors.llm.fake_server")
+    telegram, telegram_port = _serve("autoresponse.interfaces.telegram.fake_server")
+    llm_url, telegram_url = f"http://127.0.0.1:{llm_port}/v1", f"http://127.0.0.1:{telegram_port}/bot"
+    ours, baseline = [], []
+    try:
+        for _ in range(repeats):
+            baseline.append(requests / _baseline(requests, concurrency, llm_url, telegram_url))
+            ours.append(requests / _ours(requests, concurrency, llm_url, telegram_url))
+    finally:
+        for proc in (llm, telegram):
+            proc.terminate()
+            proc.wait(10)
+    ours.sort()
+    baseline.sort()
+    middle = repeats // 2
+    return {"requests": requests, "concurrency": concurrency,
+            "runtime_per_second": round(ours[middle], 1), "baseline_per_second": round(baseline[middle], 1),
+            "runtime_vs_baseline": ours[middle] / baseline[middle]}

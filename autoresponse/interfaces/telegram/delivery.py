@@ -31,6 +31,7 @@ from autoresponse.limits import (
     TELEGRAM_CHAT_INTERVAL_SECONDS,
     TELEGRAM_GLOBAL_PER_SECOND,
     TELEGRAM_GROUP_PER_MINUTE,
+    TELEGRAM_MAX_CONCURRENT_SENDS,
     TELEGRAM_MAX_RETRY_AFTERS,
     TELEGRAM_SEND_ATTEMPTS,
 )
@@ -64,15 +65,18 @@ class _ChatLane:
 class TelegramDelivery:
     def __init__(self, bot: Bot, *, parse_mode: str | None = "Markdown",
                  journal: DeliveryJournal | None = None,
+                 overall_per_second: float = TELEGRAM_GLOBAL_PER_SECOND,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.bot = bot
         self.journal = journal
+        self.overall_per_second = overall_per_second
         self.parse_mode = parse_mode
         self._clock = clock
         self._sleep = sleep
         self._lanes: dict[ChatId, _ChatLane] = {}
         self._overall: AsyncLimiter | None = None
+        self._in_flight: asyncio.Semaphore | None = None
         #: Chats that blocked the bot or no longer exist.
         self.unreachable: set[str] = set()
         #: Group chats that became supergroups: old id → new id.
@@ -120,7 +124,7 @@ class TelegramDelivery:
         if wait > 0:
             await self._sleep(wait)
         if self._overall is None:
-            self._overall = AsyncLimiter(TELEGRAM_GLOBAL_PER_SECOND, 1)
+            self._overall = AsyncLimiter(self.overall_per_second, 1)
         await self._overall.acquire()
 
     async def _send(self, lane: _ChatLane, message: OutboundMessage, text: str,
@@ -130,12 +134,15 @@ class TelegramDelivery:
         while True:
             chat_id = self.migrated.get(str(message.chat_id), message.chat_id)
             await self._pace(lane, message.context.is_group)
+            if self._in_flight is None:
+                self._in_flight = asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
             try:
-                sent = await self.bot.send_message(
-                    chat_id=chat_id, text=text, parse_mode=parse_mode,
-                    reply_to_message_id=reply_to, allow_sending_without_reply=True,
-                    message_thread_id=message.thread_id,
-                )
+                async with self._in_flight:  # few connections: httpx's pool scans all of them per request
+                    sent = await self.bot.send_message(
+                        chat_id=chat_id, text=text, parse_mode=parse_mode,
+                        reply_to_message_id=reply_to, allow_sending_without_reply=True,
+                        message_thread_id=message.thread_id,
+                    )
                 return [sent.message_id]
             except RetryAfter as exc:
                 retry_afters += 1

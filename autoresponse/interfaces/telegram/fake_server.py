@@ -18,6 +18,7 @@ its time, and can be told to fail the next calls (429 with ``retry_after``,
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -187,3 +188,19 @@ class FakeTelegramServer(LoopbackServer):
 
     async def on_stopping(self) -> None:
         self._new_update.set()  # release long polls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A fake Telegram Bot API on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    args = parser.parse_args()
+    server = FakeTelegramServer(port=args.port).start()
+    print(f"fake Telegram Bot API at {server.base_url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
