@@ -118,7 +118,7 @@ def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict
             runtime = pipeline(engine, tally)
             runtime.io.add_closer(engine.aclose)
             try:
-                run = drive(runtime, tally, chats=chats, per_chat=2, timeout=600)
+                run = drive(runtime, tally, chats=chats, per_chat=2, in_turn=True, timeout=600)
             finally:
                 runtime.stop(drain=5)
             target = 0.9 * min(chats, max_in_flight) / latency

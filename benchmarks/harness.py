@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ class Tally:
     done: threading.Event = field(default_factory=threading.Event)
     answered: dict[str, float] = field(default_factory=dict)
     order: dict[Any, list[Any]] = field(default_factory=dict)
+    #: Called with the chat id after each reply (in the sender's thread).
+    on_answer: Callable[[Any], None] | None = None
 
 
 class NullSender(TypedActor):
@@ -45,6 +48,8 @@ class NullSender(TypedActor):
         tally = self.tally
         tally.answered[env.correlation_id] = time.perf_counter()
         tally.order.setdefault(message.chat_id, []).append(message.reply_to_message_id)
+        if tally.on_answer is not None:
+            tally.on_answer(message.chat_id)
         if len(tally.answered) >= tally.expected:
             tally.done.set()
 
@@ -83,23 +88,38 @@ def pipeline(engine: LLMEngine, tally: Tally, journal: SqliteJournal | None = No
 
 
 def drive(runtime: Runtime, tally: Tally, chats: int, per_chat: int, *, journaled: bool = False,
-          timeout: float = 300.0) -> Run:
-    """Send ``per_chat`` requests to each of ``chats`` chats, all at once; wait for every reply."""
+          in_turn: bool = False, timeout: float = 300.0) -> Run:
+    """Send ``per_chat`` requests to each of ``chats`` chats and wait for every reply: all at
+    once, or ``in_turn``, where each chat sends its next request once its reply is in."""
     sent_at: dict[str, float] = {}
-    started = time.perf_counter()
-    for round_ in range(per_chat):
-        for chat in range(chats):
-            ctx = OriginalContext(chat_id=chat, message_id=round_, interface_name="console")
-            body = UserRequest(text=f"hello {round_}", context=ctx)
-            if journaled:
-                # Accepted concurrently, as interfaces do; the journal group-commits them.
-                correlation = f"bench-{round_}-{chat}"
-                runtime.accept(LLM, body, correlation_id=correlation)
-            else:
-                envelope = runtime.send(LLM, body)
-                assert envelope is not None
-                correlation = envelope.correlation_id
+    lock = threading.Lock()
+
+    def send(chat: int, round_: int) -> None:
+        ctx = OriginalContext(chat_id=chat, message_id=round_, interface_name="console")
+        body = UserRequest(text=f"hello {round_}", context=ctx)
+        if journaled:
+            # Accepted concurrently, as interfaces do; the journal group-commits them.
+            correlation = f"bench-{round_}-{chat}"
+            runtime.accept(LLM, body, correlation_id=correlation)
+        else:
+            envelope = runtime.send(LLM, body)
+            assert envelope is not None
+            correlation = envelope.correlation_id
+        with lock:
             sent_at[correlation] = time.perf_counter()
+
+    rounds_sent = dict.fromkeys(range(chats), 1 if in_turn else per_chat)
+    if in_turn:
+        def next_request(chat: Any) -> None:
+            if rounds_sent[chat] < per_chat:
+                rounds_sent[chat] += 1
+                send(chat, rounds_sent[chat] - 1)
+
+        tally.on_answer = next_request
+    started = time.perf_counter()
+    for round_ in range(1 if in_turn else per_chat):
+        for chat in range(chats):
+            send(chat, round_)
     if not tally.done.wait(timeout):
         raise SystemExit(f"only {len(tally.answered)} of {tally.expected} answered in {timeout}s")
     elapsed = time.perf_counter() - started
