@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.cases import in_process, latency_bound, loopback_http, scale
+from benchmarks.cases import in_process, latency_bound, loopback_http, scale_in_fresh_process
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -88,7 +88,7 @@ def main() -> None:
     with console.status("case 3: bound by LLM latency"):
         latency = latency_bound(levels, latency=0.5, max_in_flight=64)
     with console.status("case 4: scale"):
-        scaled = scale(chats)
+        scaled = scale_in_fresh_process(chats)
 
     table = Table(title="delivery throughput")
     for column in ("case", "deliveries/s", "p50 ms", "p99 ms", "ratio / target"):
