@@ -77,6 +77,15 @@ class LoopbackServer:
         self._loop.close()
         self._loop = self._thread = None
 
+    def serve_forever(self, banner: str) -> None:
+        """Start, print ``banner`` (the address), and serve until Ctrl-C: for ``python -m``."""
+        self.start()
+        print(banner.format(port=self.port), flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            self.stop()
+
     def __enter__(self) -> Self:
         return self.start()
 

@@ -124,12 +124,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per reply")
     args = parser.parse_args()
-    server = FakeLLMServer(delay=args.delay, port=args.port).start()
-    print(f"fake LLM at {server.base_url}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.stop()
+    FakeLLMServer(delay=args.delay, port=args.port).serve_forever("fake LLM at http://127.0.0.1:{port}/v1")
 
 
 if __name__ == "__main__":

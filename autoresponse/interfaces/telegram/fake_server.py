@@ -194,12 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A fake Telegram Bot API on 127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
     args = parser.parse_args()
-    server = FakeTelegramServer(port=args.port).start()
-    print(f"fake Telegram Bot API at {server.base_url}", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        server.stop()
+    FakeTelegramServer(port=args.port).serve_forever("fake Telegram Bot API at http://127.0.0.1:{port}/bot")
 
 
 if __name__ == "__main__":
