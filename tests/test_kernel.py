@@ -268,3 +268,18 @@ def test_an_actor_may_not_shadow_pykkas_machinery() -> None:
         class Shadowing(TypedActor):
             async def _stop(self) -> None:
                 pass
+
+
+def test_io_still_running_at_shutdown_ends_as_cancelled() -> None:
+    import concurrent.futures
+
+    from autoresponse.actors._loop import EventLoopThread
+
+    loop = EventLoopThread()
+    loop.start()
+    never = loop.submit(asyncio.sleep(3600))
+    done = loop.submit(asyncio.sleep(0, result="ok"))
+    assert done.result(timeout=5) == "ok"
+    loop.stop()
+    with pytest.raises(concurrent.futures.CancelledError):
+        never.result(timeout=5)
