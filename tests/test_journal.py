@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 from autoresponse.journal import SqliteJournal
@@ -134,7 +136,8 @@ def push(port: int, n: int, deadline: float) -> None:
     raise AssertionError(f"request {n} was never acknowledged")
 
 
-def test_nothing_is_lost_across_kill_9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inbound", ["inject", "telegram"])
+def test_nothing_is_lost_across_kill_9(tmp_path: Path, inbound: str) -> None:
     requests, kills = 500, 3
     rng = random.Random(9)
     with FakeLLMServer(delay=0.2) as llm, FakeTelegramServer() as telegram:
@@ -143,13 +146,19 @@ def test_nothing_is_lost_across_kill_9(tmp_path: Path) -> None:
             "AUTORESPONSE_LLM__BASE_URL": llm.base_url,
             "AUTORESPONSE_TELEGRAM__TOKEN": "1:TOKEN", "AUTORESPONSE_TELEGRAM__BASE_URL": telegram.base_url,
             "AUTORESPONSE_TELEGRAM__POLL_TIMEOUT": "1", "AUTORESPONSE_CONSOLE__ENABLED": "false",
+            "AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[7]",
             "AUTORESPONSE_ADMIN__PORT": str(free_port()), "AUTORESPONSE_DATA_DIR": str(tmp_path / "data"),
             "AUTORESPONSE_EVENTS__ENABLED": "false",
         })
         daemon = Daemon(tmp_path, env)
         daemon.start()
         deadline = time.monotonic() + 240
-        pusher = threading.Thread(target=lambda: [push(daemon.port, n, deadline) for n in range(requests)])
+        if inbound == "inject":
+            pusher = threading.Thread(target=lambda: [push(daemon.port, n, deadline) for n in range(requests)])
+        else:  # updates wait at the fake Bot API until an offset acknowledges them
+            pusher = threading.Thread(target=lambda: [
+                telegram.push_text(f"hello {n}", chat_id=10_000 + n, user_id=7, message_id=n)
+                for n in range(requests)])
         pusher.start()
         try:
             for _ in range(kills):
@@ -171,7 +180,8 @@ def test_nothing_is_lost_across_kill_9(tmp_path: Path) -> None:
     per_request = {n: chats.count(n) for n in range(requests)}
     lost = [n for n, count in per_request.items() if count == 0]
     duplicates = sum(count - 1 for count in per_request.values() if count > 1)
-    print(f"\nkill -9 x{kills}: {requests} requests, {len(lost)} lost, {duplicates} duplicate replies")
+    print(f"\nkill -9 x{kills} ({inbound}): {requests} requests, {len(lost)} lost, "
+          f"{duplicates} duplicate replies")
     assert lost == []
     # A duplicate is a send the kill caught before its confirmation was written: at most
     # one per chat and kill.

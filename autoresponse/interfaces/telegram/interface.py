@@ -1,19 +1,20 @@
 """The Telegram interface: long polling with python-telegram-bot, embedded in our loop.
 
-PTB's Application runs on the runtime's event loop (initialize, start,
-``updater.start_polling``), never with ``run_polling``: it owns no thread and
-no signal handlers. Each text message becomes a message in this actor's
-mailbox; authorization and addressing are decided here.
+PTB's ``Bot`` runs on the runtime's event loop, in a polling task this actor
+owns (never ``run_polling``: no thread, no signal handlers). Each update is
+journaled before the next ``getUpdates`` offset acknowledges it, then becomes a
+message in this actor's mailbox; authorization and addressing are decided here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from pydantic import BaseModel, ConfigDict
-from telegram import Update
-from telegram.ext import Application, ApplicationBuilder, ContextTypes, MessageHandler, filters
+from telegram import Bot, Update
+from telegram.error import TelegramError
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.routes import LLM, sender
@@ -68,50 +69,64 @@ class TelegramInterface(TypedActor):
     def __init__(self, settings: TelegramSettings) -> None:
         super().__init__()
         self.settings = settings
-        self._ptb: Application | None = None  # type: ignore[type-arg]
+        self._bot: Bot | None = None
+        self._poller: asyncio.Task[None] | None = None
         self._username: str | None = None
 
     def setup(self) -> None:
         assert self.settings.token is not None
-        timeout = self.settings.poll_timeout
-        self._ptb = (
-            ApplicationBuilder()
-            .token(self.settings.token.get_secret_value())
-            .base_url(self.settings.base_url)
-            .get_updates_read_timeout(timeout + 10)
-            .build()
-        )
-        self._ptb.add_handler(MessageHandler(filters.TEXT, self._on_update))
-        self.runtime.io.run(self._start_polling(timeout), timeout=60)
+        self._bot = Bot(self.settings.token.get_secret_value(), base_url=self.settings.base_url)
+        self.runtime.io.run(self._start_polling(), timeout=60)
 
-    async def _start_polling(self, timeout: int) -> None:
-        assert self._ptb is not None
-        await self._ptb.initialize()
-        self._username = self._ptb.bot.username
-        await self._ptb.start()
-        assert self._ptb.updater is not None
-        await self._ptb.updater.start_polling(timeout=timeout, allowed_updates=["message"])
+    async def _start_polling(self) -> None:
+        assert self._bot is not None
+        await self._bot.initialize()
+        self._username = self._bot.username
+        await self._bot.delete_webhook()
+        self._poller = asyncio.create_task(self._poll(), name=f"{self.name}-poll")
         log.info("polling Telegram as @%s", self._username)
 
+    async def _poll(self) -> None:
+        """Long polling that acknowledges an update (the next offset) only once it is journaled.
+
+        PTB's Updater acknowledges as soon as it has queued updates, so a kill at the
+        wrong moment would lose them; here the journal has them first.
+        """
+        assert self._bot is not None
+        timeout = self.settings.poll_timeout
+        offset: int | None = None
+        failures = 0
+        while True:
+            try:
+                updates = await self._bot.get_updates(offset=offset, timeout=timeout,
+                                                      read_timeout=timeout + 10, allowed_updates=["message"])
+            except TelegramError as exc:
+                failures += 1
+                log.warning("getUpdates failed (%s); retrying", exc)
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            failures = 0
+            for update in updates:
+                parsed = parse_update(update, self._username, self._bot.id)
+                if parsed is not None:
+                    # One correlation per update: fetched again after a crash, it is recognised.
+                    await asyncio.wrap_future(self.runtime.accept(
+                        self.name, parsed, correlation_id=f"telegram-{self._bot.id}-{update.update_id}"))
+                offset = update.update_id + 1
+
     def teardown(self) -> None:
-        if self._ptb is not None and self.runtime.io.running:
+        if self._bot is not None and self.runtime.io.running:
             self.runtime.io.run(self._stop_polling(), timeout=30)
-        self._ptb = None
+        self._bot = None
 
     async def _stop_polling(self) -> None:
-        assert self._ptb is not None
-        if self._ptb.updater is not None and self._ptb.updater.running:
-            await self._ptb.updater.stop()
-        if self._ptb.running:
-            await self._ptb.stop()
-        await self._ptb.shutdown()
-
-    async def _on_update(self, update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
-        """Runs on the event loop: hand the message to this actor, nothing more."""
-        assert self._ptb is not None
-        parsed = parse_update(update, self._username, self._ptb.bot.id)
-        if parsed is not None:
-            await asyncio.wrap_future(self.runtime.accept(self.name, parsed))  # journaled first
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+        assert self._bot is not None
+        await self._bot.shutdown()
 
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:
