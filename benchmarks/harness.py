@@ -14,7 +14,7 @@ from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.llm import LLMClient, LLMEngine
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, sender
-from autoresponse.journal import SqliteJournal
+from autoresponse.journal import SendLedger, SqliteJournal
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
 
@@ -36,15 +36,13 @@ class NullSender(TypedActor):
     def __init__(self, tally: Tally, journal: SqliteJournal | None = None) -> None:
         super().__init__()
         self.tally = tally
-        self.journal = journal
+        self.ledger = SendLedger(journal)
 
     @handles
     def on_message(self, message: OutboundMessage, env: Envelope) -> None:
-        if self.journal is not None and message.key:
-            key = f"{message.key}#0"
-            if self.journal.was_sent(key):
-                return
-            self.journal.mark_sent(key)
+        if self.ledger.already_sent(message, 0):
+            return
+        self.ledger.confirm(message, 0)
         tally = self.tally
         tally.answered[env.correlation_id] = time.perf_counter()
         tally.order.setdefault(message.chat_id, []).append(message.reply_to_message_id)

@@ -146,3 +146,19 @@ def test_the_daemon_refuses_an_admin_bind_outside_loopback_without_a_token() -> 
                                                AUTORESPONSE_ADMIN__PORT=str(free_port())), timeout=60)
     assert done.returncode == 1
     assert "cannot start: the admin endpoint may bind to '0.0.0.0' only with a token" in done.stderr
+
+
+def test_an_actor_that_cannot_set_up_stops_the_start_and_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from autoresponse.interfaces.console import Console, ConsoleInterface
+    from autoresponse.supervisors import Application, Settings
+    from autoresponse.supervisors.app import StartError
+
+    def broken(self: ConsoleInterface) -> None:
+        raise OSError("no terminal here")
+
+    monkeypatch.setattr(ConsoleInterface, "setup", broken)
+    settings = Settings.load(admin={"enabled": False}, events={"enabled": False}, journal={"enabled": False})
+    with pytest.raises(StartError, match="interface.console: OSError: no terminal here"):
+        Application(settings, console=Console(io.StringIO())).start()

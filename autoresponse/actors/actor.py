@@ -169,10 +169,10 @@ class TypedActor(pykka.ThreadingActor):
         loop = runtime.io.loop
         loop.call_soon_threadsafe(loop.call_later, delay, runtime.send, name, message)
 
-    def report_error(self, error: Any, *, cause: Envelope) -> None:
+    def report_error(self, error: Any, *, cause: Envelope, detail: str = "") -> None:
         """Hand an error (an LLM rejection) to the runtime's error route: the supervision
-        tree's retry actors, or the dead-letter office when there are none."""
-        self.runtime.route_error(error, cause=cause, actor=self.name)
+        tree's retry actors, or the dead-letter office (with ``detail``) when there are none."""
+        self.runtime.route_error(error, cause=cause, actor=self.name, detail=detail)
 
     # ---------------------------------------------------------------- receiving
 

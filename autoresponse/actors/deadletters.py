@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -62,7 +61,6 @@ class DeadLetterOffice:
         self._letters: deque[DeadLetter] = deque(maxlen=keep)
         self._counts: Counter[str] = Counter()
         self._ids = itertools.count(1)
-        self._listeners: list[Callable[[DeadLetter], None]] = []
 
     def post(
         self,
@@ -85,26 +83,12 @@ class DeadLetterOffice:
         with self._lock:
             self._letters.append(letter)
             self._counts[reason] += 1
-            listeners = list(self._listeners)
         log.warning(
             "dead letter #%d at %s: %s%s (correlation %s, %s)",
             letter.id, actor or "-", reason, f": {detail}" if detail else "",
             envelope.correlation_id, type(envelope.body).__name__,
         )
-        for listener in listeners:
-            listener(letter)
         return letter
-
-    def subscribe(self, listener: Callable[[DeadLetter], None]) -> Callable[[], None]:
-        """Call ``listener`` with every new letter; returns the unsubscribe function."""
-        with self._lock:
-            self._listeners.append(listener)
-        return lambda: self._unsubscribe(listener)
-
-    def _unsubscribe(self, listener: Callable[[DeadLetter], None]) -> None:
-        with self._lock:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
 
     def letters(self, correlation_id: str | None = None) -> list[DeadLetter]:
         with self._lock:

@@ -62,8 +62,8 @@ class ActionDispatcher(TypedActor):
                 carried_out.append(key)
         if errors:
             message = rejection(prompt, reply.text, errors)
-            self.report_error(Rejection(prompt=prompt, message=message,
-                                        carried_out=tuple(carried_out)), cause=env)
+            self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out)),
+                              cause=env, detail="; ".join(message.errors))
 
     def _dispatch(self, action: BaseAction, ctx: OriginalContext, mode: str, env: Envelope,
                   key: str) -> str:

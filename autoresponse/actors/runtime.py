@@ -26,7 +26,7 @@ import pykka
 
 from autoresponse.actors._loop import EventLoopThread
 from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
-from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
+from autoresponse.actors.actor import ActorGaveUp, TypedActor, _IoDone, adopting
 from autoresponse.actors.deadletters import DeadLetterOffice
 from autoresponse.actors.probe import Probe
 from autoresponse.limits import (
@@ -337,7 +337,7 @@ class Runtime:
             )
         elif type(message) is Envelope:
             self.finish(message, "shutdown", actor=cell.name, detail="still queued at shutdown")
-        elif hasattr(message, "cause"):  # an I/O completion
+        elif isinstance(message, _IoDone):
             self.finish(message.cause, "shutdown", actor=cell.name, detail="I/O done at shutdown")
 
     def __enter__(self) -> Runtime:
@@ -493,14 +493,14 @@ class Runtime:
                 self._journaled.discard(correlation_id)
             self.journal.finish(correlation_id)
 
-    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None) -> None:
-        """Send an error to ``error_route`` (the retry pool); without one it is a dead letter."""
+    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None,
+                    detail: str = "") -> None:
+        """Send an error to ``error_route`` (the retry pool); without one it is a dead
+        letter, with ``detail`` saying what was wrong."""
         if self.error_route is not None and self.has(self.error_route):
             self.deliver(self.error_route, cause.child(error))
             return
-        errors = getattr(getattr(error, "message", error), "errors", ())
-        self.dead_letters.post(cause.child(error), "llm output rejected", actor=actor,
-                               detail="; ".join(errors))
+        self.dead_letters.post(cause.child(error), "llm output rejected", actor=actor, detail=detail)
 
     def wait_idle(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
         """Wait until nothing (of one correlation, or at all) is in flight."""

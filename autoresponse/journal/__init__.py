@@ -6,6 +6,6 @@
 False
 """
 
-from autoresponse.journal.journal import DeliveryJournal, JournalItem, SqliteJournal
+from autoresponse.journal.journal import DeliveryJournal, JournalItem, SendLedger, SqliteJournal
 
-__all__ = ["DeliveryJournal", "JournalItem", "SqliteJournal"]
+__all__ = ["DeliveryJournal", "JournalItem", "SendLedger", "SqliteJournal"]

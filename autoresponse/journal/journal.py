@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from autoresponse.messages import Envelope
+from autoresponse.messages import Envelope, OutboundMessage
 
 log = logging.getLogger("autoresponse.journal")
 
@@ -166,3 +166,38 @@ class SqliteJournal:
         self._writer.join(10)
         with self._db_lock:
             self._db.close()
+
+
+class SendLedger:
+    """What a sender asks of the journal: was this chunk of this reply sent already,
+    and record that it now was. Without a journal nothing was ever sent before.
+
+    >>> ledger = SendLedger(None)
+    >>> ledger.already_sent(message, 0)                            # doctest: +SKIP
+    False
+    """
+
+    def __init__(self, journal: DeliveryJournal | None) -> None:
+        self.journal = journal
+
+    def _key(self, message: OutboundMessage, chunk: int) -> str | None:
+        if self.journal is None or message.key is None:
+            return None  # notices and unjournaled replies carry no key
+        return f"{message.key}#{chunk}"
+
+    def already_sent(self, message: OutboundMessage, chunk: int) -> bool:
+        key = self._key(message, chunk)
+        return key is not None and self.journal.was_sent(key)  # type: ignore[union-attr]
+
+    def confirm(self, message: OutboundMessage, chunk: int) -> concurrent.futures.Future[bool]:
+        """Record the chunk as sent; the future resolves once that is durable.
+
+        The journal commits in order, so a caller need not wait: the key is durable
+        before anything written after it, such as the item's ``finish``.
+        """
+        key = self._key(message, chunk)
+        if key is None:
+            done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+            done.set_result(False)
+            return done
+        return self.journal.mark_sent(key)  # type: ignore[union-attr]

@@ -133,7 +133,7 @@ class Application:
             supervisor(INTERFACES, Strategy.ONE_FOR_ONE, inbound),
         ])
 
-    def start(self, timeout: float = 10.0) -> Application:
+    def start(self) -> Application:
         """Start the tree and the admin endpoint; if any of it fails, stop what started."""
         rt = self.runtime.start()
         try:
@@ -143,7 +143,7 @@ class Application:
             rt.error_route = RETRY
             tree = self.tree()
             rt.spawn(ROOT, Supervisor, tree)
-            self._wait_until_up(names_in(tree), timeout)
+            self._check_up(names_in(tree))
             resumed = rt.resume()
             if resumed:
                 log.info("resumed %d unfinished work items from the journal", resumed)
@@ -192,13 +192,15 @@ class Application:
             self.journal.close()
         return drained
 
-    def _wait_until_up(self, names: list[str], timeout: float) -> None:
-        """Supervisors start their children in their own threads; wait for the whole tree."""
-        until = time.monotonic() + timeout
-        while not all(self.runtime.has(n) and self.runtime.cell(n).alive for n in names):
-            if time.monotonic() > until or self.failed.is_set():
-                raise StartError(f"the supervision tree did not start: {self.failure or 'timeout'}")
-            time.sleep(0.005)
+    def _check_up(self, names: list[str]) -> None:
+        """Supervisors start children one by one, each after the last one's setup, so when
+        the root's spawn returns the whole tree is up, unless some part failed."""
+        down = [n for n in names if not (self.runtime.has(n) and self.runtime.cell(n).alive)]
+        if down or self.failed.is_set():
+            why = self.failure or "; ".join(
+                f"{n}: {f.type}: {f.message}" if (f := self.runtime.cell(n).last_failure) else f"{n}: not running"
+                for n in down if self.runtime.has(n)) or f"not started: {', '.join(down)}"
+            raise StartError(f"the supervision tree did not start: {why}")
 
     def _root_failed(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
         """The root gave up (its restart intensity was exceeded): the daemon must stop."""

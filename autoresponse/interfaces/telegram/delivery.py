@@ -26,7 +26,7 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, Re
 from telegram.warnings import PTBDeprecationWarning
 
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
-from autoresponse.journal import DeliveryJournal
+from autoresponse.journal import DeliveryJournal, SendLedger
 from autoresponse.limits import (
     TELEGRAM_CHAT_INTERVAL_SECONDS,
     TELEGRAM_GLOBAL_PER_SECOND,
@@ -69,7 +69,7 @@ class TelegramDelivery:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.bot = bot
-        self.journal = journal
+        self.ledger = SendLedger(journal)
         self.overall_per_second = overall_per_second
         self.parse_mode = parse_mode
         self._clock = clock
@@ -107,13 +107,11 @@ class TelegramDelivery:
         async with lane.lock:  # FIFO: replies to one chat keep their order
             ids: list[int] = []
             for n, chunk in enumerate(split_message(message.text)):
-                key = f"{message.key}#{n}" if message.key and self.journal else None
-                if key is not None and self.journal.was_sent(key):  # type: ignore[union-attr]
+                if self.ledger.already_sent(message, n):
                     continue  # confirmed before a restart: never twice
                 reply_to = message.reply_to_message_id if n == 0 else None
                 ids += await self._send(lane, message, chunk, reply_to)
-                if key is not None:
-                    await asyncio.wrap_future(self.journal.mark_sent(key))  # type: ignore[union-attr]
+                await asyncio.wrap_future(self.ledger.confirm(message, n))
             return ids
 
     async def _pace(self, lane: _ChatLane, group: bool) -> None:
