@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench wheel-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +16,20 @@ demo: $(STAMP)
 	$(BIN)/autoresponse demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/pytest
+
+# Build the wheel, install it into a fresh venv, import every module from it: an editable
+# install would hide a package missing from setup.cfg's hand-written list.
+wheel-check: $(STAMP)
+	rm -rf build dist .wheel-venv
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	$(PYTHON) -m venv .wheel-venv
+	.wheel-venv/bin/python -m pip install --quiet dist/autoresponse-*.whl
+	cd / && $(CURDIR)/.wheel-venv/bin/python $(CURDIR)/tests/import_every_module.py $(CURDIR)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .wheel-venv build dist *.egg-info

@@ -1,5 +1,5 @@
 import sys
 
-from autoresponse.supervisors.cli import main
+from autoresponse.cli import main
 
 sys.exit(main())

@@ -55,7 +55,7 @@ def plot(latency: dict, path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(chats, [p["per_second"] for p in points], "o-", label="autoresponse")
     ax.plot(chats, [p["target"] for p in points], "--", label="target: 0.9 × min(chats, in flight) / latency")
-    ax.plot(chats, [p["one_at_a_time"] for p in points], ":", label="one at a time (the origin design)")
+    ax.plot(chats, [p["one_at_a_time"] for p in points], ":", label="one at a time")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("chats in parallel")

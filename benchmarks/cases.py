@@ -19,8 +19,8 @@ import pykka
 from autoresponse.actors._loop import EventLoopThread
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.llm.fake_server import FakeLLMServer
-from autoresponse.journal import SqliteJournal
-from autoresponse.limits import TELEGRAM_MAX_CONCURRENT_SENDS
+from autoresponse.actors.journal import SqliteJournal
+from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
 from autoresponse.messages import OriginalContext, UserRequest
 from benchmarks.harness import Run, Tally, drive, pipeline, rss_kib
 
@@ -195,15 +195,13 @@ def _telegram_context(n: int) -> OriginalContext:
 
 
 def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
-    from telegram import Bot
-
     from autoresponse.actors.routes import sender
-    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender
+    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender, TelegramSettings, make_bot
 
     tally = Tally(expected=requests)
     engine = HttpEngine(llm_url, model="fake", max_in_flight=concurrency)
     runtime = pipeline(engine, tally)
-    delivery = TelegramDelivery(Bot(TOKEN, base_url=telegram_url), parse_mode=None,
+    delivery = TelegramDelivery(make_bot(TelegramSettings(token=TOKEN, base_url=telegram_url)), parse_mode=None,
                                 overall_per_second=1e9)  # the fake has no flood limit to respect
     runtime.io.run(delivery.start())
     runtime.io.add_closer(delivery.aclose)
@@ -224,9 +222,8 @@ def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) 
     """The same two HTTP calls per request, written by hand: aiohttp to the LLM, then
     python-telegram-bot's send_message, with the same concurrency."""
     import aiohttp
-    from telegram import Bot
-
-    from autoresponse.messages import build_chat_request, render_openai_messages
+    from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+    from autoresponse.interfaces.telegram import TelegramSettings, make_bot
 
     prompt = build_chat_request("hello", _telegram_context(0), allowed_actions=["message_telegram_bot"])
     body = {"model": "fake", "messages": render_openai_messages(prompt)}
@@ -236,7 +233,8 @@ def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) 
         # many Telegram sends (TELEGRAM_MAX_CONCURRENT_SENDS) in flight.
         asking, sending = asyncio.Semaphore(concurrency), asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
         connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=connector) as session, Bot(TOKEN, base_url=telegram_url) as bot:
+        async with aiohttp.ClientSession(connector=connector) as session, make_bot(
+                TelegramSettings(token=TOKEN, base_url=telegram_url)) as bot:
 
             async def one(n: int) -> None:
                 async with asking, session.post(f"{llm_url}/chat/completions", json=body) as response:

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +21,7 @@ from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
 from autoresponse.messages import Envelope
-from autoresponse.supervisors import Application, Settings
+from autoresponse import Application, Settings
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +69,7 @@ def make_app(tmp_path: Path) -> Iterator[Callable[..., Application]]:
                       **settings.pop("terminal", {})},
             **settings,
         )
-        app = Application(config, console=Console(io.StringIO()), read_stdin=False).start()
+        app = Application(config, console=Console(io.StringIO())).start()
         apps.append(app)
         return app
 
@@ -93,3 +99,125 @@ def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
         assert time.monotonic() < until, "condition not met in time"
         time.sleep(0.01)
     return result
+
+
+# ---------------------------------------------------------------- real processes
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This process's environment without any AUTORESPONSE_ setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
+    env.update(extra)
+    return env
+
+
+class Daemon:
+    """``autoresponse run`` as a real process that a test starts, signals, kills and restarts.
+
+    Each run logs to ``<tmp_path>/daemon-<n>.log``; ``log()`` reads every run's log.
+    """
+
+    def __init__(self, tmp_path: Path, token: str | None = None, **env: str) -> None:
+        self.tmp_path = tmp_path
+        self.token = token
+        self.port = int(env.get("AUTORESPONSE_ADMIN__PORT") or free_port())
+        self.env = environment(**{"AUTORESPONSE_ADMIN__PORT": str(self.port),
+                                  "AUTORESPONSE_DATA_DIR": str(tmp_path / "data"),
+                                  **({"AUTORESPONSE_ADMIN__TOKEN": token} if token else {}), **env})
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    def start(self, *, stdin: int | None = subprocess.DEVNULL) -> Daemon:
+        self.runs += 1
+        with open(self.tmp_path / f"daemon-{self.runs}.log", "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], env=self.env,
+                                         stdin=stdin, stdout=subprocess.DEVNULL, stderr=log)
+        until = time.monotonic() + 30
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        while True:
+            try:
+                with urllib.request.urlopen(urllib.request.Request(f"{self.url}/healthz", headers=headers),
+                                            timeout=1):
+                    return self
+            except OSError:
+                assert self.proc.poll() is None, self.log()
+                assert time.monotonic() < until, "the daemon did not come up"
+                time.sleep(0.05)
+
+    def log(self) -> str:
+        return "".join((self.tmp_path / f"daemon-{n}.log").read_text(errors="replace")
+                       for n in range(1, self.runs + 1))
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """An operator's command against this daemon's admin endpoint."""
+        auth = ("--token", self.token) if self.token else ()
+        return subprocess.run([sys.executable, "-m", "autoresponse", *args, "--url", self.url, *auth],
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+
+    def status(self) -> dict[str, Any]:
+        done = self.cli("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait(10)
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; killed if it does not exit in time. The exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> Daemon:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.stop()
+
+
+def actors(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every node of a status tree, by name."""
+    def walk(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [x for n in nodes for x in [n, *walk(n["children"])]]
+    return {n["name"]: n for n in walk(status["tree"])}
+
+
+# ---------------------------------------------------------------- what the LLM saw
+
+
+def system_message(request: Any) -> dict[str, Any] | None:
+    """The system message an LLM request carried as its last turn, if it carried one."""
+    content = request.messages[-1]["content"]
+    if not content.startswith('{"system_message"'):
+        return None
+    return json.loads(content)["system_message"]
+
+
+def system_messages(llm: Any, type: str | None = None) -> list[dict[str, Any]]:
+    """Every system message the fake LLM was shown, in order (of one ``type`` if given)."""
+    found = [m for r in llm.requests if (m := system_message(r)) is not None]
+    return [m for m in found if type is None or m["type"] == type]

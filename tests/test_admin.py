@@ -13,10 +13,11 @@ from conftest import ask, console_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresponse.actors import Runtime
-from autoresponse.supervisors import Application, snapshot
-from autoresponse.supervisors.admin import AdminServer
-from autoresponse.supervisors.app import names_in
-from autoresponse.supervisors.config import AdminSettings
+from autoresponse import Application
+from autoresponse.supervisors import snapshot
+from autoresponse.admin import AdminServer
+from autoresponse.app import names_in
+from autoresponse.config import AdminSettings
 
 MakeApp = Callable[..., Application]
 ADMIN = {"enabled": True, "host": "127.0.0.1", "port": 0}

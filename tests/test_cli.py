@@ -12,14 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import environment, free_port
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer
-
-
-def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
-    env.update(extra)
-    return env
 
 
 def autoresponse(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -55,12 +50,6 @@ def test_demo_talks_to_any_openai_compatible_server(fake_llm: FakeLLMServer) -> 
     assert [r.body["model"] for r in fake_llm.requests] == ["my-model", "my-model"]
     assert fake_llm.requests[0].headers["Authorization"] == "Bearer sk-abc"
     assert "`date` finished" in done.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_demo_fails_clearly_when_the_llm_is_unreachable() -> None:
@@ -152,8 +141,8 @@ def test_an_actor_that_cannot_set_up_stops_the_start_and_is_named(monkeypatch: p
     import io
 
     from autoresponse.interfaces.console import Console, ConsoleInterface
-    from autoresponse.supervisors import Application, Settings
-    from autoresponse.supervisors.app import StartError
+    from autoresponse import Application, Settings
+    from autoresponse.app import StartError
 
     def broken(self: ConsoleInterface) -> None:
         raise OSError("no terminal here")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresponse.supervisors import Settings
+from autoresponse import Settings
 
 
 def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:

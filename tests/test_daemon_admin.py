@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
+
+from conftest import Daemon, actors, free_port
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
@@ -22,68 +18,11 @@ TOKEN = "admin-secret-token-9876543210"
 BOT_TOKEN = "987654:BOT-TOKEN-never-in-logs"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
-        self.proc = proc
-        self.url = url
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "autoresponse", *args, "--url", self.url, "--token", TOKEN],
-                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-
-    def status(self) -> dict:
-        done = self.cli("status", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-
-def actors(status: dict) -> dict[str, dict]:
-    def walk(nodes: list[dict]) -> list[dict]:
-        return [x for n in nodes for x in [n, *walk(n["children"])]]
-    return {n["name"]: n for n in walk(status["tree"])}
-
-
-@contextlib.contextmanager
-def daemon(tmp_path: Path, llm_url: str, **env: str) -> Iterator[Daemon]:
-    port = free_port()
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
-    environment.update({
-        "AUTORESPONSE_LLM__BASE_URL": llm_url, "AUTORESPONSE_LLM__API_KEY": API_KEY,
-        "AUTORESPONSE_ADMIN__PORT": str(port), "AUTORESPONSE_ADMIN__TOKEN": TOKEN,
-        "AUTORESPONSE_TERMINAL__ENABLED": "true", "AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS": '["echo"]',
-        "AUTORESPONSE_DATA_DIR": str(tmp_path), "AUTORESPONSE_LOG_LEVEL": "DEBUG", **env,
-    })
-    stderr = open(tmp_path / "stderr.log", "w+")  # noqa: SIM115 - read after the process ends
-    proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=environment)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        until = time.monotonic() + 30
-        while True:
-            request = urllib.request.Request(f"{url}/healthz", headers={"Authorization": f"Bearer {TOKEN}"})
-            try:
-                with urllib.request.urlopen(request, timeout=2):
-                    break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "stderr.log").read_text()
-                assert time.monotonic() < until, "the daemon did not come up"
-                time.sleep(0.1)
-        yield Daemon(proc, url)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        stderr.close()
+def daemon(tmp_path: Path, llm_url: str, **env: str) -> Daemon:
+    """A daemon at DEBUG with an API key, an admin token and an echo allowlist."""
+    return Daemon(tmp_path, token=TOKEN, AUTORESPONSE_LLM__BASE_URL=llm_url, AUTORESPONSE_LLM__API_KEY=API_KEY,
+                  AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
+                  AUTORESPONSE_LOG_LEVEL="DEBUG", **env)
 
 
 def test_status_of_a_running_daemon_lists_every_actor_and_counts_injected_crashes(
@@ -109,9 +48,8 @@ def test_status_of_a_running_daemon_lists_every_actor_and_counts_injected_crashe
         assert pretty.returncode == 0 and "llm" in pretty.stdout and "operator drill" in pretty.stdout
         listing = d.cli("deadletters", "list", "--json")
         assert listing.returncode == 0 and json.loads(listing.stdout)["counts"] == {}
-        d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(30) == 0
-    log = (tmp_path / "stderr.log").read_text()
+        assert d.stop() == 0
+    log = d.log()
     assert API_KEY not in log and TOKEN not in log
     assert API_KEY not in json.dumps(after)
 
@@ -131,8 +69,8 @@ def test_the_root_giving_up_stops_the_daemon_with_one_clear_line(tmp_path: Path,
     with daemon(tmp_path, fake_llm.base_url, AUTORESPONSE_SUPERVISION__MAX_RESTARTS="0") as d:
         done = d.cli("inject", "llm", '{"reason": "fatal drill"}', "--type", "Crash")
         assert done.returncode == 0, done.stderr
-        assert d.proc.wait(30) == 1
-    log = (tmp_path / "stderr.log").read_text()
+        assert d.wait(30) == 1
+    log = d.log()
     lines = [line for line in log.splitlines() if "root supervisor gave up" in line]
     assert len(lines) == 1
     assert "more than 0 restarts" in lines[0]
@@ -170,9 +108,8 @@ def test_a_telegram_daemon_logs_no_bot_token_even_at_debug(tmp_path: Path, fake_
             assert time.monotonic() < until
             time.sleep(0.1)
         status = json.dumps(d.status())
-        d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(30) == 0
-    log = (tmp_path / "stderr.log").read_text()
+        assert d.stop() == 0
+    log = d.log()
     assert "getUpdates" in log or "sendMessage" in log or "polling Telegram" in log  # it did log its work
     for secret in (BOT_TOKEN, API_KEY, TOKEN):
         assert secret not in log and secret not in status

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ask, console_text, wait_for
+from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
 from autoresponse.interfaces.events import EventStore, due_in, next_due
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 from autoresponse.messages import OriginalContext
-from autoresponse.messages.actions import EventPayload
-from autoresponse.supervisors import Application, Settings
+from autoresponse.interfaces.events import EventPayload
+from autoresponse import Application, Settings
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
                           original_command="remind me to stretch")
@@ -46,17 +46,6 @@ def state_of(data_dir: Path, event_id: int) -> Any:
         store.close()
 
 
-def event_requests(fake_llm: FakeLLMServer) -> list[dict[str, Any]]:
-    found = []
-    for request in fake_llm.requests:
-        content = request.messages[-1]["content"]
-        if content.startswith('{"system_message"'):
-            message = json.loads(content)["system_message"]
-            if message["type"] == "event":
-                found.append(message)
-    return found
-
-
 def test_a_due_event_is_delivered_once_through_the_llm_to_its_chat(
     make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
 ) -> None:
@@ -67,7 +56,7 @@ def test_a_due_event_is_delivered_once_through_the_llm_to_its_chat(
     wait_for(lambda: state_of(data, event_id).state == "delivered")
     time.sleep(0.5)  # several more checks: nothing is sent again
     assert console_text(app).count("Reminder: stretch your legs") == 1
-    [message] = event_requests(fake_llm)
+    [message] = system_messages(fake_llm, "event")
     assert message["event"]["description"] == "stretch your legs"
     assert message["original_context"]["chat_id"] == "console"
     assert "↳#3 │ ⏰ Reminder: stretch your legs" in console_text(app)
@@ -91,7 +80,7 @@ def test_an_unconfirmed_event_is_delivered_after_a_restart(fake_llm: FakeLLMServ
         settings = Settings.load(llm={"base_url": fake_llm.base_url, "read_timeout": 30},
                                  events=FAST, data_dir=data, admin={"enabled": False},
                                  runtime={"drain_seconds": 0.5})
-        return Application(settings, console=Console(io.StringIO()), read_stdin=False).start()
+        return Application(settings, console=Console(io.StringIO())).start()
 
     first = start()
     wait_for(lambda: fake_llm.requests)
@@ -102,7 +91,7 @@ def test_an_unconfirmed_event_is_delivered_after_a_restart(fake_llm: FakeLLMServ
     try:
         wait_for(lambda: state_of(data, event_id).state == "delivered")
         assert second.console.out.getvalue().count("Reminder: stretch your legs") == 1
-        late = event_requests(fake_llm)[-1]["event"]["late_seconds"]
+        late = system_messages(fake_llm, "event")[-1]["event"]["late_seconds"]
         assert late >= 90
         assert "(I was 1 min late, sorry.)" in second.console.out.getvalue()
     finally:

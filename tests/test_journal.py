@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -16,10 +11,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import Daemon
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
-from autoresponse.journal import SqliteJournal
+from autoresponse.actors.journal import SqliteJournal
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 
 CTX = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")
@@ -71,55 +67,6 @@ def test_writes_are_group_committed(tmp_path: Path) -> None:
         journal.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    """`autoresponse run` as a real process that the test kills."""
-
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
-        self.tmp_path = tmp_path
-        self.env = env
-        self.port = int(env["AUTORESPONSE_ADMIN__PORT"])
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.runs = 0
-
-    def start(self) -> None:
-        self.runs += 1
-        log = open(self.tmp_path / f"daemon-{self.runs}.log", "wb")  # noqa: SIM115 - the process owns it
-        self.proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
-        log.close()
-        until = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
-                    return
-            except OSError:
-                assert self.proc.poll() is None, (self.tmp_path / f"daemon-{self.runs}.log").read_text()
-                assert time.monotonic() < until, "the daemon did not come up"
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 def push(port: int, n: int, deadline: float) -> None:
     """Inject request n until the daemon acknowledges it (it may be down, or killed mid-way)."""
     body = {"text": f"hello {n}", "context": {"chat_id": 10_000 + n, "message_id": n,
@@ -141,17 +88,12 @@ def test_nothing_is_lost_across_kill_9(tmp_path: Path, inbound: str) -> None:
     requests, kills = 500, 3
     rng = random.Random(9)
     with FakeLLMServer(delay=0.2) as llm, FakeTelegramServer() as telegram:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
-        env.update({
-            "AUTORESPONSE_LLM__BASE_URL": llm.base_url,
-            "AUTORESPONSE_TELEGRAM__TOKEN": "1:TOKEN", "AUTORESPONSE_TELEGRAM__BASE_URL": telegram.base_url,
-            "AUTORESPONSE_TELEGRAM__POLL_TIMEOUT": "1", "AUTORESPONSE_CONSOLE__ENABLED": "false",
-            "AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[7]",
-            "AUTORESPONSE_ADMIN__PORT": str(free_port()), "AUTORESPONSE_DATA_DIR": str(tmp_path / "data"),
-            "AUTORESPONSE_EVENTS__ENABLED": "false",
-        })
-        daemon = Daemon(tmp_path, env)
-        daemon.start()
+        daemon = Daemon(
+            tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url,
+            AUTORESPONSE_TELEGRAM__TOKEN="1:TOKEN", AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+            AUTORESPONSE_TELEGRAM__POLL_TIMEOUT="1", AUTORESPONSE_CONSOLE__ENABLED="false",
+            AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]", AUTORESPONSE_EVENTS__ENABLED="false",
+        ).start()
         deadline = time.monotonic() + 240
         if inbound == "inject":
             pusher = threading.Thread(target=lambda: [push(daemon.port, n, deadline) for n in range(requests)])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from typing import ClassVar
 
 import pykka
 import pytest
@@ -271,15 +273,96 @@ def test_an_actor_may_not_shadow_pykkas_machinery() -> None:
 
 
 def test_io_still_running_at_shutdown_ends_as_cancelled() -> None:
-    import concurrent.futures
-
-    from autoresponse.actors._loop import EventLoopThread
+    from autoresponse.actors._loop import EventLoopThread, IoTask
 
     loop = EventLoopThread()
     loop.start()
-    never = loop.submit(asyncio.sleep(3600))
-    done = loop.submit(asyncio.sleep(0, result="ok"))
-    assert done.result(timeout=5) == "ok"
+    ended: dict[str, threading.Event] = {"never": threading.Event(), "done": threading.Event()}
+    never = loop.submit(asyncio.sleep(3600), lambda task: ended["never"].set())
+    done = loop.submit(asyncio.sleep(0, result="ok"), lambda task: ended["done"].set())
+    assert ended["done"].wait(5) and done.outcome() == "ok"
     loop.stop()
-    with pytest.raises(concurrent.futures.CancelledError):
-        never.result(timeout=5)
+    assert ended["never"].is_set()  # its owner heard of it: nothing ends in silence
+    with pytest.raises(asyncio.CancelledError):
+        never.outcome()
+    assert isinstance(never, IoTask)
+
+
+class Tick(BaseModel):
+    pass
+
+
+class Ticker(TypedActor):
+    """Ticks itself every 20 ms from setup, as the reminder scheduler does."""
+
+    def setup(self) -> None:
+        self.schedule(0.02, Tick())
+
+    @handles
+    def on_tick(self, tick: Tick, env: Envelope) -> None:
+        self.schedule(0.02, Tick())
+
+
+def ticks_in(rt: Runtime, name: str, seconds: float) -> int:
+    with rt.probe(name) as probe:
+        time.sleep(seconds)
+        return len(probe.bodies(Tick))
+
+
+def test_a_timer_dies_with_the_incarnation_that_started_it() -> None:
+    """Restarting a self-ticking actor three times leaves its tick rate unchanged
+    (the old incarnations' timer chains are cancelled, not left running)."""
+    from autoresponse.messages import Crash
+
+    with running(("ticker", Ticker)) as rt:
+        before = ticks_in(rt, "ticker", 1.0)
+        for n in range(3):
+            rt.send("ticker", Crash(reason=f"drill {n}"))
+            wait_until(lambda n=n: rt.cell("ticker").restarts == n + 1)
+        after = ticks_in(rt, "ticker", 1.0)
+    assert before > 10
+    assert after < before * 1.5, f"{before} ticks a second before the restarts, {after} after"
+
+
+class Slow(TypedActor):
+    """Starts a long call per Ping; crashes on Pong."""
+
+    started: ClassVar[list[int]] = []
+    cancelled: ClassVar[list[int]] = []
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.run_io(self._call(ping.n), cause=env)
+
+    async def _call(self, n: int) -> None:
+        Slow.started.append(n)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            Slow.cancelled.append(n)
+            raise
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        raise ValueError("pong crashes me")
+
+
+def test_io_dies_with_its_incarnation_and_its_work_is_taken_up_again() -> None:
+    Slow.started.clear()
+    Slow.cancelled.clear()
+    with running(("slow", Slow)) as rt:
+        rt.send("slow", Ping(n=1))
+        wait_until(lambda: Slow.started == [1])
+        rt.send("slow", Pong(n=0))
+        # The crash cancelled the call, and the next incarnation started it again.
+        wait_until(lambda: Slow.started == [1, 1] and Slow.cancelled == [1])
+        assert rt.inflight.count() == 1  # the ping is still work in flight; the pong is a dead letter
+        assert [d.reason for d in rt.dead_letters.letters()] == ["crash"]
+    assert Slow.cancelled == [1, 1]  # and the stop cancelled the second one: nothing outlives it
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    until = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.01)

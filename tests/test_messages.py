@@ -8,17 +8,19 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from autoresponse.messages import (
-    ACTION_MODELS,
-    ActionResult,
-    OriginalContext,
-    SystemMessage,
-    TerminalAction,
+from autoresponse.actors.prompts import (
     build_chat_request,
     build_delivery_request,
     full_json_instructions,
-    parse_action,
     render_openai_messages,
+)
+from autoresponse.interfaces.terminal import TerminalAction
+from autoresponse.messages import (
+    ActionResult,
+    OriginalContext,
+    SystemMessage,
+    action_models,
+    parse_action,
 )
 
 CTX = OriginalContext(chat_id=42, message_id=7, interface_name="console", original_command="run df -h")
@@ -50,10 +52,9 @@ def test_bash_is_an_alias_of_terminal() -> None:
 
 
 def test_the_schema_shown_is_generated_from_the_models() -> None:
-    every = [m.action_type() for m in ACTION_MODELS]
+    every = [m.action_type() for m in action_models()]
     schema = schema_of(full_json_instructions(every))
-    assert action_types_in(schema) == {"terminal", "bash", "event", "message_console",
-                                       "message_telegram_bot"}
+    assert action_types_in(schema) == {"terminal", "event", "message_console", "message_telegram_bot"}
     # A field added to a model shows up without writing the schema again.
     assert "command" in json.dumps(schema) and "repeat" in json.dumps(schema)
 

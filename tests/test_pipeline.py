@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from conftest import ask, console_text
@@ -19,8 +20,8 @@ from autoresponse.messages import (
     OutboundMessage,
     Rejection,
 )
-from autoresponse.supervisors import Application
-from autoresponse.supervisors.app import RETRY
+from autoresponse import Application
+from autoresponse.app import RETRY
 
 MakeApp = Callable[..., Application]
 
@@ -98,14 +99,41 @@ def test_several_outputs_are_delivered_in_one_llm_turn(make_app: MakeApp, fake_l
             action_outputs=[{"action_type": "terminal", "command": "uptime", "output": "load 0.1"},
                             {"action_type": "terminal", "command": "date", "output": "Mon"}],
             runtime=app.runtime,
-        )
-        assert app.runtime.wait_idle(env.correlation_id, 15)
+        ).envelope
+        assert env is not None and app.runtime.wait_idle(env.correlation_id, 15)
         [sent] = out.bodies(OutboundMessage)
     [request] = fake_llm.requests
     outputs = json.loads(request.messages[-1]["content"])["system_message"]["outputs"]
     assert [o["command"] for o in outputs] == ["df -h", "uptime", "date"]
     assert sent.reply_to_message_id == 9
     assert "`uptime` finished" in sent.text and "`date` finished" in sent.text
+
+
+def test_the_seeds_call_is_awaited_with_a_dict_context_whose_extra_keys_reach_the_llm(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    """The seed's interfaces write ``await request_llm_delivery(output=..., original_context={...},
+    action_type=..., command=...)`` from a coroutine, with keys of their own in the context."""
+    app = make_app(base_url=fake_llm.base_url)
+    seed_context = {"chat_id": "console", "message_id": 5, "interface_name": "console",
+                    "original_command": "synth, run df -h",
+                    "action_specific_data": {"mount": "/", "threshold": 90}}
+
+    async def seed_interface() -> Any:
+        return await request_llm_delivery(output="/dev/sda1 42%", original_context=seed_context,
+                                          action_type="terminal", command="df -h")
+
+    with app.runtime.probe(sender("console")) as out:
+        envelope = app.runtime.io.run(seed_interface(), timeout=10)  # awaited on the runtime's loop
+        assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, 15)
+        [reply] = out.bodies(OutboundMessage)
+    assert reply.reply_to_message_id == 5
+    [request] = fake_llm.requests
+    message = json.loads(request.messages[-1]["content"])["system_message"]
+    assert message["original_context"]["action_specific_data"] == {"mount": "/", "threshold": 90}
+    # From a plain thread the same call sends at once, and needs no await.
+    assert request_llm_delivery("x", seed_context, action_type="terminal").envelope is not None
+    assert app.runtime.wait_idle(timeout=15)
 
 
 def test_request_llm_delivery_uses_the_running_runtime(make_app: MakeApp) -> None:

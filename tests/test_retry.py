@@ -7,18 +7,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conftest import ask
+import pytest
+from conftest import ask, system_message
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, sender
+from autoresponse.actors.prompts import ERROR_RETRY_POLICY
 from autoresponse.messages import (
-    ERROR_RETRY_POLICY,
     OriginalContext,
     OutboundMessage,
     UserRequest,
 )
-from autoresponse.supervisors import Application
+from autoresponse import Application
 
 MakeApp = Callable[..., Application]
 FAST = {"backoff_min": 0.05, "backoff_max": 0.2}
@@ -30,10 +31,6 @@ def say(text: str, **payload: Any) -> dict[str, Any]:
 
 def content(*actions: dict[str, Any]) -> FakeResponse:
     return FakeResponse(content=json.dumps({"actions": list(actions)}))
-
-
-def system_message(request: Any) -> dict[str, Any]:
-    return json.loads(request.messages[-1]["content"])["system_message"]
 
 
 def test_one_bad_reply_is_re_asked_once_and_answered_once(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
@@ -118,3 +115,17 @@ def test_a_dead_lettered_turn_can_be_replayed(make_app: MakeApp, fake_llm: FakeL
         [reply] = out.bodies(OutboundMessage)
     assert reply.reply_to_message_id == 1 and not reply.notice
     assert system_message(fake_llm.requests[-1])["your_reply"] == "still nope"
+
+
+@pytest.mark.parametrize(("max_errors", "shown", "rest"), [(10, 10, 5), (12, 12, 3), (20, 15, 0)])
+def test_errors_are_cut_once_to_the_configured_number(
+    make_app: MakeApp, fake_llm: FakeLLMServer, max_errors: int, shown: int, rest: int
+) -> None:
+    bad = [{"type": "teleport", "payload": {"to": n}} for n in range(15)]
+    fake_llm.script(content(*bad), content(say("Fixed.")))
+    app = make_app(base_url=fake_llm.base_url, retry={**FAST, "max_errors": max_errors})
+    ask(app, "hello")
+    errors = system_message(fake_llm.requests[1])["errors"]
+    listed = [e for e in errors if not e.startswith("...")]
+    assert len(listed) == shown
+    assert errors[shown:] == ([f"... and {rest} more errors"] if rest else [])

@@ -15,7 +15,7 @@ from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 from autoresponse.messages import OriginalContext, OutboundMessage
-from autoresponse.supervisors import Application
+from autoresponse import Application
 
 ALLOWED = 7
 CHAT = 42

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ask
+from conftest import ask, system_messages
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.routes import BUILDER, executor
@@ -22,8 +22,9 @@ from autoresponse.interfaces.terminal import (
     parse_command,
     run_command,
 )
-from autoresponse.messages import ActionOutput, ActionRequest, OriginalContext, TerminalAction
-from autoresponse.supervisors import Application
+from autoresponse.interfaces.terminal import TerminalAction
+from autoresponse.messages import ActionOutput, ActionRequest, OriginalContext
+from autoresponse import Application
 
 MakeApp = Callable[..., Application]
 CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")
@@ -31,12 +32,7 @@ CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")
 
 def delivered_outputs(fake_llm: FakeLLMServer) -> list[dict]:
     """The action outputs the LLM was shown in delivery turns."""
-    found = []
-    for request in fake_llm.requests:
-        content = request.messages[-1]["content"]
-        if content.startswith('{"system_message"'):
-            found.extend(json.loads(content)["system_message"]["outputs"])
-    return found
+    return [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
 
 
 def test_the_terminal_is_off_by_default() -> None:

@@ -1,0 +1,179 @@
+"""A bounded mailbox with a priority lane, shared by every incarnation of an actor.
+
+Work (envelopes) goes in a bounded lane. Everything else (pykka's stop and
+proxy calls, I/O completions of work already accepted) goes in an unbounded
+priority lane that is served first, so an actor can always be stopped and
+always learns how its own I/O ended, however full it is.
+
+Overflow policy of the work lane, chosen per mailbox:
+
+* ``DEAD_LETTER``: the newest message is refused at once; the runtime
+  dead-letters it with the reason "mailbox full". Nothing blocks.
+* ``BLOCK``: the sender waits up to ``block_seconds`` for room (backpressure
+  for inbound interfaces), then the message is dead-lettered as above.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from autoresponse.messages.envelope import Envelope
+
+
+class OverflowPolicy(enum.Enum):
+    DEAD_LETTER = "dead_letter"
+    BLOCK = "block"
+
+
+class MailboxFull(Exception):
+    """The work lane is at capacity and the policy gave up waiting."""
+
+
+class MailboxClosed(Exception):
+    """The actor behind this mailbox has stopped for good."""
+
+
+class Letter:
+    """What the mailbox holds; the shape pykka's actor loop reads."""
+
+    __slots__ = ("message", "reply_to")
+
+    def __init__(self, message: Any, reply_to: Any = None) -> None:
+        self.message = message
+        self.reply_to = reply_to
+
+
+class Mailbox:
+    def __init__(
+        self,
+        capacity: int,
+        policy: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
+        block_seconds: float = 0.0,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("mailbox capacity must be at least 1")
+        self.capacity = capacity
+        self.policy = policy
+        self.block_seconds = block_seconds
+        self._lock = threading.Lock()
+        self._readable = threading.Condition(self._lock)
+        self._writable = threading.Condition(self._lock)
+        self._work: deque[Any] = deque()
+        self._priority: deque[Any] = deque()
+        self._closed = False
+
+    def put(self, letter: Any) -> None:
+        """Queue ``letter`` (anything with ``.message`` and ``.reply_to``)."""
+        with self._lock:
+            if self._closed:
+                raise MailboxClosed
+            if type(letter.message) is not Envelope:
+                self._priority.append(letter)
+            else:
+                if len(self._work) >= self.capacity:
+                    self._wait_for_room()
+                self._work.append(letter)
+            self._readable.notify()
+
+    def put_priority(self, letter: Any) -> None:
+        """Queue ``letter`` ahead of all work, whatever its type (supervision signals)."""
+        with self._lock:
+            if self._closed:
+                raise MailboxClosed
+            self._priority.append(letter)
+            self._readable.notify()
+
+    def put_front(self, letter: Any) -> None:
+        """Put accepted work back at the head of the work lane (a retry keeps its place)."""
+        with self._lock:
+            if self._closed:
+                raise MailboxClosed
+            self._work.appendleft(letter)
+            self._readable.notify()
+
+    def _wait_for_room(self) -> None:
+        if self.policy is OverflowPolicy.BLOCK:
+            until = time.monotonic() + self.block_seconds
+            while len(self._work) >= self.capacity and not self._closed:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._writable.wait(left)
+            if self._closed:
+                raise MailboxClosed
+        if len(self._work) >= self.capacity:
+            raise MailboxFull
+
+    def get(self, may_take_work: Callable[[], bool] | None = None) -> Any:
+        """The next letter, priority first; blocks until there is one.
+
+        While ``may_take_work()`` is false only the priority lane is served (its
+        answer may change only in the calling thread, after a priority letter).
+        """
+        with self._lock:
+            while not self._priority and not (self._work and (may_take_work is None or may_take_work())):
+                self._readable.wait()
+            if self._priority:
+                return self._priority.popleft()
+            letter = self._work.popleft()
+            self._writable.notify()
+            return letter
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._priority and not self._work
+
+    def __len__(self) -> int:
+        """Depth: letters waiting in both lanes."""
+        return len(self._work) + len(self._priority)
+
+    def close(self) -> list[Any]:
+        """Refuse all further letters and hand back what was still queued."""
+        with self._lock:
+            self._closed = True
+            left = [*self._priority, *self._work]
+            self._priority.clear()
+            self._work.clear()
+            self._writable.notify_all()
+            return left
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class InboxView:
+    """One incarnation's view of a cell's mailbox.
+
+    pykka drains an actor's inbox after the actor stops, discarding what it
+    finds. A view reports itself empty once its actor has stopped (crashed,
+    restarted or shut down), so the queue is left to the next incarnation, or
+    to the runtime, which dead-letters whatever is left at shutdown.
+    """
+
+    __slots__ = ("_mailbox", "_stopped", "_may_take_work")
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self._mailbox = mailbox
+        self._stopped: threading.Event | None = None
+        self._may_take_work: Callable[[], bool] | None = None
+
+    def bind(self, stopped: threading.Event, may_take_work: Callable[[], bool] | None = None) -> None:
+        self._stopped = stopped
+        self._may_take_work = may_take_work
+
+    def put(self, letter: Any) -> None:
+        self._mailbox.put(letter)
+
+    def get(self) -> Any:
+        return self._mailbox.get(self._may_take_work)
+
+    def empty(self) -> bool:
+        if self._stopped is not None and self._stopped.is_set():
+            return True
+        return self._mailbox.empty()

@@ -1,0 +1,366 @@
+"""The typed actor: handlers chosen by message class, and the tasks it owns.
+
+>>> class Greeter(TypedActor):
+...     @handles
+...     def on_hello(self, msg: Hello, env: Envelope) -> None:
+...         self.send("printer", Line(text=f"hello {msg.name}"), cause=env)
+
+A handler takes the message body and its envelope. An actor never blocks on
+another actor: it sends messages, and hands I/O to the runtime's event loop
+with ``run_io``, whose result comes back as a message in its own mailbox.
+
+Everything an incarnation starts on the loop (``run_io``, ``schedule``) belongs
+to it: when it crashes or stops, its tasks and timers are cancelled, and the
+work they were doing goes back to the head of the mailbox for the next
+incarnation. Nothing it started outlives it.
+
+A handler that raises crashes the actor: what happens next (restart, dead
+letter, retry) is decided by whoever supervises it, never by the actor; see
+``autoresponse.actors.cell`` for the whole crash path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import types
+import typing
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pykka
+
+from autoresponse.actors._loop import IoTask
+from autoresponse.actors._mailbox import InboxView, Letter, MailboxClosed
+from autoresponse.messages.control import Crash
+from autoresponse.messages.envelope import Envelope
+
+if TYPE_CHECKING:
+    from autoresponse.actors.cell import Cell
+    from autoresponse.actors.runtime import Runtime
+
+Handler = Callable[[Any, Any, Envelope], None]
+_adoption = threading.local()
+
+
+def handles(fn: Handler) -> Handler:
+    """Mark ``fn`` as the handler of the message class its first parameter names.
+
+    A union annotation registers the handler for each member.
+    """
+    fn._handles = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _message_types(fn: Handler) -> tuple[type, ...]:
+    hints = typing.get_type_hints(fn)
+    params = [p for p in fn.__code__.co_varnames[1 : fn.__code__.co_argcount]]
+    if not params or params[0] not in hints:
+        raise TypeError(f"handler {fn.__qualname__} must annotate its message parameter")
+    hint = hints[params[0]]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+@contextlib.contextmanager
+def adopting(cell: Cell) -> Iterator[None]:
+    """Actors constructed inside this block join ``cell`` (its name and mailbox)."""
+    _adoption.cell = cell
+    try:
+        yield
+    finally:
+        _adoption.cell = None
+
+
+class ActorGaveUp(Exception):
+    """Raised by a handler to crash its actor on purpose.
+
+    Unlike any other exception, the message being handled counts as handled:
+    it is not retried by the next incarnation.
+    """
+
+
+class CrashRequested(ActorGaveUp):
+    """The actor was sent a ``Crash`` message."""
+
+
+class TaskFailed(Exception):
+    """A background task of the actor (``start_task``) ended; the actor crashes with it."""
+
+
+class _TaskEnded:
+    """A background task ended (priority lane): the actor crashes while handling it."""
+
+    __slots__ = ("name", "error")
+
+    def __init__(self, name: str, error: BaseException | None) -> None:
+        self.name = name
+        self.error = error
+
+
+class IoDone:
+    """A task this actor handed to the loop has ended (it travels in the priority lane)."""
+
+    __slots__ = ("task", "cause")
+
+    def __init__(self, task: IoTask, cause: Envelope) -> None:
+        self.task = task
+        self.cause = cause
+
+
+async def _after(delay: float, message: Any) -> Any:
+    await asyncio.sleep(delay)
+    return message
+
+
+#: Names a TypedActor subclass may not define: pykka's private machinery and the
+#: hooks this base class implements.
+_RESERVED = frozenset(
+    name for name in dir(pykka.ThreadingActor) if name.startswith("_") and not name.startswith("__")
+) | {"on_start", "on_stop", "on_failure", "on_receive"}
+
+
+class TypedActor(pykka.ThreadingActor):
+    """Base of every actor of the runtime. Start one with ``Runtime.spawn``."""
+
+    _handlers: ClassVar[dict[type, Handler]] = {}
+    #: At most this many ``run_io`` tasks at once (None: no limit). At the limit the actor
+    #: takes no new work from its mailbox, only completions and control messages: the
+    #: work waits there, visible, and a crash cancels only the few calls under way.
+    io_limit: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        clash = _RESERVED & set(vars(cls))
+        if clash:
+            # e.g. an `async def _stop` would silently replace pykka's own `_stop()`.
+            raise TypeError(f"{cls.__name__} must not define {sorted(clash)}: pykka uses these "
+                            "names; override setup() and teardown() for lifetime hooks")
+        table: dict[type, Handler] = {}
+        for klass in reversed(cls.__mro__):
+            for attr in vars(klass).values():
+                if getattr(attr, "_handles", False):
+                    for message_type in _message_types(attr):
+                        table[message_type] = attr
+        cls._handlers = table
+
+    @staticmethod
+    def _create_actor_inbox() -> InboxView:  # type: ignore[override]
+        cell = getattr(_adoption, "cell", None)
+        if cell is None:
+            raise RuntimeError("start actors with Runtime.spawn(), not Actor.start()")
+        return InboxView(cell.mailbox)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell: Cell = _adoption.cell
+        self.runtime: Runtime = self.cell.runtime
+        self.name: str = self.cell.name
+        self.actor_inbox.bind(self.actor_stopped, self._may_take_work)  # type: ignore[attr-defined]
+        self._ready = self.cell.ready  # this incarnation's; set once setup is done
+        self._failing: Envelope | None = None
+        #: Tasks and timers this incarnation started, with the work each is part of
+        #: (an envelope), or the name of a background task whose end crashes the actor.
+        self._owned: dict[IoTask, Envelope | str | None] = {}
+        self._owned_lock = threading.Lock()
+        self._running_io = 0  # run_io tasks not yet handled as IoDone (actor thread only)
+        self._released = False
+
+    # ---------------------------------------------------------------- sending
+
+    def send(self, to: str, body: Any, *, cause: Envelope) -> Envelope | None:
+        """Send ``body`` to the actor named ``to``, as a consequence of ``cause``."""
+        return self.runtime.deliver(to, cause.child(body))
+
+    def run_io(self, coro: Coroutine[Any, Any, Any], *, cause: Envelope) -> None:
+        """Run ``coro`` on the runtime's event loop, owned by this incarnation.
+
+        When it finishes, the message it returns is handled by this actor as a
+        consequence of ``cause`` (``None`` means nothing more to do). If it
+        raises, this actor crashes while handling ``cause``. If this incarnation
+        ends first, the task is cancelled and ``cause`` is handled again by the next.
+        """
+        self.runtime.inflight.add(cause.correlation_id)
+        self._running_io += 1
+        self._own(coro, cause)
+
+    def _may_take_work(self) -> bool:
+        return self.io_limit is None or self._running_io < self.io_limit
+
+    def schedule(self, delay: float, message: Any, *, cause: Envelope | None = None) -> None:
+        """Hand ``message`` to this actor after ``delay`` seconds.
+
+        With ``cause`` it is part of that work (in flight, as after ``run_io``);
+        without, it starts a new correlation and is not work in flight (a periodic
+        tick does not hold up a drain). Either way the timer dies with this incarnation.
+        """
+        if cause is not None:
+            self.run_io(_after(delay, message), cause=cause)
+        else:
+            self._own(self._tick_after(delay, message), None)
+
+    def start_task(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        """Run ``coro`` on the loop for as long as this incarnation lives (a polling loop).
+
+        It is cancelled when the incarnation ends. If it ends on its own, with an
+        error or without, the actor crashes with ``TaskFailed``, so its supervisor
+        restarts it and a new incarnation starts the task again.
+        """
+        self._own(coro, name)
+
+    async def _tick_after(self, delay: float, message: Any) -> None:
+        await asyncio.sleep(delay)
+        self.runtime.send(self.name, message)
+
+    def _own(self, coro: Coroutine[Any, Any, Any], owner: Envelope | str | None) -> None:
+        with self._owned_lock:
+            if self._released:  # this incarnation has ended; it starts nothing new
+                coro.close()
+                if isinstance(owner, Envelope):
+                    self.runtime.inflight.done(owner.correlation_id)
+                return
+            self._owned[self.runtime.io.submit(coro, self._task_ended)] = owner
+
+    def _task_ended(self, task: IoTask) -> None:
+        """In the loop thread: pass the outcome to the mailbox, unless the task was disowned."""
+        with self._owned_lock:
+            if task not in self._owned:
+                return  # this incarnation ended and already put its work back
+            owner = self._owned.pop(task)
+        if isinstance(owner, Envelope):
+            letter = Letter(IoDone(task, owner))
+        else:
+            try:
+                task.outcome()
+                error: BaseException | None = None
+            except asyncio.CancelledError:
+                return  # cancelled at shutdown
+            except Exception as exc:
+                error = exc
+            if owner is None:
+                return  # a timer: nothing to pass on
+            letter = Letter(_TaskEnded(owner, error))
+        try:
+            self.cell.mailbox.put(letter)
+        except MailboxClosed:
+            if isinstance(owner, Envelope):
+                self.runtime.dead_letter(owner, "actor stopped", actor=self.name,
+                                         detail="its I/O finished after it stopped")
+
+    def _release(self) -> None:
+        """The incarnation ends: cancel what it started and put its work back, in order."""
+        with self._owned_lock:
+            self._released = True
+            owned, self._owned = self._owned, {}
+        for task in owned:
+            task.cancel()
+        for cause in reversed([c for c in owned.values() if isinstance(c, Envelope)]):
+            self.runtime.requeue(self.cell, cause)
+
+    def report_error(self, error: Any, *, cause: Envelope, detail: str = "") -> None:
+        """Hand an error (an LLM rejection) to the runtime's error route: the supervision
+        tree's retry actors, or the dead-letter office (with ``detail``) when there are none."""
+        self.runtime.route_error(error, cause=cause, actor=self.name, detail=detail)
+
+    # ---------------------------------------------------------------- receiving
+
+    @handles
+    def on_crash_request(self, crash: Crash, env: Envelope) -> None:
+        raise CrashRequested(crash.reason)
+
+    def on_receive(self, message: Any) -> Any:
+        kind = type(message)
+        if kind is Envelope:
+            self._handle(message.body, message)
+        elif kind is IoDone:
+            self._io_done(message)
+        elif kind is _TaskEnded:
+            why = f"{type(message.error).__name__}: {message.error}" if message.error else "it returned"
+            raise TaskFailed(f"task {message.name!r} ended: {why}") from message.error
+        else:
+            return super().on_receive(message)
+        return None
+
+    def _handler_for(self, message_type: type) -> Handler | None:
+        handler = self._handlers.get(message_type)
+        if handler is None:
+            for base in message_type.__mro__[1:]:
+                handler = self._handlers.get(base)
+                if handler is not None:
+                    break
+        return handler
+
+    def _handle(self, body: Any, env: Envelope) -> None:
+        runtime = self.runtime
+        if env.expired():
+            runtime.dead_letter(env, "deadline", actor=self.name, detail="expired before it was handled")
+            return
+        handler = self._handler_for(type(body))
+        if handler is None:
+            runtime.dead_letter(env, "no handler", actor=self.name,
+                                detail=f"{type(self).__name__} does not handle {type(body).__name__}")
+            return
+        try:
+            if runtime.fault is not None:
+                runtime.fault(self.name, env)
+            handler(self, body, env)
+        except BaseException:
+            self._failing = env  # on_failure reports it; it stays in flight until then
+            raise
+        self.cell.processed += 1
+        runtime.inflight.done(env.correlation_id)
+
+    def _io_done(self, done: IoDone) -> None:
+        self._running_io -= 1
+        env = done.cause
+        try:
+            result = done.task.outcome()
+        except asyncio.CancelledError:
+            self.runtime.dead_letter(env, "shutdown", actor=self.name, detail="I/O was cancelled")
+            return
+        except BaseException:
+            self._failing = env
+            raise
+        if result is None:
+            self.runtime.inflight.done(env.correlation_id)
+        else:
+            # The result is handled as part of `cause`, which is still in flight.
+            self._handle(result, env)
+
+    def on_failure(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        failing, self._failing = self._failing, None
+        self._release()
+        try:
+            self.teardown()  # release what the incarnation owns; its state is not trusted
+        except Exception:
+            pass
+        self.cell.crashed(failing, exc or RuntimeError("unknown failure"))
+
+    # ---------------------------------------------------------------- lifetime hooks
+
+    def setup(self) -> None:
+        """Override: runs in the actor's thread before its first message."""
+
+    def teardown(self) -> None:
+        """Override: runs in the actor's thread when it stops normally."""
+
+    def on_start(self) -> None:
+        try:
+            self.setup()
+        except Exception as exc:
+            # pykka would stop the actor quietly; a failed start is a crash like any other.
+            self.actor_stopped.set()
+            pykka.ActorRegistry.unregister(self.actor_ref)
+            self._release()
+            self._ready.set()
+            self.cell.crashed(None, exc)
+        finally:
+            self._ready.set()
+
+    def on_stop(self) -> None:
+        self._release()
+        self.teardown()
+        if not self.cell.stop_requested:
+            self.cell.exited_normally()  # it stopped itself: tell whoever supervises it

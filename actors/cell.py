@@ -1,0 +1,166 @@
+"""A cell: a stable name, its mailbox, and the current incarnation of its actor.
+
+Senders address cells by name; a restart swaps the incarnation, never the
+name or the mailbox, so no sender breaks and no queued message is lost.
+
+The crash path, in order, all in the dying incarnation's thread:
+
+1. A handler raises. ``TypedActor._handle`` remembers the envelope it was
+   handling, and pykka's loop catches the exception, logs it and marks the
+   incarnation stopped (its inbox view now reads as empty, so pykka drains
+   nothing).
+2. pykka calls ``TypedActor.on_failure``: the incarnation cancels every task
+   and timer it owns, puts the work they were doing back at the head of the
+   mailbox, runs ``teardown``, and calls ``Cell.crashed``.
+3. ``Cell.crashed`` records the failure. Under a supervisor it asks the runtime
+   to ``recover`` the message (back at the head of the mailbox, one attempt
+   later, or a dead letter after its last attempt; an ``ActorGaveUp`` message
+   counts as handled) and signals ``Exit(abnormal=True)`` to the supervisor,
+   ahead of its queued work. Without one, the runtime's ``crash_policy``
+   decides (the default dead-letters the message and restarts at once).
+4. The supervisor's ``on_exit`` applies its restart type, restart intensity
+   (one restart too many fails the supervisor itself, which climbs the tree
+   the same way) and strategy, waits out the backoff on a timer it owns, and
+   calls ``Cell.restart``: a new incarnation on the same mailbox, which
+   handles the retried message first and then everything queued behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Literal
+
+import pykka
+
+from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
+from autoresponse.actors._mailbox import Mailbox
+from autoresponse.actors.limits import START_SECONDS
+from autoresponse.messages.control import Exit, Failure
+from autoresponse.messages.envelope import Envelope
+
+if TYPE_CHECKING:
+    from autoresponse.actors.runtime import Runtime
+
+log = logging.getLogger("autoresponse.runtime")
+
+CellState = Literal["running", "restarting", "stopped"]
+
+
+class Cell:
+    """A stable name, its mailbox, and the current incarnation of its actor."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        name: str,
+        actor_class: type[TypedActor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mailbox: Mailbox,
+        supervisor: str | None = None,
+    ) -> None:
+        self.runtime = runtime
+        #: The name of the supervisor told of this actor's exits; None for the root.
+        self.supervisor = supervisor
+        #: True while a stop asked for by the runtime or a supervisor is under way.
+        self.stop_requested = False
+        self.name = name
+        self.actor_class = actor_class
+        self.args = args
+        self.kwargs = kwargs
+        self.mailbox = mailbox
+        self.state: CellState = "stopped"
+        self.restarts = 0
+        self.processed = 0
+        self.last_failure: Failure | None = None
+        #: Set when the current incarnation has finished its setup.
+        self.ready = threading.Event()
+        self._ref: pykka.ActorRef[Any] | None = None
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<Cell {self.name} {self.state} restarts={self.restarts}>"
+
+    def start(self, wait: float = START_SECONDS) -> None:
+        """Start an incarnation on this cell's mailbox (the first, or after a stop).
+
+        Returns once its ``setup`` has finished (or failed), as OTP's start_link
+        does, so a supervisor's children start one after the other, in order.
+        """
+        with self._lock, adopting(self):
+            self.stop_requested = False
+            self.ready = threading.Event()
+            self._ref = self.actor_class.start(*self.args, **self.kwargs)
+            self.state = "running"
+            ready = self.ready
+        if not ready.wait(wait):
+            log.warning("actor %s is still setting up after %.0fs", self.name, wait)
+
+    def restart(self) -> None:
+        """Start a fresh incarnation on the same mailbox, counted as a restart."""
+        with self._lock:
+            if self.mailbox.closed:
+                return
+            self.restarts += 1
+            self.start()
+
+    def crashed(self, envelope: Envelope | None, error: BaseException) -> None:
+        """Called by a dying incarnation, in its own thread, with what it was handling."""
+        with self._lock:
+            self.last_failure = Failure.of(error)
+            self.state = "restarting"
+        if self.supervisor is None:
+            self.runtime.crash_policy(self, envelope, error)
+            return
+        self.runtime.recover(self, envelope, error)
+        self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=True,
+                                                  failure=self.last_failure))
+
+    def exited_normally(self) -> None:
+        """Called by an incarnation that stopped itself."""
+        with self._lock:
+            self.state = "stopped"
+            self._ref = None
+        if self.supervisor is not None:
+            self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=False))
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the current incarnation, keeping the mailbox; True if it stopped in time."""
+        with self._lock:
+            self.state = "stopped"
+            self.stop_requested = True
+            ref, self._ref = self._ref, None
+        if ref is None:
+            return True
+        try:
+            ref.stop(block=True, timeout=timeout)
+        except pykka.ActorDeadError:
+            pass
+        except pykka.Timeout:
+            log.warning("actor %s did not stop within %.1fs", self.name, timeout)
+            return False
+        return True
+
+    @property
+    def alive(self) -> bool:
+        with self._lock:  # a (re)start in progress holds the lock until its ref is known
+            ref = self._ref
+            return ref is not None and ref.is_alive()
+
+
+def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+    """The default crash policy: the message goes to the dead-letter office with
+    its exception, and the actor starts afresh on the same mailbox. Supervisors
+    replace this with their strategies."""
+    if envelope is None:
+        # It failed outside any message (in setup): restarting would fail the
+        # same way, forever. It stays stopped and its mailbox refuses work.
+        cell.stop(timeout=0)
+        cell.runtime.close(cell)
+        return
+    if isinstance(error, ActorGaveUp):
+        cell.runtime.inflight.done(envelope.correlation_id)
+    else:
+        cell.runtime.dead_letter(envelope, "crash", actor=cell.name, error=error)
+    cell.restart()

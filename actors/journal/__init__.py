@@ -1,0 +1,11 @@
+"""The delivery journal: accepted work and confirmed sends survive kill -9.
+
+>>> journal = SqliteJournal(Path("journal.sqlite3"))              # doctest: +SKIP
+>>> journal.accept(envelope, actor="llm").result()  # committed before the caller acknowledges
+>>> journal.was_sent("corr:delivery:0#0")
+False
+"""
+
+from autoresponse.actors.journal.journal import DeliveryJournal, JournalItem, SendLedger, SqliteJournal
+
+__all__ = ["DeliveryJournal", "JournalItem", "SendLedger", "SqliteJournal"]

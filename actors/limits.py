@@ -1,0 +1,67 @@
+"""The runtime's limits, each in one place.
+
+Settings take their defaults from here; code that needs a limit imports it from
+here instead of writing the number again. A platform's own limits (Telegram's
+flood rules, the terminal's output cap) live in its ``interfaces/<platform>/settings.py``;
+the longest message an action may carry is part of the protocol
+(``messages.actions.MAX_MESSAGE_CHARS``).
+"""
+
+#: Messages one correlation (one user request) may travel before its chain is
+#: ended as a loop. A "run df -h" round trip takes about eight.
+MAX_HOPS = 32
+
+#: Work items an actor's mailbox holds before its overflow policy applies.
+MAILBOX_CAPACITY = 10_000
+
+#: How long a sender waits for room in a full mailbox whose policy is BLOCK.
+MAILBOX_BLOCK_SECONDS = 5.0
+
+#: Dead letters kept in memory for inspection; counts are kept for all of them.
+DEAD_LETTERS_KEPT = 10_000
+
+#: Longest LLM reply kept verbatim in an error system message (`your_reply`).
+MAX_YOUR_REPLY_CHARS = 4_000
+
+#: Errors listed in one error system message; the rest are counted.
+MAX_ERRORS_SHOWN = 10
+
+#: LLM HTTP: attempts per request (the first one included), and timeouts.
+LLM_MAX_ATTEMPTS = 4
+LLM_CONNECT_TIMEOUT_SECONDS = 10.0
+LLM_READ_TIMEOUT_SECONDS = 120.0
+#: Longest Retry-After we honour; a server asking for more is treated as down.
+LLM_MAX_RETRY_AFTER_SECONDS = 60.0
+#: LLM requests in flight at once, over all chats.
+LLM_MAX_IN_FLIGHT = 64
+
+#: Seconds `stop()` waits for in-flight work to finish before stopping actors.
+DRAIN_SECONDS = 10.0
+
+#: Times a message is handed to an actor that crashes on it before it is
+#: dead-lettered (the first attempt included).
+MESSAGE_ATTEMPTS = 3
+
+#: Restart intensity: a supervisor restarting more than this many children
+#: within the period gives up and fails to its parent.
+MAX_RESTARTS = 20
+RESTART_PERIOD_SECONDS = 10.0
+
+#: Backoff between restarts of one child.
+RESTART_BACKOFF_MIN_SECONDS = 0.01
+RESTART_BACKOFF_MAX_SECONDS = 5.0
+RESTART_BACKOFF_JITTER = 0.2
+RESTART_BACKOFF_RESET_SECONDS = 30.0
+
+#: Re-asks of the LLM after it answered with invalid actions (per work item).
+RETRY_MAX_ATTEMPTS = 2
+RETRY_BACKOFF_MIN_SECONDS = 0.5
+RETRY_BACKOFF_MAX_SECONDS = 8.0
+#: Retry actors in the pool; a correlation always lands on the same one.
+RETRY_POOL_SIZE = 4
+
+#: Seconds a supervisor waits for one child's setup before starting the next.
+START_SECONDS = 30.0
+
+#: Finished work items stay in the journal this long before compaction.
+JOURNAL_RETENTION_SECONDS = 24 * 3600.0

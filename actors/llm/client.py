@@ -1,0 +1,67 @@
+"""The LLM client actor: asks the LLM, concurrently, and forwards the answers."""
+
+from __future__ import annotations
+
+from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT
+from autoresponse.actors.llm.engine import LLMEngine, LLMError
+from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+from autoresponse.actors.routes import DISPATCHER, chat_actions, sender
+from autoresponse.messages import (
+    Envelope,
+    LLMFailure,
+    LLMReply,
+    LLMRequest,
+    OutboundMessage,
+    PromptRequest,
+    UserRequest,
+)
+
+UNREACHABLE_NOTICE = "Sorry, I could not reach the language model, so I could not answer this."
+
+
+class LLMClient(TypedActor):
+    """Chat turns from user requests, delivery turns from the builder.
+
+    Every call runs on the runtime's event loop, so many are in flight at once;
+    the engine bounds how many.
+    """
+
+    def __init__(self, engine: LLMEngine, max_in_flight: int = LLM_MAX_IN_FLIGHT) -> None:
+        super().__init__()
+        self.engine = engine
+        self.io_limit = max_in_flight
+
+    @handles
+    def on_user_request(self, request: UserRequest, env: Envelope) -> None:
+        allowed = chat_actions(self.runtime, request.context.interface_name)
+        if not allowed:
+            self.runtime.dead_letters.post(env, "no sender", actor=self.name,
+                                           detail=f"nothing can reply on {request.context.interface_name!r}")
+            return
+        self._ask(build_chat_request(request.text, request.context, allowed_actions=allowed), env)
+
+    @handles
+    def on_llm_request(self, request: LLMRequest, env: Envelope) -> None:
+        self._ask(request.prompt, env)
+
+    def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
+        self.run_io(self._complete(prompt, render_openai_messages(prompt)), cause=env)
+
+    async def _complete(self, prompt: PromptRequest, messages: list[dict[str, str]]) -> LLMReply | LLMFailure:
+        try:
+            text = await self.engine.complete(messages)
+        except LLMError as exc:
+            return LLMFailure(prompt=prompt, error=str(exc), status=exc.status)
+        return LLMReply(prompt=prompt, text=text)
+
+    @handles
+    def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
+        self.send(DISPATCHER, reply, cause=env)
+
+    @handles
+    def on_llm_failure(self, failure: LLMFailure, env: Envelope) -> None:
+        self.runtime.dead_letters.post(env, "llm unavailable", actor=self.name, detail=failure.error)
+        ctx = failure.prompt.original_context
+        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, UNREACHABLE_NOTICE, notice=True),
+                  cause=env)

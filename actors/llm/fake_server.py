@@ -1,0 +1,131 @@
+"""A fake OpenAI-compatible LLM: a real aiohttp server on 127.0.0.1, for tests and benchmarks.
+
+>>> with FakeLLMServer() as llm:                                 # doctest: +SKIP
+...     llm.script(FakeResponse(status=429, headers={"Retry-After": "1"}))
+...     engine = HttpEngine(llm.base_url, model="fake")
+...     # the first call gets the 429, the retry gets the default answer
+...     llm.requests[0].body["messages"]
+
+With nothing scripted it answers like the offline engine would, so the full
+loop works against it. Scripted responses are served first, in order; a
+``responder(body)`` answers the rest, or returns None to leave it to the default.
+Run it alone with ``python -m autoresponse.actors.llm.fake_server --port 8089``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from autoresponse.actors.llm.offline import OfflineEngine
+from autoresponse.actors.loopback import LoopbackServer
+
+
+@dataclass(frozen=True)
+class FakeResponse:
+    """One scripted answer: a status, a reply text (or raw body), headers, a delay.
+
+    ``hang`` never answers (until the server stops).
+    """
+
+    status: int = 200
+    content: str | None = None
+    body: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    hang: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    time: float
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self.body.get("messages", [])
+
+    @property
+    def raw(self) -> str:
+        return json.dumps(self.body, ensure_ascii=False)
+
+
+def completion(content: str, model: str = "fake") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+    }
+
+
+class FakeLLMServer(LoopbackServer):
+    """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
+
+    def __init__(self, *, delay: float = 0.0, port: int = 0,
+                 responder: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+        super().__init__(port=port, name="fake-llm")
+        self.delay = delay
+        self.responder = responder
+        self.requests: list[RecordedRequest] = []
+        self._script: deque[FakeResponse] = deque()
+        self._lock = threading.Lock()
+        self._offline = OfflineEngine()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def script(self, *responses: FakeResponse) -> None:
+        with self._lock:
+            self._script.extend(responses)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        with self._lock:
+            self.requests.append(RecordedRequest(time.monotonic(), body, dict(request.headers)))
+            scripted = self._script.popleft() if self._script else None
+        if scripted is not None and scripted.hang:
+            await self.stopping.wait()
+            raise web.HTTPServiceUnavailable()
+        delay = scripted.delay if scripted is not None else self.delay
+        if delay:
+            await asyncio.sleep(delay)
+        if scripted is not None and (scripted.status != 200 or scripted.body is not None):
+            text = scripted.body if scripted.body is not None else json.dumps(
+                {"error": {"message": f"scripted {scripted.status}", "type": "fake"}})
+            return web.Response(status=scripted.status, text=text, headers=scripted.headers,
+                                content_type="application/json")
+        content = scripted.content if scripted is not None else None
+        if content is None and self.responder is not None:
+            content = self.responder(body)
+        if content is None:
+            content = await self._offline.complete(body.get("messages", []))
+        return web.json_response(completion(content, body.get("model", "fake")))
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._handle)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A fake OpenAI-compatible LLM on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds per reply")
+    args = parser.parse_args()
+    FakeLLMServer(delay=args.delay, port=args.port).serve_forever("fake LLM at http://127.0.0.1:{port}/v1")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The retry actor: re-asks the LLM after an invalid reply, a bounded number of times.
+
+The supervisor routes every rejection (an error system message plus the prompt
+it answered) to one retry actor of its pool, chosen by correlation. The re-ask
+carries ``error_retry_policy``, the errors and ``your_reply``; the valid actions
+of the rejected reply have already run, and ``carried_out`` keeps any re-ask
+from running or delivering them again.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.limits import (
+    MAX_ERRORS_SHOWN,
+    RETRY_BACKOFF_MAX_SECONDS,
+    RETRY_BACKOFF_MIN_SECONDS,
+    RETRY_MAX_ATTEMPTS,
+    RETRY_POOL_SIZE,
+)
+from autoresponse.actors.prompts import build_reask_request
+from autoresponse.actors.routes import LLM, sender
+from autoresponse.messages import Envelope, LLMRequest, OutboundMessage, Rejection
+
+GIVE_UP_NOTICE = "Sorry, I could not work out how to do that. Please try rephrasing your request."
+
+
+class RetrySettings(BaseModel):
+    max_attempts: int = Field(default=RETRY_MAX_ATTEMPTS, ge=0, description="re-asks per turn")
+    max_errors: int = Field(default=MAX_ERRORS_SHOWN, ge=1, description="errors shown per re-ask")
+    backoff_min: float = Field(default=RETRY_BACKOFF_MIN_SECONDS, ge=0)
+    backoff_max: float = Field(default=RETRY_BACKOFF_MAX_SECONDS, ge=0)
+    notify_user: bool = True
+    pool_size: int = Field(default=RETRY_POOL_SIZE, ge=1)
+
+    def delay(self, reask: int) -> float:
+        """Wait before re-ask number ``reask + 1``."""
+        return BackoffPolicy(min=self.backoff_min, max=self.backoff_max, jitter=0).delay(reask + 1)
+
+
+class RetryActor(TypedActor):
+    def __init__(self, settings: RetrySettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    @handles
+    def on_rejection(self, rejection: Rejection, env: Envelope) -> None:
+        prompt = rejection.prompt
+        reask = build_reask_request(prompt, rejection.message, carried_out=rejection.carried_out,
+                                    max_errors=self.settings.max_errors)
+        if prompt.reask >= self.settings.max_attempts:
+            self._give_up(rejection, reask.model_copy(update={"reask": 0}), env)
+            return
+        self.schedule(self.settings.delay(prompt.reask), LLMRequest(prompt=reask), cause=env)
+
+    @handles
+    def on_reask(self, request: LLMRequest, env: Envelope) -> None:
+        self.send(LLM, request, cause=env)
+
+    def _give_up(self, rejection: Rejection, fresh: object, env: Envelope) -> None:
+        """Dead-letter the turn (replaying it re-asks with a fresh budget) and tell the user."""
+        attempts = rejection.prompt.reask
+        self.runtime.dead_letters.post(
+            env.child(LLMRequest(prompt=fresh)), "retries exhausted", actor=LLM,
+            detail=f"still invalid after {attempts} re-asks: " + "; ".join(rejection.message.errors),
+        )
+        ctx = rejection.prompt.original_context
+        to = sender(ctx.interface_name)
+        if self.settings.notify_user and self.runtime.has(to):
+            self.send(to, OutboundMessage.reply(ctx, GIVE_UP_NOTICE, notice=True), cause=env)

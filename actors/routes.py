@@ -1,0 +1,58 @@
+"""Actor names, and which actions a turn may use given the actors that run.
+
+Senders address actors by these names; a restart changes what a name points
+to, never the name. Platform code registers under ``interface.<name>`` and
+``sender.<name>``; executors under ``executor.<action type>``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autoresponse.messages import BaseAction, action_models, message_action_for
+
+if TYPE_CHECKING:
+    from autoresponse.actors.runtime import Runtime
+
+LLM = "llm"
+DISPATCHER = "dispatcher"
+BUILDER = "builder"
+
+
+SENDER_PREFIX = "sender."
+
+
+def interface(name: str) -> str:
+    return f"interface.{name}"
+
+
+def sender(interface_name: str) -> str:
+    return f"{SENDER_PREFIX}{interface_name}"
+
+
+def executor(action_type: str) -> str:
+    return f"executor.{action_type}"
+
+
+def route_of(action: type[BaseAction] | BaseAction) -> str:
+    """The actor that carries out ``action``: its interface's sender or its executor."""
+    if action.kind == "message":
+        assert action.interface is not None
+        return sender(action.interface)
+    return executor(action.action_type())
+
+
+def delivery_actions(runtime: Runtime, interface_name: str) -> tuple[str, ...]:
+    """A delivery turn may only answer the original chat's interface (fail-closed)."""
+    model = message_action_for(interface_name)
+    if model is None or not runtime.has(route_of(model)):
+        return ()
+    return (model.action_type(),)
+
+
+def chat_actions(runtime: Runtime, interface_name: str) -> tuple[str, ...]:
+    """A chat turn may use every command whose executor runs, plus the reply action."""
+    commands = tuple(
+        m.action_type() for m in action_models() if m.kind == "command" and runtime.has(route_of(m))
+    )
+    return delivery_actions(runtime, interface_name) + commands

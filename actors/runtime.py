@@ -1,0 +1,347 @@
+"""The runtime: named actors, delivery, the event loop, dead letters, in-flight work.
+
+>>> runtime = Runtime()
+>>> runtime.start()
+>>> cell = runtime.spawn("echo", EchoActor)
+>>> runtime.send("echo", Ping(n=1))
+>>> runtime.wait_idle(timeout=5)
+True
+>>> runtime.stop()
+
+Names are stable: a cell (a name plus its mailbox, see ``cell``) outlives every
+incarnation of its actor, so a restart breaks no sender and loses no queued message.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import pykka
+
+from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
+from autoresponse.actors.actor import ActorGaveUp, IoDone, TypedActor
+from autoresponse.actors.cell import Cell, restart_and_dead_letter
+from autoresponse.actors.deadletters import DeadLetterOffice
+from autoresponse.actors.inflight import InFlight
+from autoresponse.actors.intake import Intake
+from autoresponse.actors.limits import DRAIN_SECONDS, MAILBOX_BLOCK_SECONDS, MAILBOX_CAPACITY, MAX_HOPS, MESSAGE_ATTEMPTS
+from autoresponse.actors.probe import Probe
+from autoresponse.messages.envelope import Envelope
+
+if TYPE_CHECKING:
+    from autoresponse.actors.journal import DeliveryJournal
+
+log = logging.getLogger("autoresponse.runtime")
+
+
+class Runtime:
+    """Owns the actors, the event loop thread and the dead-letter office."""
+
+    _current: Runtime | None = None
+
+    def __init__(
+        self,
+        *,
+        max_hops: int = MAX_HOPS,
+        mailbox_capacity: int = MAILBOX_CAPACITY,
+        message_attempts: int = MESSAGE_ATTEMPTS,
+    ) -> None:
+        self.max_hops = max_hops
+        self.message_attempts = message_attempts
+        self.mailbox_capacity = mailbox_capacity
+        self.dead_letters = DeadLetterOffice()
+        self.io = EventLoopThread()
+        self.inflight = InFlight()
+        self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
+            restart_and_dead_letter
+        )
+        #: Called before every handler with (actor name, envelope); raising crashes
+        #: the actor as the handler would. For fault injection in tests (see testkit).
+        self.fault: Callable[[str, Envelope], None] | None = None
+        #: The actor that error reports go to (see ``route_error``).
+        self.error_route: str | None = None
+        self._intake: Intake | None = None
+        self.inflight.on_finished = self._finished
+        self._cells: dict[str, Cell] = {}
+        self._taps: dict[str, list[Probe]] = {}
+        self._lock = threading.Lock()
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
+
+    # ---------------------------------------------------------------- lifetime
+
+    @classmethod
+    def current(cls) -> Runtime:
+        """The runtime started last in this process (for helpers callable from anywhere)."""
+        if cls._current is None:
+            raise RuntimeError("no autoresponse runtime is running")
+        return cls._current
+
+    def start(self) -> Runtime:
+        if self._state != "new":
+            raise RuntimeError(f"cannot start a runtime that is {self._state}")
+        self.io.start()
+        self._state = "running"
+        Runtime._current = self
+        return self
+
+    def spawn(
+        self,
+        name: str,
+        actor_class: type[TypedActor],
+        *args: Any,
+        capacity: int | None = None,
+        overflow: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
+        block_seconds: float = MAILBOX_BLOCK_SECONDS,
+        supervisor: str | None = None,
+        **kwargs: Any,
+    ) -> Cell:
+        """Start ``actor_class(*args, **kwargs)`` under the stable ``name``.
+
+        ``supervisor`` names the actor told of its exits; without one, a crash
+        dead-letters the message and restarts the actor at once.
+        """
+        if self._state != "running":
+            raise RuntimeError("start the runtime before spawning actors")
+        mailbox = Mailbox(capacity or self.mailbox_capacity, overflow, block_seconds)
+        cell = Cell(self, name, actor_class, args, kwargs, mailbox, supervisor)
+        with self._lock:
+            if name in self._cells:
+                raise ValueError(f"an actor named {name!r} already exists")
+            self._cells[name] = cell
+        cell.start()
+        return cell
+
+    def stop(self, drain: float = DRAIN_SECONDS, *, first: tuple[str, ...] = ()) -> bool:
+        """Stop everything; True if all in-flight work finished within ``drain`` seconds.
+
+        The actors named in ``first`` (inbound interfaces) stop before the drain,
+        so no new work arrives while in-flight work finishes. Whatever is still
+        queued afterwards is dead-lettered, never dropped silently.
+        """
+        if self._state != "running":
+            return True
+        for name in first:
+            if name in self._cells:
+                self._cells[name].stop(timeout=drain)
+        drained = self.inflight.wait(timeout=drain)
+        self._state = "stopping"
+        cells = list(self._cells.values())
+        for cell in reversed(cells):
+            cell.stop(timeout=max(drain, 1.0))
+        for cell in cells:
+            self.close(cell)
+        self.io.stop()
+        self._state = "stopped"
+        if Runtime._current is self:
+            Runtime._current = None
+        return drained
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop`` has begun stopping actors: nothing restarts any more."""
+        return self._state in ("stopping", "stopped")
+
+    def close(self, cell: Cell) -> None:
+        """Close ``cell``'s mailbox for good; what was queued is dead-lettered."""
+        for letter in cell.mailbox.close():
+            self._discard(cell, letter)
+
+    def _discard(self, cell: Cell, letter: Any) -> None:
+        message = letter.message
+        if letter.reply_to is not None:
+            letter.reply_to.set_exception(
+                exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{cell.name} stopped"), None)
+            )
+        elif type(message) is Envelope:
+            self.dead_letter(message, "shutdown", actor=cell.name, detail="still queued at shutdown")
+        elif isinstance(message, IoDone):
+            self.dead_letter(message.cause, "shutdown", actor=cell.name, detail="I/O done at shutdown")
+
+    def __enter__(self) -> Runtime:
+        return self.start() if self._state == "new" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- delivery
+
+    def send(
+        self,
+        to: str,
+        body: Any,
+        *,
+        cause: Envelope | None = None,
+        correlation_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Envelope | None:
+        """Send ``body`` to the actor named ``to`` from outside any actor (a test,
+        the CLI, an interface's own thread). Starts a new correlation unless
+        ``cause`` or ``correlation_id`` continues one. Returns the envelope sent,
+        or None if it was dead-lettered at once."""
+        if cause is not None:
+            envelope = cause.child(body)
+        else:
+            envelope = Envelope.new(body, correlation_id=correlation_id, timeout=timeout)
+        return self.deliver(to, envelope)
+
+    def deliver(self, to: str, envelope: Envelope) -> Envelope | None:
+        """Put an envelope in the named actor's mailbox, or dead-letter it with the reason."""
+        if envelope.hops > self.max_hops:
+            self.dead_letters.post(envelope, "hop limit", actor=to,
+                                   detail=f"more than {self.max_hops} hops in one chain")
+            return None
+        cell = self._cells.get(to)
+        if cell is None:
+            self.dead_letters.post(envelope, "no such actor", actor=to)
+            return None
+        self.inflight.add(envelope.correlation_id)
+        try:
+            cell.mailbox.put(Letter(envelope))
+        except MailboxFull:
+            self.dead_letter(envelope, "mailbox full", actor=to,
+                             detail=f"capacity {cell.mailbox.capacity}, policy {cell.mailbox.policy.value}")
+            return None
+        except MailboxClosed:
+            self.dead_letter(envelope, "actor stopped", actor=to)
+            return None
+        taps = self._taps.get(to)
+        if taps:
+            for probe in taps:
+                probe.offer(envelope)
+        return envelope
+
+    def signal(self, to: str, body: Any) -> None:
+        """Deliver a control message ahead of all queued work (exit signals, restarts)."""
+        cell = self._cells.get(to)
+        envelope = Envelope.new(body)
+        if cell is None:
+            self.dead_letters.post(envelope, "no such actor", actor=to)
+            return
+        self.inflight.add(envelope.correlation_id)
+        try:
+            cell.mailbox.put_priority(Letter(envelope))
+        except MailboxClosed:
+            self.inflight.done(envelope.correlation_id)
+            if not self.stopping:
+                log.warning("%s is stopped; dropped control message %r", to, body)
+
+    def requeue(self, cell: Cell, envelope: Envelope) -> None:
+        """Put work already in flight back at the head of ``cell``'s queue (its I/O was
+        cancelled with the incarnation that started it)."""
+        try:
+            cell.mailbox.put_front(Letter(envelope))
+        except MailboxClosed:
+            self.dead_letter(envelope, "shutdown", actor=cell.name, detail="its actor stopped mid-I/O")
+
+    def recover(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+        """After a crash: put the message back for the next incarnation, at the head of
+        the queue, or dead-letter it once it has failed ``message_attempts`` times."""
+        if envelope is None:
+            return
+        if isinstance(error, ActorGaveUp):
+            self.inflight.done(envelope.correlation_id)
+        elif envelope.attempt < self.message_attempts and not self.stopping:
+            try:
+                cell.mailbox.put_front(Letter(envelope.retried()))
+            except MailboxClosed:
+                self.dead_letter(envelope, "actor stopped", actor=cell.name, error=error)
+        else:
+            self.dead_letter(envelope, "crash", actor=cell.name, error=error,
+                             detail=f"failed on attempt {envelope.attempt} of {self.message_attempts}")
+
+    def replay(self, letter_id: int) -> Envelope | None:
+        """Send a dead letter again, to the actor it was for, as a new attempt."""
+        letter = self.dead_letters.get(letter_id)
+        if letter is None or letter.actor is None:
+            raise KeyError(f"no replayable dead letter #{letter_id}")
+        return self.deliver(letter.actor, letter.envelope.retried())
+
+    def dead_letter(
+        self,
+        envelope: Envelope,
+        reason: str,
+        *,
+        actor: str | None = None,
+        detail: str = "",
+        error: BaseException | None = None,
+    ) -> None:
+        """An in-flight envelope leaves the system here, as a dead letter with its reason."""
+        self.dead_letters.post(envelope, reason, actor=actor, detail=detail, error=error)
+        self.inflight.done(envelope.correlation_id)
+
+    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None,
+                    detail: str = "") -> None:
+        """Send an error to ``error_route`` (the retry pool); without one it is a dead
+        letter, with ``detail`` saying what was wrong."""
+        if self.error_route is not None and self.has(self.error_route):
+            self.deliver(self.error_route, cause.child(error))
+            return
+        self.dead_letters.post(cause.child(error), "llm output rejected", actor=actor, detail=detail)
+
+    # ---------------------------------------------------------------- durable intake
+
+    @property
+    def journal(self) -> DeliveryJournal | None:
+        """Where accepted work and confirmed sends are recorded (see ``accept``)."""
+        return self._intake.journal if self._intake is not None else None
+
+    @journal.setter
+    def journal(self, journal: DeliveryJournal | None) -> None:
+        self._intake = Intake(self, journal) if journal is not None else None
+
+    def accept(self, to: str, body: Any, *, correlation_id: str | None = None,
+               ) -> concurrent.futures.Future[Envelope]:
+        """Start a correlation durably: the message is journaled (when a journal is set)
+        and then delivered; the future resolves with its envelope once both are done,
+        which is when the caller may acknowledge it upstream."""
+        if self._intake is not None:
+            return self._intake.accept(to, body, correlation_id)
+        envelope = Envelope.new(body, correlation_id=correlation_id)
+        accepted: concurrent.futures.Future[Envelope] = concurrent.futures.Future()
+        self.deliver(to, envelope)
+        accepted.set_result(envelope)
+        return accepted
+
+    def resume(self) -> int:
+        """Deliver again every journaled item that had not finished (after a crash or kill)."""
+        return self._intake.resume() if self._intake is not None else 0
+
+    def _finished(self, correlation_id: str) -> None:
+        if self._intake is not None:
+            self._intake.finished(correlation_id)
+
+    def wait_idle(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
+        """Wait until nothing (of one correlation, or at all) is in flight."""
+        return self.inflight.wait(correlation_id, timeout)
+
+    # ---------------------------------------------------------------- inspection
+
+    def probe(self, name: str) -> Probe:
+        """Watch every message delivered to ``name`` from now on (close it when done)."""
+        probe = Probe(name, on_close=self._untap)
+        with self._lock:
+            self._taps[name] = [*self._taps.get(name, ()), probe]
+        return probe
+
+    def _untap(self, probe: Probe) -> None:
+        with self._lock:
+            left = [p for p in self._taps.get(probe.name, ()) if p is not probe]
+            if left:
+                self._taps[probe.name] = left
+            else:
+                self._taps.pop(probe.name, None)
+
+    def has(self, name: str) -> bool:
+        return name in self._cells
+
+    def cell(self, name: str) -> Cell:
+        return self._cells[name]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return list(self._cells.values())

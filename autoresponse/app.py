@@ -1,0 +1,240 @@
+"""The application: the supervision tree the daemon and the demo run.
+
+>>> with Application(Settings.load()) as app:                        # doctest: +SKIP
+...     app.runtime.send("interface.console", ConsoleInput(text="run date"))
+
+::
+
+    root (one_for_one)
+    ├── pipeline (one_for_one): each platform's senders and executors, then
+    │                           dispatcher, llm, builder
+    ├── retry (simple_one_for_one pool): retry.0 … retry.N-1
+    └── interfaces (one_for_one): each platform's inbound actors
+
+The tree is assembled from the platform registry: each enabled platform is
+mounted (it opens what it needs and names its actors). The application owns
+what it starts: the runtime (actors, event loop thread), the journal, the LLM
+engine, each platform's resources and the admin endpoint; ``stop`` stops the
+interfaces, drains in-flight work, then stops all of it, in reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoresponse.actors import Cell, Runtime
+from autoresponse.actors.builder import AutoResponseBuilder
+from autoresponse.actors.dispatcher import ActionDispatcher
+from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
+from autoresponse.actors.retry import RetryActor
+from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM
+from autoresponse.admin import AdminServer
+from autoresponse.config import LLMSettings, Settings
+from autoresponse.messages import Envelope
+from autoresponse.supervisors import (
+    ChildSpec,
+    Mount,
+    MountError,
+    Spec,
+    Strategy,
+    Supervisor,
+    SupervisorSpec,
+    platforms,
+)
+
+log = logging.getLogger("autoresponse.app")
+
+ROOT = "root"
+PIPELINE = "pipeline"
+RETRY = "retry"
+INTERFACES = "interfaces"
+
+
+def make_engine(settings: LLMSettings) -> LLMEngine:
+    """An HTTP engine for a configured base URL, else the offline engine."""
+    if not settings.base_url:
+        return OfflineEngine()
+    return HttpEngine(
+        settings.base_url,
+        model=settings.model,
+        api_key=settings.api_key,
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        max_attempts=settings.max_attempts,
+        max_in_flight=settings.max_in_flight,
+        temperature=settings.temperature,
+    )
+
+
+def names_in(spec: Spec) -> list[str]:
+    """Every actor name a spec starts (pool children included)."""
+    if not isinstance(spec, SupervisorSpec):
+        return [spec.id]
+    if spec.strategy is Strategy.SIMPLE_ONE_FOR_ONE:
+        return [spec.id, *(f"{spec.children[0].id}.{n}" for n in range(spec.pool_size))]
+    return [spec.id, *(name for child in spec.children for name in names_in(child))]
+
+
+class StartError(RuntimeError):
+    """The application could not start; the message says why, for the operator."""
+
+
+class Application:
+    """Pipeline actors, retry pool and every enabled platform, supervised in one runtime.
+
+    ``console`` is the console the console platform writes to (a captured one in
+    tests); ``provided`` hands other objects to platforms by name.
+    """
+
+    def __init__(self, settings: Settings, *, console: Any = None, engine: LLMEngine | None = None,
+                 provided: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.engine = engine or make_engine(settings.llm)
+        self.provided = dict(provided or {})
+        if console is not None:
+            self.provided["console"] = console
+        self.runtime = Runtime(
+            max_hops=settings.runtime.max_hops,
+            mailbox_capacity=settings.runtime.mailbox_capacity,
+            message_attempts=settings.supervision.message_attempts,
+        )
+        self.admin: AdminServer | None = None
+        self.journal: SqliteJournal | None = None
+        self.mounts: dict[str, Mount] = {}
+        self._closers: list[Callable[[], None]] = []
+        #: Set when the root supervisor gave up; ``failure`` says why.
+        self.failed = threading.Event()
+        self.failure: str | None = None
+
+    def resource(self, platform: str) -> Any:
+        """What a mounted platform exposed (the console, the Telegram delivery, the event store)."""
+        mount = self.mounts.get(platform)
+        return None if mount is None else mount.resource
+
+    @property
+    def console(self) -> Any:
+        return self.resource("console")
+
+    def tree(self) -> SupervisorSpec:
+        """The supervision tree of the mounted platforms and the core pipeline."""
+        s = self.settings
+
+        def supervisor(name: str, strategy: Strategy, children: list[Spec], **kw: Any) -> SupervisorSpec:
+            return SupervisorSpec(name, strategy, tuple(children), intensity=s.supervision.intensity(),
+                                  backoff=s.supervision.backoff(), **kw)
+
+        pipeline: list[Spec] = [spec for m in self.mounts.values() for spec in m.pipeline_specs]
+        inbound: list[Spec] = [spec for m in self.mounts.values() for spec in m.inbound_specs]
+        pipeline += [
+            ChildSpec(DISPATCHER, ActionDispatcher),
+            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight)),
+            ChildSpec(BUILDER, AutoResponseBuilder),
+        ]
+        retry = supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
+                           pool_size=s.retry.pool_size)
+        return supervisor(ROOT, Strategy.ONE_FOR_ONE, [
+            supervisor(PIPELINE, Strategy.ONE_FOR_ONE, pipeline),
+            retry,
+            supervisor(INTERFACES, Strategy.ONE_FOR_ONE, inbound),
+        ])
+
+    def start(self) -> Application:
+        """Start the tree and the admin endpoint; if any of it fails, stop what started."""
+        rt = self.runtime.start()
+        try:
+            rt.io.add_closer(self.engine.aclose)
+            self._open_journal()
+            self._mount_platforms()
+            rt.crash_policy = self._root_failed
+            rt.error_route = RETRY
+            tree = self.tree()
+            rt.spawn(ROOT, Supervisor, tree)
+            self._check_up(names_in(tree))
+            resumed = rt.resume()
+            if resumed:
+                log.info("resumed %d unfinished work items from the journal", resumed)
+            if self.settings.admin.enabled:
+                self.admin = AdminServer(rt, self.settings.admin)
+                try:
+                    log.info("admin endpoint at %s", self.admin.start())
+                except OSError as exc:
+                    raise StartError(f"the admin endpoint cannot listen on "
+                                     f"{self.settings.admin.host}:{self.settings.admin.port}: "
+                                     f"{exc.strerror or exc}") from None
+        except BaseException:
+            self._stop_runtime(0)
+            raise
+        log.info("started: llm=%r, platforms=%s, %d actors", self.engine,
+                 ",".join(self.mounts) or "none", len(rt.cells))
+        return self
+
+    def _open_journal(self) -> None:
+        s = self.settings
+        if s.journal.enabled:
+            self.journal = SqliteJournal(s.journal.path or s.data_path / "journal.sqlite3")
+            self._closers.append(self.journal.close)
+            self.runtime.journal = self.journal
+            forgotten = self.journal.compact(time.time() - s.journal.retention_seconds)
+            log.debug("journal: compacted %d finished items", forgotten)
+
+    def _mount_platforms(self) -> None:
+        """Each enabled platform opens what it needs and names its actors, in registry order."""
+        for platform in platforms():
+            section = self.settings.section(platform.name)
+            if not platform.enabled(section):
+                continue
+            mount = Mount(name=platform.name, settings=section, runtime=self.runtime,
+                          journal=self.journal, data_dir=self.settings.data_path, provided=self.provided)
+            self.mounts[platform.name] = mount
+            try:
+                platform.mount(mount)
+            except MountError as exc:
+                raise StartError(str(exc)) from None
+            finally:
+                self._closers.extend(mount.closers)
+
+    def _stop_runtime(self, drain: float) -> bool:
+        drained = self.runtime.stop(drain, first=(INTERFACES,))
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception:
+                log.exception("closing %r failed", close)
+        self._closers.clear()
+        return drained
+
+    def _check_up(self, names: list[str]) -> None:
+        """Supervisors start children one by one, each after the last one's setup, so when
+        the root's spawn returns the whole tree is up, unless some part failed."""
+        down = [n for n in names if not (self.runtime.has(n) and self.runtime.cell(n).alive)]
+        if down or self.failed.is_set():
+            why = self.failure or "; ".join(
+                f"{n}: {f.type}: {f.message}" if (f := self.runtime.cell(n).last_failure) else f"{n}: not running"
+                for n in down if self.runtime.has(n)) or f"not started: {', '.join(down)}"
+            raise StartError(f"the supervision tree did not start: {why}")
+
+    def _root_failed(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+        """The root gave up (its restart intensity was exceeded): the daemon must stop."""
+        if envelope is not None:
+            self.runtime.inflight.done(envelope.correlation_id)
+        self.failure = f"{type(error).__name__}: {error}"
+        log.error("the root supervisor gave up, stopping: %s", self.failure)
+        self.failed.set()
+
+    def stop(self) -> bool:
+        """Stop inbound interfaces, drain in-flight work, stop everything. True if drained."""
+        drained = self._stop_runtime(self.settings.runtime.drain_seconds)
+        if not drained:
+            log.warning("stopped before all in-flight work finished; the rest is dead-lettered")
+        return drained
+
+    def __enter__(self) -> Application:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,255 @@
+"""The ``autoresponse`` command: ``run`` (the daemon), ``demo``, and the operator's
+``status``, ``inject`` and ``deadletters`` against a running daemon."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console as RichConsole
+from rich.table import Table
+from rich.tree import Tree
+
+from autoresponse.actors.routes import interface, sender
+from autoresponse.interfaces.console import ConsoleInput
+from autoresponse.interfaces.terminal import DEMO_COMMANDS
+from autoresponse.app import Application, StartError
+from autoresponse.config import Settings
+
+log = logging.getLogger("autoresponse")
+
+DEMO_SCRIPT = (
+    "hello",
+    "run df -h",
+    "synth, run uname -sr",
+    "run rm -rf /tmp/precious",  # refused by the allowlist; the refusal still comes back via the LLM
+)
+DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COMMANDS)},
+                 "admin": {"enabled": False}, "console": {"read_stdin": False}}
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces every configured secret (bot token, API key, admin token) in log lines.
+
+    Libraries log what they like (httpx logs each request URL, and a Telegram URL
+    holds the bot token), so the redaction happens at the handler, for all of them.
+    """
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if len(s) >= 4]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            text = record.getMessage()
+            if any(secret in text for secret in self.secrets):
+                for secret in self.secrets:
+                    text = text.replace(secret, "[secret]")
+                record.msg, record.args = text, None
+        return True
+
+
+def _logging(level: str, settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(RedactSecrets(settings.secrets()))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT, then drain, stop everything, exit 0.
+
+    If the root supervisor gives up, stop the same way and exit 1.
+    """
+    settings = Settings.load(args.config)
+    _logging(settings.log_level, settings)
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    try:
+        app = Application(settings).start()
+    except (StartError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    log.info("autoresponse is running; SIGTERM or SIGINT stops it")
+    while not stopping.wait(0.2) and not app.failed.is_set():
+        pass
+    log.info("stopping: draining in-flight work")
+    app.stop()
+    leftover = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if leftover:
+        log.warning("threads still alive after stop: %s", ", ".join(leftover))
+    log.info("stopped")
+    return 1 if app.failed.is_set() else 0
+
+
+class AdminError(Exception):
+    """The admin endpoint could not be reached, or refused."""
+
+
+def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    settings = Settings.load(args.config)
+    url = (args.url or settings.admin.url).rstrip("/") + path
+    token = args.token or (settings.admin.token.get_secret_value() if settings.admin.token else None)
+    request = urllib.request.Request(url, method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise AdminError(f"{method} {url}: HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise AdminError(f"cannot reach the admin endpoint at {url}: {exc}") from None
+
+
+def _label(node: dict[str, Any]) -> str:
+    colour = {"running": "green", "restarting": "yellow", "stopped": "red"}[node["state"]]
+    text = (f"[bold]{node['name']}[/] [dim]{node['kind']}[/] [{colour}]{node['state']}[/]"
+            f"  restarts {node['restarts']}  mailbox {node['mailbox']}  processed {node['processed']}")
+    failure = node.get("last_failure")
+    if failure:
+        text += f"  [red]last failure: {failure['type']}: {failure['message']}[/]"
+    return text
+
+
+def status(args: argparse.Namespace) -> int:
+    data = _admin(args, "GET", "/status")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    view = Tree(f"autoresponse  in flight {data['in_flight']}  dead letters {data['dead_letters_total']}"
+                + "".join(f"  {k}={v}" for k, v in sorted(data["dead_letters"].items())))
+
+    def add(branch: Tree, node: dict[str, Any]) -> None:
+        child = branch.add(_label(node))
+        for grandchild in node["children"]:
+            add(child, grandchild)
+
+    for root in data["tree"]:
+        add(view, root)
+    RichConsole().print(view)
+    return 0
+
+
+def inject(args: argparse.Namespace) -> int:
+    try:
+        body = json.loads(args.json)
+    except json.JSONDecodeError as exc:
+        print(f"autoresponse: the message is not JSON: {exc}", file=sys.stderr)
+        return 2
+    query = f"?type={args.type}" if args.type else ""
+    print(json.dumps(_admin(args, "POST", f"/inject/{args.actor}{query}", body)))
+    return 0
+
+
+def deadletters(args: argparse.Namespace) -> int:
+    if args.action == "replay":
+        print(json.dumps(_admin(args, "POST", f"/deadletters/{args.id}/replay", {})))
+        return 0
+    data = _admin(args, "GET", f"/deadletters?limit={args.limit}")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    table = Table("id", "time", "actor", "reason", "detail", "correlation")
+    for letter in data["letters"]:
+        when = dt.datetime.fromtimestamp(letter["time"]).strftime("%H:%M:%S")
+        detail = letter["detail"] or letter["error"] or ""
+        table.add_row(str(letter["id"]), when, letter["actor"] or "-", letter["reason"],
+                      detail[:80], letter["envelope"]["correlation_id"])
+    RichConsole().print(table)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """A console conversation on the offline engine (or the configured LLM)."""
+    settings = Settings.load(args.config, defaults=DEMO_DEFAULTS)
+    _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings)
+    texts = args.texts or list(DEMO_SCRIPT)
+    app = Application(settings).start()
+    unanswered = 0
+    try:
+        with app.runtime.probe(sender("console")) as replies:
+            for text in texts:
+                envelope = app.runtime.send(interface("console"), ConsoleInput(text=text))
+                if envelope is None:
+                    unanswered += 1
+                    continue
+                correlation = envelope.correlation_id
+                finished = app.runtime.wait_idle(correlation, timeout=args.timeout)
+                answered = [e for e in replies.envelopes
+                            if e.correlation_id == correlation and not e.body.notice]
+                if not answered:
+                    unanswered += 1
+                    why = [f"{d.reason}: {d.detail}" for d in app.runtime.dead_letters.letters(correlation)]
+                    if not finished:
+                        why.append(f"no answer within {args.timeout:g}s")
+                    print(f"no reply to {text!r}: {'; '.join(why) or 'unknown'}", file=sys.stderr)
+    finally:
+        app.stop()
+    return 1 if unanswered else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="autoresponse", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p_run = commands.add_parser("run", help="run the daemon until SIGTERM or SIGINT")
+    p_run.add_argument("--config", help="a TOML settings file")
+    p_run.set_defaults(func=run)
+
+    p_demo = commands.add_parser("demo", help="a console conversation, offline by default")
+    p_demo.add_argument("texts", nargs="*", help='requests, e.g. "run uptime" (default: a script)')
+    p_demo.add_argument("--config", help="a TOML settings file")
+    p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
+    p_demo.set_defaults(func=demo)
+
+    def admin_client(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help)
+        sub.add_argument("--url", help="admin endpoint (default: from the settings)")
+        sub.add_argument("--token", help="admin token (default: AUTORESPONSE_ADMIN__TOKEN)")
+        sub.add_argument("--config", help="a TOML settings file")
+        return sub
+
+    p_status = admin_client("status", "show the supervision tree of a running daemon")
+    p_status.add_argument("--json", action="store_true", help="print the raw JSON")
+    p_status.set_defaults(func=status)
+
+    p_inject = admin_client("inject", "send a JSON message to a named actor")
+    p_inject.add_argument("actor", help='e.g. "interface.console"')
+    p_inject.add_argument("json", help='e.g. \'{"text": "run date"}\'')
+    p_inject.add_argument("--type", help="the message class, when several fit")
+    p_inject.set_defaults(func=inject)
+
+    p_dead = admin_client("deadletters", "list or replay dead letters")
+    p_dead.add_argument("action", choices=["list", "replay"])
+    p_dead.add_argument("id", nargs="?", type=int, help="the dead letter to replay")
+    p_dead.add_argument("--limit", type=int, default=50)
+    p_dead.add_argument("--json", action="store_true")
+    p_dead.set_defaults(func=deadletters)
+
+    args = parser.parse_args(argv)
+    if args.command == "deadletters" and args.action == "replay" and args.id is None:
+        parser.error("deadletters replay needs the id of a dead letter")
+    try:
+        return args.func(args)
+    except (FileNotFoundError, AdminError) as exc:
+        print(f"autoresponse: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

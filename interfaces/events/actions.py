@@ -1,0 +1,26 @@
+"""The ``event`` action: a reminder that comes back to its chat when it is due."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoresponse.messages import CommandAction
+
+
+class EventPayload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    date: dt.date = Field(description="Day of the (first) reminder, YYYY-MM-DD.")
+    time: dt.time | None = Field(default=None, description="HH:MM, optional.")
+    repeat: Literal["none", "daily", "weekly", "monthly"] = "none"
+    description: str = Field(min_length=1, max_length=1_000)
+
+
+class EventAction(CommandAction):
+    """Schedule a reminder that comes back to this chat when it is due."""
+
+    type: Literal["event"]
+    payload: EventPayload

@@ -1,0 +1,58 @@
+"""Telegram: an interface on python-telegram-bot, a sender with Telegram's rules,
+and a fake Bot API server for tests.
+
+Importing this package registers nothing heavy: python-telegram-bot is loaded
+only when the platform is mounted (a token is set) or one of its parts is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from autoresponse.actors import routes
+from autoresponse.interfaces.telegram.actions import MessageTelegramBotAction
+from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
+from autoresponse.interfaces.telegram.settings import TelegramSettings
+from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
+
+INTERFACE_NAME = "telegram"
+REFUSAL = "Sorry, I only take requests from people on my allowlist."
+
+
+def _mount(m: Mount) -> None:
+    from autoresponse.interfaces.telegram.bot import make_bot
+    from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+    from autoresponse.interfaces.telegram.interface import TelegramInterface
+    from autoresponse.interfaces.telegram.sender import TelegramSender
+
+    settings: TelegramSettings = m.settings
+    delivery = TelegramDelivery(make_bot(settings), parse_mode=settings.parse_mode, journal=m.journal)
+    try:
+        m.run(delivery.start())
+    except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
+        raise MountError(f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
+    m.on_loop_close(delivery.aclose)
+    m.expose(delivery)
+    m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelegramSender, (delivery,)))
+    m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelegramInterface, (settings, delivery.bot)))
+
+
+PLATFORM = Platform("telegram", TelegramSettings, _mount, actions=(MessageTelegramBotAction,),
+                    interface=INTERFACE_NAME, interface_aliases=("telegram_bot",))
+
+_LAZY = {
+    "TelegramDelivery": "delivery", "Undeliverable": "delivery", "TelegramInterface": "interface",
+    "TelegramText": "interface", "TelegramSender": "sender", "make_bot": "bot",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["INTERFACE_NAME", "PLATFORM", "REFUSAL", "MessageTelegramBotAction", "TelegramDelivery",
+           "TelegramInterface", "TelegramSender", "TelegramSettings", "TelegramText", "Undeliverable",
+           "make_bot", "split_message", "utf16_len"]

@@ -1,0 +1,184 @@
+"""Sending replies through the Telegram Bot API, by its rules.
+
+One ``TelegramDelivery`` per bot, used on the runtime's event loop:
+
+* chunks of at most 4096 UTF-16 units (see ``chunking``), in order;
+* one message a second per chat, 20 a minute per group, 30 a second overall;
+* ``RetryAfter`` holds back only its own chat; other chats keep flowing;
+* ``TimedOut``/``NetworkError`` are retried a bounded number of times;
+* ``BadRequest`` is never retried as it is: an unparsable reply is resent once
+  as plain text, a too long one is split smaller; anything else is final;
+* ``Forbidden`` marks the chat unreachable; ``ChatMigrated`` re-targets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiolimiter import AsyncLimiter
+from telegram import Bot
+from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, RetryAfter
+from telegram.warnings import PTBDeprecationWarning
+
+from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
+from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.interfaces.telegram.settings import (
+    TELEGRAM_CHAT_INTERVAL_SECONDS,
+    TELEGRAM_GLOBAL_PER_SECOND,
+    TELEGRAM_GROUP_PER_MINUTE,
+    TELEGRAM_MAX_CONCURRENT_SENDS,
+    TELEGRAM_MAX_RETRY_AFTERS,
+    TELEGRAM_SEND_ATTEMPTS,
+)
+from autoresponse.messages import ChatId, OutboundMessage
+
+#: Wait after a failed send before the next attempt: 0.5 s, doubling.
+SEND_BACKOFF = BackoffPolicy(min=0.5, max=8.0, jitter=0.1)
+#: Per-chat pacing state is dropped for chats idle this long.
+_IDLE_SECONDS = 120.0
+
+
+class Undeliverable(Exception):
+    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _ChatLane:
+    """Order and pace for one chat: a FIFO lock and the times of recent sends."""
+
+    __slots__ = ("lock", "last", "recent", "used")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.last = float("-inf")
+        self.recent: deque[float] = deque(maxlen=TELEGRAM_GROUP_PER_MINUTE)
+        self.used = 0.0
+
+
+class TelegramDelivery:
+    def __init__(self, bot: Bot, *, parse_mode: str | None = "Markdown",
+                 journal: DeliveryJournal | None = None,
+                 overall_per_second: float = TELEGRAM_GLOBAL_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+        self.bot = bot
+        self.ledger = SendLedger(journal)
+        self.overall_per_second = overall_per_second
+        self.parse_mode = parse_mode
+        self._clock = clock
+        self._sleep = sleep
+        self._lanes: dict[ChatId, _ChatLane] = {}
+        self._overall: AsyncLimiter | None = None
+        self._in_flight: asyncio.Semaphore | None = None
+        #: Chats that blocked the bot or no longer exist.
+        self.unreachable: set[str] = set()
+        #: Group chats that became supergroups: old id → new id.
+        self.migrated: dict[str, ChatId] = {}
+
+    async def start(self) -> None:
+        await self.bot.initialize()
+
+    async def aclose(self) -> None:
+        await self.bot.shutdown()
+
+    def _lane(self, chat_id: ChatId) -> _ChatLane:
+        now = self._clock()
+        if len(self._lanes) > 1_000:
+            for key in [k for k, lane in self._lanes.items()
+                        if now - lane.used > _IDLE_SECONDS and not lane.lock.locked()]:
+                del self._lanes[key]
+        lane = self._lanes.setdefault(chat_id, _ChatLane())
+        lane.used = now
+        return lane
+
+    async def deliver(self, message: OutboundMessage) -> list[int]:
+        """Send every chunk of ``message``; the ids Telegram gave them. Raises Undeliverable."""
+        chat_id: ChatId = self.migrated.get(str(message.chat_id), message.chat_id)
+        if str(chat_id) in self.unreachable:
+            raise Undeliverable("chat unreachable", f"chat {chat_id} blocked the bot earlier")
+        lane = self._lane(chat_id)
+        async with lane.lock:  # FIFO: replies to one chat keep their order
+            ids: list[int] = []
+            for n, chunk in enumerate(split_message(message.text)):
+                if self.ledger.already_sent(message, n):
+                    continue  # confirmed before a restart: never twice
+                reply_to = message.reply_to_message_id if n == 0 else None
+                ids += await self._send(lane, message, chunk, reply_to)
+                await asyncio.wrap_future(self.ledger.confirm(message, n))
+            return ids
+
+    async def _pace(self, lane: _ChatLane, group: bool) -> None:
+        """Wait until this chat, this group and the bot may send again."""
+        wait = lane.last + TELEGRAM_CHAT_INTERVAL_SECONDS - self._clock()
+        if group and len(lane.recent) == lane.recent.maxlen:
+            wait = max(wait, lane.recent[0] + 60.0 - self._clock())
+        if wait > 0:
+            await self._sleep(wait)
+        if self._overall is None:
+            self._overall = AsyncLimiter(self.overall_per_second, 1)
+        await self._overall.acquire()
+
+    async def _send(self, lane: _ChatLane, message: OutboundMessage, text: str,
+                    reply_to: Any) -> list[int]:
+        parse_mode = self.parse_mode
+        failures = retry_afters = 0
+        while True:
+            chat_id = self.migrated.get(str(message.chat_id), message.chat_id)
+            await self._pace(lane, message.context.is_group)
+            if self._in_flight is None:
+                self._in_flight = asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
+            try:
+                async with self._in_flight:  # few connections: httpx's pool scans all of them per request
+                    sent = await self.bot.send_message(
+                        chat_id=chat_id, text=text, parse_mode=parse_mode,
+                        reply_to_message_id=reply_to, allow_sending_without_reply=True,
+                        message_thread_id=message.thread_id,
+                    )
+                return [sent.message_id]
+            except RetryAfter as exc:
+                retry_afters += 1
+                if retry_afters > TELEGRAM_MAX_RETRY_AFTERS:
+                    raise Undeliverable("flood control", str(exc)) from None
+                await self._sleep(_seconds(exc))
+            except ChatMigrated as exc:
+                self.migrated[str(message.chat_id)] = exc.new_chat_id
+            except Forbidden as exc:
+                self.unreachable.add(str(chat_id))
+                raise Undeliverable("chat unreachable", str(exc)) from None
+            except BadRequest as exc:
+                problem = str(exc).lower()
+                if "parse entities" in problem and parse_mode is not None:
+                    parse_mode = None  # fix the payload: plain text, once
+                elif "too long" in problem and utf16_len(text) > 1:
+                    ids: list[int] = []
+                    for part in split_message(text, max(1, utf16_len(text) // 2)):
+                        ids += await self._send(lane, message, part, reply_to if not ids else None)
+                    return ids
+                else:
+                    raise Undeliverable("bad request", str(exc)) from None
+            except NetworkError as exc:  # TimedOut included; BadRequest is caught above
+                failures += 1
+                if failures >= TELEGRAM_SEND_ATTEMPTS:
+                    raise Undeliverable("network", str(exc)) from None
+                await self._sleep(SEND_BACKOFF.delay(failures))
+            finally:
+                lane.last = self._clock()
+                lane.recent.append(lane.last)
+
+
+def _seconds(error: RetryAfter) -> float:
+    """RetryAfter's wait in seconds (PTB moves it from int to timedelta; accept both)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = error.retry_after
+    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)

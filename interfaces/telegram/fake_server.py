@@ -1,0 +1,201 @@
+"""A fake Telegram Bot API: a real aiohttp server on 127.0.0.1.
+
+For our tests, the benchmark, and anyone testing a bot: point python-telegram-bot
+at it with ``base_url=fake.base_url``.
+
+>>> with FakeTelegramServer() as telegram:                        # doctest: +SKIP
+...     telegram.push_text("run df -h", chat_id=42, user_id=7)
+...     telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 2",
+...                        chat_id=42, parameters={"retry_after": 2})
+...     ...
+...     telegram.sent(chat_id=42)     # every sendMessage to chat 42, with its time
+
+It answers ``POST /bot{token}/{method}`` for getMe, deleteWebhook, getUpdates
+(long polling over scripted updates) and sendMessage, records every call with
+its time, and can be told to fail the next calls (429 with ``retry_after``,
+400s, 403, ``migrate_to_chat_id``, 5xx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from autoresponse.actors.loopback import LoopbackServer
+
+BOT_USER = {"id": 1000, "is_bot": True, "first_name": "synth", "username": "synth_bot",
+            "can_join_groups": True, "can_read_all_group_messages": False,
+            "supports_inline_queries": False}
+
+
+@dataclass(frozen=True)
+class Call:
+    time: float  # time.monotonic() when the call arrived
+    token: str
+    method: str
+    params: dict[str, Any]
+    ok: bool  # False when a scripted failure answered it
+
+
+@dataclass(frozen=True)
+class Failure:
+    status: int
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeTelegramServer(LoopbackServer):
+    def __init__(self, *, port: int = 0) -> None:
+        super().__init__(port=port, name="fake-telegram")
+        self.calls: list[Call] = []
+        self._updates: list[dict[str, Any]] = []
+        self._update_ids = itertools.count(1)
+        self._message_ids = itertools.count(10_000)
+        self._failures: dict[tuple[str, Any], deque[Failure]] = {}
+        self._lock = threading.Lock()
+        self._new_update = asyncio.Event()
+
+    @property
+    def base_url(self) -> str:
+        """What python-telegram-bot calls ``base_url``: the token and method follow it."""
+        return f"http://127.0.0.1:{self.port}/bot"
+
+    # ---------------------------------------------------------------- scripting
+
+    def push_text(self, text: str, *, chat_id: int, user_id: int, chat_type: str = "private",
+                  message_id: int | None = None, thread_id: int | None = None,
+                  first_name: str = "Ada", reply_to_bot: bool = False) -> dict[str, Any]:
+        """Queue an update carrying a text message; returns the message."""
+        message: dict[str, Any] = {
+            "message_id": message_id or next(self._message_ids),
+            "date": int(time.time()),
+            "chat": {"id": chat_id, "type": chat_type,
+                     **({"title": "a group"} if chat_type != "private" else {"first_name": first_name})},
+            "from": {"id": user_id, "is_bot": False, "first_name": first_name},
+            "text": text,
+        }
+        if "@" + BOT_USER["username"] in text:
+            offset = text.index("@" + BOT_USER["username"])
+            message["entities"] = [{"type": "mention", "offset": offset,
+                                    "length": len(BOT_USER["username"]) + 1}]
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+            message["is_topic_message"] = True
+        if reply_to_bot:
+            message["reply_to_message"] = {"message_id": 1, "date": int(time.time()),
+                                           "chat": message["chat"], "from": BOT_USER, "text": "earlier"}
+        with self._lock:
+            self._updates.append({"update_id": next(self._update_ids), "message": message})
+        self.call_soon(self._new_update.set)
+        return message
+
+    def fail_next(self, method: str, status: int, description: str, *, chat_id: Any = None,
+                  parameters: dict[str, Any] | None = None, times: int = 1) -> None:
+        """Fail the next ``times`` calls of ``method`` (to ``chat_id``, if given)."""
+        with self._lock:
+            queue = self._failures.setdefault((method, chat_id), deque())
+            queue.extend(Failure(status, description, parameters or {}) for _ in range(times))
+
+    def sent(self, chat_id: Any = None) -> list[Call]:
+        """Every sendMessage that succeeded, optionally to one chat."""
+        with self._lock:
+            return [c for c in self.calls if c.method == "sendMessage" and c.ok
+                    and (chat_id is None or str(c.params["chat_id"]) == str(chat_id))]
+
+    def calls_to(self, method: str) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if c.method == method]
+
+    # ---------------------------------------------------------------- serving
+
+    def _failure_for(self, method: str, chat_id: Any) -> Failure | None:
+        with self._lock:
+            for key in ((method, chat_id), (method, None)):
+                queue = self._failures.get(key)
+                if queue:
+                    return queue.popleft()
+        return None
+
+    @staticmethod
+    async def _params(request: web.Request) -> dict[str, Any]:
+        if request.content_type == "application/json":
+            return await request.json()
+        params: dict[str, Any] = {}
+        for key, value in (await request.post()).items():
+            text = str(value)
+            try:
+                params[key] = json.loads(text) if text[:1] in "{[" or text.lstrip("-").isdigit() else text
+            except ValueError:
+                params[key] = text
+        return params
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        token, method = request.match_info["token"], request.match_info["method"]
+        params = await self._params(request)
+        chat_id = params.get("chat_id")
+        failure = self._failure_for(method, None if chat_id is None else int(chat_id))
+        with self._lock:
+            self.calls.append(Call(time.monotonic(), token, method, params, failure is None))
+        if failure is not None:
+            body = {"ok": False, "error_code": failure.status, "description": failure.description}
+            if failure.parameters:
+                body["parameters"] = failure.parameters
+            return web.json_response(body, status=failure.status)
+        if method == "getMe":
+            return web.json_response({"ok": True, "result": BOT_USER})
+        if method in ("deleteWebhook", "setMyCommands"):
+            return web.json_response({"ok": True, "result": True})
+        if method == "getUpdates":
+            return web.json_response({"ok": True, "result": await self._get_updates(params)})
+        if method == "sendMessage":
+            return web.json_response({"ok": True, "result": self._message_sent(params)})
+        return web.json_response({"ok": False, "error_code": 404, "description": "Not Found"}, status=404)
+
+    async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        offset = int(params.get("offset") or 0)
+        timeout = float(params.get("timeout") or 0)
+        until = asyncio.get_running_loop().time() + timeout
+        while True:
+            with self._lock:
+                self._updates = [u for u in self._updates if u["update_id"] >= offset]
+                ready = list(self._updates)
+            left = until - asyncio.get_running_loop().time()
+            if ready or left <= 0 or self.stopping.is_set():
+                return ready
+            self._new_update.clear()
+            try:
+                await asyncio.wait_for(self._new_update.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def _message_sent(self, params: dict[str, Any]) -> dict[str, Any]:
+        chat_id = int(params["chat_id"])
+        return {"message_id": next(self._message_ids), "date": int(time.time()),
+                "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+                "from": BOT_USER, "text": params.get("text", "")}
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/bot{token}/{method}", self._handle)
+
+    async def on_stopping(self) -> None:
+        self._new_update.set()  # release long polls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A fake Telegram Bot API on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    args = parser.parse_args()
+    FakeTelegramServer(port=args.port).serve_forever("fake Telegram Bot API at http://127.0.0.1:{port}/bot")
+
+
+if __name__ == "__main__":
+    main()

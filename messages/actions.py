@@ -1,0 +1,166 @@
+"""The actions an LLM may answer with: their base models and the registry of their types.
+
+Action types are an open set: each platform defines its actions (a message
+action for its sender, commands for its executors) and registers them. The
+union the extractor validates against, and the JSON schema the LLM is shown,
+are both derived from the registered models and nothing else::
+
+    >>> class Shout(CommandAction):
+    ...     type: Literal["shout"]
+    ...     payload: MessagePayload
+    >>> register_action(Shout, aliases=("yell",))
+    >>> parse_action({"type": "yell", "payload": {"text": "hi"}}).type
+    'shout'
+    >>> unregister_action(Shout)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from autoresponse.messages.context import ChatId
+
+#: Longest text a message action may carry. Senders split it further to fit
+#: their platform; anything longer is an invalid payload the LLM is asked to fix.
+MAX_MESSAGE_CHARS = 32_000
+
+
+class BaseAction(BaseModel):
+    """Common ground of every action: a ``type`` tag and a ``payload``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: "message" actions only talk to users; "command" actions make things happen.
+    kind: ClassVar[Literal["message", "command"]] = "command"
+    #: For message actions: the interface whose sender delivers them.
+    interface: ClassVar[str | None] = None
+
+    type: str
+    payload: Any
+
+    @classmethod
+    def action_type(cls) -> str:
+        """The canonical type name (the first of the ``type`` literal's values)."""
+        return cls.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
+
+
+class CommandAction(BaseAction):
+    """An action an executor carries out; its output comes back through the LLM."""
+
+
+class MessagePayload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    target: ChatId | None = Field(
+        default=None,
+        description="Chat to send to (its id, or its title or @username); omit to answer "
+                    "the original chat.",
+    )
+
+
+class MessageAction(BaseAction):
+    """A reply to a user, delivered by the sender of ``interface``."""
+
+    kind: ClassVar[Literal["message", "command"]] = "message"
+    payload: MessagePayload
+
+
+# ---------------------------------------------------------------- the registry
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.models: dict[str, type[BaseAction]] = {}
+        self.aliases: dict[str, str] = {}
+        self.generation = 0
+        self._adapter: tuple[int, TypeAdapter[BaseAction] | None] = (-1, None)
+
+    def adapter(self) -> TypeAdapter[BaseAction]:
+        generation, adapter = self._adapter
+        if generation != self.generation or adapter is None:
+            with self.lock:
+                models = tuple(self.models.values())
+                if not models:
+                    raise LookupError("no action types are registered")
+                union = models[0] if len(models) == 1 else Annotated[
+                    Union[models], Field(discriminator="type")]  # noqa: UP007
+                adapter = TypeAdapter(union)
+                self._adapter = (self.generation, adapter)
+        return adapter
+
+
+_registry = _Registry()
+
+
+def register_action(model: type[BaseAction], aliases: Iterable[str] = ()) -> None:
+    """Make ``model`` an action the LLM may use; ``aliases`` are other names it accepts
+    for the same type (the seed's ``bash`` for ``terminal``). Idempotent."""
+    name = model.action_type()
+    if model.kind == "message" and model.interface is None:
+        raise TypeError(f"message action {name!r} must name its interface")
+    with _registry.lock:
+        known = _registry.models.get(name)
+        if known is model:
+            return
+        if known is not None:
+            raise ValueError(f"action type {name!r} is already registered by {known.__qualname__}")
+        _registry.models[name] = model
+        for alias in aliases:
+            _registry.aliases[alias] = name
+        _registry.generation += 1
+
+
+def unregister_action(model: type[BaseAction]) -> None:
+    name = model.action_type()
+    with _registry.lock:
+        if _registry.models.get(name) is model:
+            del _registry.models[name]
+            for alias in [a for a, n in _registry.aliases.items() if n == name]:
+                del _registry.aliases[alias]
+            _registry.generation += 1
+
+
+def action_models() -> tuple[type[BaseAction], ...]:
+    """Every registered action model, in registration order."""
+    with _registry.lock:
+        return tuple(_registry.models.values())
+
+
+def action_model(name: str) -> type[BaseAction] | None:
+    """The model of type ``name`` or of one of its aliases."""
+    with _registry.lock:
+        return _registry.models.get(_registry.aliases.get(name, name))
+
+
+def canonical_action_type(name: str) -> str:
+    with _registry.lock:
+        return _registry.aliases.get(name, name)
+
+
+def message_action_for(interface_name: str) -> type[BaseAction] | None:
+    """The message action whose sender serves ``interface_name``."""
+    return next((m for m in action_models()
+                 if m.kind == "message" and m.interface == interface_name), None)
+
+
+def parse_action(raw: Any) -> BaseAction:
+    """Validate one action object. Raises ``pydantic.ValidationError``."""
+    if isinstance(raw, dict) and isinstance(raw.get("type"), str):
+        canonical = canonical_action_type(raw["type"])
+        if canonical != raw["type"]:
+            raw = {**raw, "type": canonical}
+    return _registry.adapter().validate_python(raw)
+
+
+def action_key(action: BaseAction) -> str:
+    """A stable key of what an action does, to recognise it when an LLM repeats it."""
+    canonical = action.model_dump_json()
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
