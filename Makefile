@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,reddit,x,telethon]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,8 +24,9 @@ wheel-check: $(STAMP)
 	rm -rf build dist .wheel-venv
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 	$(PYTHON) -m venv .wheel-venv
-	.wheel-venv/bin/python -m pip install --quiet dist/autoresponse-*.whl
+	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/autoresponse-*.whl)[reddit,x,telethon]" trustme
 	cd / && $(CURDIR)/.wheel-venv/bin/python $(CURDIR)/tests/import_every_module.py $(CURDIR)
+	rm -rf build
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'

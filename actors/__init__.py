@@ -3,11 +3,12 @@
 >>> from autoresponse.actors import Runtime, TypedActor, handles
 """
 
-from autoresponse.actors._mailbox import Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
+from autoresponse.actors._mailbox import Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.deadletters import DeadLetter, DeadLetterOffice
 from autoresponse.actors.inflight import InFlight
+from autoresponse.actors.intake import Intake, IntakeFull
 from autoresponse.actors.probe import Probe, ProbeTimeout
 from autoresponse.actors.runtime import Runtime
 
@@ -17,9 +18,10 @@ __all__ = [
     "DeadLetter",
     "DeadLetterOffice",
     "InFlight",
+    "Intake",
+    "IntakeFull",
     "Mailbox",
     "MailboxClosed",
-    "MailboxFull",
     "OverflowPolicy",
     "Probe",
     "ProbeTimeout",

@@ -5,12 +5,14 @@ proxy calls, I/O completions of work already accepted) goes in an unbounded
 priority lane that is served first, so an actor can always be stopped and
 always learns how its own I/O ended, however full it is.
 
-Overflow policy of the work lane, chosen per mailbox:
+Capacity is a level, not a wall: accepted work is never dropped for want of
+room. What bounds the work in the runtime is the intake (``Intake``), which
+makes the sources wait; inside, a mailbox over its capacity still takes the
+letter, and says so (``overflowed``). Overflow policy, per mailbox:
 
-* ``DEAD_LETTER``: the newest message is refused at once; the runtime
-  dead-letters it with the reason "mailbox full". Nothing blocks.
-* ``BLOCK``: the sender waits up to ``block_seconds`` for room (backpressure
-  for inbound interfaces), then the message is dead-lettered as above.
+* ``HOLD``: queue it anyway, at once; nothing blocks (the default).
+* ``BLOCK``: a sender outside the event loop waits up to ``block_seconds``
+  for room, then queues it anyway.
 """
 
 from __future__ import annotations
@@ -26,12 +28,8 @@ from autoresponse.messages.envelope import Envelope
 
 
 class OverflowPolicy(enum.Enum):
-    DEAD_LETTER = "dead_letter"
+    HOLD = "hold"
     BLOCK = "block"
-
-
-class MailboxFull(Exception):
-    """The work lane is at capacity and the policy gave up waiting."""
 
 
 class MailboxClosed(Exception):
@@ -52,7 +50,7 @@ class Mailbox:
     def __init__(
         self,
         capacity: int,
-        policy: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
+        policy: OverflowPolicy = OverflowPolicy.HOLD,
         block_seconds: float = 0.0,
     ) -> None:
         if capacity < 1:
@@ -66,9 +64,15 @@ class Mailbox:
         self._work: deque[Any] = deque()
         self._priority: deque[Any] = deque()
         self._closed = False
+        #: Letters queued while the work lane was at or over capacity.
+        self.overflowed = 0
 
-    def put(self, letter: Any) -> None:
-        """Queue ``letter`` (anything with ``.message`` and ``.reply_to``)."""
+    def put(self, letter: Any, *, may_block: bool = True) -> None:
+        """Queue ``letter`` (anything with ``.message`` and ``.reply_to``).
+
+        Under ``BLOCK`` a full work lane makes the caller wait (unless ``may_block``
+        is false) up to ``block_seconds``; it is queued either way.
+        """
         with self._lock:
             if self._closed:
                 raise MailboxClosed
@@ -76,7 +80,10 @@ class Mailbox:
                 self._priority.append(letter)
             else:
                 if len(self._work) >= self.capacity:
-                    self._wait_for_room()
+                    if may_block and self.policy is OverflowPolicy.BLOCK:
+                        self._wait_for_room()
+                    if len(self._work) >= self.capacity:
+                        self.overflowed += 1
                 self._work.append(letter)
             self._readable.notify()
 
@@ -97,17 +104,14 @@ class Mailbox:
             self._readable.notify()
 
     def _wait_for_room(self) -> None:
-        if self.policy is OverflowPolicy.BLOCK:
-            until = time.monotonic() + self.block_seconds
-            while len(self._work) >= self.capacity and not self._closed:
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                self._writable.wait(left)
-            if self._closed:
-                raise MailboxClosed
-        if len(self._work) >= self.capacity:
-            raise MailboxFull
+        until = time.monotonic() + self.block_seconds
+        while len(self._work) >= self.capacity and not self._closed:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            self._writable.wait(left)
+        if self._closed:
+            raise MailboxClosed
 
     def get(self, may_take_work: Callable[[], bool] | None = None) -> Any:
         """The next letter, priority first; blocks until there is one.

@@ -9,10 +9,11 @@ A handler takes the message body and its envelope. An actor never blocks on
 another actor: it sends messages, and hands I/O to the runtime's event loop
 with ``run_io``, whose result comes back as a message in its own mailbox.
 
-Everything an incarnation starts on the loop (``run_io``, ``schedule``) belongs
-to it: when it crashes or stops, its tasks and timers are cancelled, and the
-work they were doing goes back to the head of the mailbox for the next
-incarnation. Nothing it started outlives it.
+Everything an incarnation starts on the loop (``run_io``, ``schedule``,
+``start_task``) or puts aside (``hold``) belongs to it: when it crashes or
+stops, its tasks and timers are cancelled, and the work they were doing goes
+back to the head of the mailbox for the next incarnation. Nothing it started
+outlives it.
 
 A handler that raises crashes the actor: what happens next (restart, dead
 letter, retry) is decided by whoever supervises it, never by the actor; see
@@ -166,6 +167,7 @@ class TypedActor(pykka.ThreadingActor):
         self._owned: dict[IoTask, Envelope | str | None] = {}
         self._owned_lock = threading.Lock()
         self._running_io = 0  # run_io tasks not yet handled as IoDone (actor thread only)
+        self._held: dict[str, Envelope] = {}  # message id → envelope put aside with hold()
         self._released = False
 
     # ---------------------------------------------------------------- sending
@@ -246,18 +248,33 @@ class TypedActor(pykka.ThreadingActor):
             self.cell.mailbox.put(letter)
         except MailboxClosed:
             if isinstance(owner, Envelope):
-                self.runtime.dead_letter(owner, "actor stopped", actor=self.name,
-                                         detail="its I/O finished after it stopped")
+                self.runtime.cut_short(owner, actor=self.name, detail="its I/O finished after it stopped")
 
     def _release(self) -> None:
         """The incarnation ends: cancel what it started and put its work back, in order."""
         with self._owned_lock:
             self._released = True
             owned, self._owned = self._owned, {}
+            held, self._held = list(self._held.values()), {}
         for task in owned:
             task.cancel()
-        for cause in reversed([c for c in owned.values() if isinstance(c, Envelope)]):
+        work = [c for c in owned.values() if isinstance(c, Envelope)] + held
+        for cause in reversed(work):  # each keeps the in-flight count its task or hold took
             self.runtime.requeue(self.cell, cause)
+
+    def hold(self, env: Envelope) -> None:
+        """Put ``env`` aside to handle later (Akka's stash): it stays work in flight, and
+        if this incarnation ends first it goes back to the mailbox for the next one."""
+        self.runtime.inflight.add(env.correlation_id)
+        with self._owned_lock:
+            self._held[env.message_id] = env
+
+    def release(self, env: Envelope) -> None:
+        """``env`` put aside with ``hold`` is dealt with (call it after sending on what it caused)."""
+        with self._owned_lock:
+            held = self._held.pop(env.message_id, None)
+        if held is not None:
+            self.runtime.inflight.done(env.correlation_id)
 
     def report_error(self, error: Any, *, cause: Envelope, detail: str = "") -> None:
         """Hand an error (an LLM rejection) to the runtime's error route: the supervision
@@ -318,7 +335,7 @@ class TypedActor(pykka.ThreadingActor):
         try:
             result = done.task.outcome()
         except asyncio.CancelledError:
-            self.runtime.dead_letter(env, "shutdown", actor=self.name, detail="I/O was cancelled")
+            self.runtime.cut_short(env, actor=self.name, detail="its I/O was cancelled")
             return
         except BaseException:
             self._failing = env

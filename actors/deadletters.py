@@ -5,6 +5,9 @@
 >>> letter = office.post(Envelope.new("hi"), "no handler", actor="llm", detail="str")
 >>> office.counts()
 {'no handler': 1}
+
+With a store (the journal), letters are durable: they survive a restart, and
+can be listed and replayed after it. Their ids continue across restarts.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from autoresponse.actors.limits import DEAD_LETTERS_KEPT
 from autoresponse.messages.envelope import Envelope
@@ -24,43 +26,80 @@ from autoresponse.messages.envelope import Envelope
 log = logging.getLogger("autoresponse.deadletters")
 
 
-class DeadLetter(BaseModel):
-    """A message that was not handled, with why."""
+class DeadLetter:
+    """A message that was not handled, with why.
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    ``record`` is its JSON-ready form (what the store keeps, what operators see);
+    ``envelope`` is the live message when it was posted in this process, None
+    when it was read back from the store (``Runtime.replay`` rebuilds it).
+    """
 
-    id: int
-    time: float
-    reason: str  # short category: "crash", "mailbox full", "hop limit", ...
-    detail: str = ""
-    actor: str | None = None
-    error: str | None = None  # "ExceptionType: message" when an exception caused it
-    envelope: Envelope
+    __slots__ = ("id", "time", "reason", "detail", "actor", "error", "correlation_id", "record", "envelope")
 
-    @property
-    def correlation_id(self) -> str:
-        return self.envelope.correlation_id
+    def __init__(self, *, id: int, time: float, reason: str, detail: str, actor: str | None,
+                 error: str | None, correlation_id: str, record: dict[str, Any],
+                 envelope: Envelope | None = None) -> None:
+        self.id = id
+        self.time = time
+        self.reason = reason  # short category: "crash", "hop limit", "retries exhausted", ...
+        self.detail = detail
+        self.actor = actor
+        self.error = error  # "ExceptionType: message" when an exception caused it
+        self.correlation_id = correlation_id
+        self.record = record
+        self.envelope = envelope
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "time": self.time,
-            "reason": self.reason,
-            "detail": self.detail,
-            "actor": self.actor,
-            "error": self.error,
-            "envelope": self.envelope.describe(),
-        }
+        return {"id": self.id, "time": self.time, "reason": self.reason, "detail": self.detail,
+                "actor": self.actor, "error": self.error, "envelope": self.record}
+
+    @classmethod
+    def from_summary(cls, data: dict[str, Any]) -> DeadLetter:
+        return cls(id=data["id"], time=data["time"], reason=data["reason"], detail=data["detail"],
+                   actor=data["actor"], error=data["error"],
+                   correlation_id=data["envelope"]["correlation_id"], record=data["envelope"])
+
+    def __repr__(self) -> str:
+        return f"<DeadLetter #{self.id} {self.reason} at {self.actor}>"
+
+
+class DeadLetterStore(Protocol):
+    """Where dead letters are kept across restarts (the journal)."""
+
+    def record_dead_letter(self, summary: dict[str, Any]) -> Any: ...
+    def dead_letters(self, limit: int) -> list[dict[str, Any]]: ...
+    def dead_letter(self, letter_id: int) -> dict[str, Any] | None: ...
+    def last_dead_letter_id(self) -> int: ...
+    def dead_letter_counts(self) -> dict[str, int]: ...
+
+
+def _no_redaction(text: str) -> str:
+    return text
 
 
 class DeadLetterOffice:
-    """Thread-safe; keeps the newest ``keep`` letters and counts all of them."""
+    """Thread-safe; keeps the newest ``keep`` letters in memory, every one in the store
+    when there is one (bounded by the store's retention), and counts them by reason."""
 
-    def __init__(self, keep: int = DEAD_LETTERS_KEPT) -> None:
+    def __init__(self, keep: int = DEAD_LETTERS_KEPT, store: DeadLetterStore | None = None,
+                 redact: Callable[[str], str] = _no_redaction) -> None:
         self._lock = threading.Lock()
+        self._keep = keep
         self._letters: deque[DeadLetter] = deque(maxlen=keep)
         self._counts: Counter[str] = Counter()
+        self._store: DeadLetterStore | None = None
         self._ids = itertools.count(1)
+        #: Applied to every detail and error text (configured secrets must never show).
+        self.redact = redact
+        if store is not None:
+            self.attach(store)
+
+    def attach(self, store: DeadLetterStore) -> None:
+        """Keep letters in ``store`` from now on; earlier runs' letters become visible."""
+        with self._lock:
+            self._store = store
+            self._ids = itertools.count(store.last_dead_letter_id() + 1)
+            self._counts.update(store.dead_letter_counts())
 
     def post(
         self,
@@ -71,35 +110,45 @@ class DeadLetterOffice:
         detail: str = "",
         error: BaseException | None = None,
     ) -> DeadLetter:
-        letter = DeadLetter(
-            id=next(self._ids),
-            time=time.time(),
-            reason=reason,
-            detail=detail,
-            actor=actor,
-            error=None if error is None else f"{type(error).__name__}: {error}",
-            envelope=envelope,
-        )
+        error_text = None if error is None else self.redact(f"{type(error).__name__}: {error}")
         with self._lock:
+            letter = DeadLetter(id=next(self._ids), time=time.time(), reason=reason,
+                                detail=self.redact(detail), actor=actor, error=error_text,
+                                correlation_id=envelope.correlation_id, record=envelope.describe(),
+                                envelope=envelope)
             self._letters.append(letter)
             self._counts[reason] += 1
+            store = self._store
+        if store is not None:
+            store.record_dead_letter(letter.summary())
         log.warning(
             "dead letter #%d at %s: %s%s (correlation %s, %s)",
-            letter.id, actor or "-", reason, f": {detail}" if detail else "",
+            letter.id, actor or "-", reason, f": {letter.detail}" if letter.detail else "",
             envelope.correlation_id, type(envelope.body).__name__,
         )
         return letter
 
-    def letters(self, correlation_id: str | None = None) -> list[DeadLetter]:
+    def letters(self, correlation_id: str | None = None, limit: int | None = None) -> list[DeadLetter]:
+        """The letters, oldest first: the stored ones of earlier runs, then this run's."""
         with self._lock:
-            kept = list(self._letters)
-        if correlation_id is None:
-            return kept
-        return [d for d in kept if d.correlation_id == correlation_id]
+            recent = list(self._letters)
+            store = self._store
+        if store is not None:
+            first = recent[0].id if recent else None
+            older = [DeadLetter.from_summary(d) for d in store.dead_letters(limit or self._keep)]
+            recent = [d for d in older if first is None or d.id < first] + recent
+        if correlation_id is not None:
+            recent = [d for d in recent if d.correlation_id == correlation_id]
+        return recent[-limit:] if limit else recent
 
     def get(self, letter_id: int) -> DeadLetter | None:
         with self._lock:
-            return next((d for d in self._letters if d.id == letter_id), None)
+            found = next((d for d in self._letters if d.id == letter_id), None)
+            store = self._store
+        if found is None and store is not None:
+            data = store.dead_letter(letter_id)
+            found = DeadLetter.from_summary(data) if data is not None else None
+        return found
 
     def counts(self) -> dict[str, int]:
         with self._lock:

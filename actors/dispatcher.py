@@ -6,6 +6,7 @@ import hashlib
 
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.extractor import extract_actions, rejection
+from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
 from autoresponse.actors.routes import route_of
 from autoresponse.messages import (
     ActionRequest,
@@ -44,10 +45,14 @@ class ActionDispatcher(TypedActor):
     after it was carried out is skipped: nothing runs or is delivered twice.
     """
 
+    def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY) -> None:
+        super().__init__()
+        self.max_actions = max_actions
+
     @handles
     def on_reply(self, reply: LLMReply, env: Envelope) -> None:
         prompt = reply.prompt
-        found = extract_actions(reply.text, prompt.allowed_actions)
+        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions)
         errors = list(found.errors)
         carried_out = list(prompt.carried_out)
         turn = turn_key(env.correlation_id, prompt)

@@ -9,19 +9,29 @@ LLMs wrap JSON in many ways; all of these are accepted::
 
 Anything wrong becomes a one-line error the LLM can act on. A reply that
 carries a ``system_message`` is an echo of runtime data: nothing in it runs.
+
+A reply is untrusted input, so its cost is bounded: it is read in one pass that
+finds the balanced bracket groups (minding JSON strings), and only those groups
+are decoded, each at most a few times; a reply too long, nested too deeply or
+holding too many actions is rejected with an error saying so.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from autoresponse.actors.limits import MAX_YOUR_REPLY_CHARS
+from autoresponse.actors.limits import (
+    MAX_ACTIONS_PER_REPLY,
+    MAX_JSON_DEPTH,
+    MAX_REPLY_CHARS,
+    MAX_YOUR_REPLY_CHARS,
+)
 from autoresponse.actors.prompts import ERROR_RETRY_POLICY
 from autoresponse.messages import (
     BaseAction,
@@ -32,8 +42,42 @@ from autoresponse.messages import (
     parse_action,
 )
 
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n?(.*?)```", re.DOTALL)
 _decoder = json.JSONDecoder()
+
+#: The inside of a JSON string, after its opening quote: up to its closing quote, or up
+#: to where it breaks off, at a raw newline (JSON has none in a string) or at the end.
+_STRING_BODY = r'(?:[^"\\\n]++|\\[^\n])*+'
+_STRING_REST = re.compile(_STRING_BODY)
+#: A string as JSON has it: whole, and followed by what may follow a string in JSON.
+_JSON_STRING = r'"' + _STRING_BODY + r'"(?=\s*+[:,\]}])'
+#: A group with no group in it, read as one token: most groups are such, so most
+#: cost one step.
+_FLAT_BODY = r'(?:[^{}\[\]"]++|' + _JSON_STRING + r')*+'
+_FLAT_GROUP = r'\{' + _FLAT_BODY + r'\}|\[' + _FLAT_BODY + r'\]'
+#: One token of a reply's bracket structure, by kind. Possessive, so never backtracking.
+#: In prose only brackets matter: a quote there starts no string.
+_PROSE_TOKEN = re.compile(r'(?P<flat>' + _FLAT_GROUP + r')|(?P<open>[{\[]+)')
+#: Inside a group a quote starts a string too, and brackets may close.
+_GROUP_TOKEN = re.compile(
+    r'(?P<flat>' + _FLAT_GROUP + r')'
+    r'|(?P<open>[{\[]+)'
+    r'|(?P<close>[}\]]+)'
+    r'|(?P<string>' + _JSON_STRING + ')'  # its brackets are text
+    r'|(?P<quote>")'  # any other quote: broken JSON, or prose in brackets
+)
+_CLOSER = {"{": "}", "[": "]"}
+
+#: Levels of brackets searched for JSON inside a bracket group that is no JSON itself
+#: (a brace in prose around the answer, a broken outer object): each level costs at
+#: most one more decoding pass over the reply.
+_SEARCH_LEVELS = 4
+
+#: A ``system_message`` key as it stands in the reply, found even in JSON that does
+#: not decode (whose inner actions would otherwise be read on their own). In a JSON
+#: string its quotes are escaped, so a message may still mention the word.
+_ECHO_KEY = re.compile(r'"system_message"\s*:')
+_ECHO_ERROR = "your reply carries a system_message; that is runtime data and is never executed"
+_TOO_DEEP = f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)"
 
 
 @dataclass(frozen=True)
@@ -44,52 +88,260 @@ class Extraction:
     errors: tuple[str, ...]
 
 
-def _json_values(text: str) -> tuple[list[Any], str | None]:
-    """Every JSON object or list in ``text``, and the first decoding error seen."""
-    stripped = text.strip()
+# ------------------------------------------------------------- finding the JSON
+
+
+class _Group(NamedTuple):
+    """A closed bracket group of the reply, ``text[start:end]``, and the groups in it."""
+
+    start: int
+    end: int
+    #: Holds brackets nested deeper than MAX_JSON_DEPTH: never handed to the decoder.
+    too_deep: bool
+    inner: Sequence[_Group]
+
+
+class _OpenGroup:
+    """A bracket group not closed yet, and the groups closed in it so far."""
+
+    __slots__ = ("closer", "inner", "start", "too_deep")
+
+    def __init__(self, start: int, closer: str) -> None:
+        self.start = start
+        self.closer = closer
+        self.too_deep = False
+        self.inner: list[_Group] = []
+
+
+@dataclass(slots=True)
+class _Layout:
+    """The bracket structure of a reply, from one pass over it."""
+
+    #: The outermost closed groups, left to right.
+    groups: list[_Group]
+    #: Where the first bracket that never closed (or held a broken string) opens.
+    first_unclosed: int | None
+    #: Somewhere brackets nest deeper than MAX_JSON_DEPTH.
+    too_deep: bool
+
+
+def _layout(text: str) -> _Layout:
+    """Finds the balanced bracket groups of ``text``, reading each part of it twice at most.
+
+    Quotes count only inside brackets, so a ``"`` in prose is harmless. A quote
+    that starts no JSON string (the string breaks at a raw newline, or a word
+    follows it, as when a bracket in prose comes before a quote) ends every open
+    group: none of them is JSON. What looked like the string is then read again
+    as prose, since it may hold the answer, but only once, so the work stays
+    linear. A closing bracket of the wrong kind is skipped: its group can only
+    fail to decode, and the groups in it are still searched. Brackets past
+    MAX_JSON_DEPTH are counted, not recorded.
+    """
+    groups: list[_Group] = []
+    open_groups: list[_OpenGroup] = []  # outermost first, at most MAX_JSON_DEPTH
+    excess = 0  # open brackets past MAX_JSON_DEPTH
+    first_unclosed: int | None = None
+    too_deep = False
+    read_again_until = 0  # the end of the text last read again as prose
+
+    def abandon_open_groups() -> None:
+        nonlocal excess, first_unclosed
+        if open_groups and first_unclosed is None:
+            first_unclosed = open_groups[0].start
+        for group in open_groups:  # the groups closed in them still count, in text order
+            groups.extend(group.inner)
+        open_groups.clear()
+        excess = 0
+
+    resume_at: int | None = 0
+    while resume_at is not None:
+        in_prose = not open_groups
+        pattern = _PROSE_TOKEN if in_prose else _GROUP_TOKEN
+        tokens, resume_at = pattern.finditer(text, resume_at), None
+        for token in tokens:
+            kind, at, end = token.lastgroup, token.start(), token.end()
+            if kind == "string":
+                continue
+            if kind == "quote":
+                abandon_open_groups()
+                string_end = _STRING_REST.match(text, at + 1).end()
+                if at + 1 >= read_again_until:  # read what seemed a string again, as prose
+                    read_again_until, resume_at = string_end, at + 1
+                else:  # it was read twice already: skip it
+                    resume_at = string_end + 1
+                break
+            if kind == "flat":
+                if excess or len(open_groups) == MAX_JSON_DEPTH:
+                    open_groups[-1].too_deep = too_deep = True
+                else:
+                    (open_groups[-1].inner if open_groups else groups).append(_Group(at, end, False, ()))
+            elif kind == "open":
+                room = MAX_JSON_DEPTH - len(open_groups)
+                for offset in range(min(room, end - at)):
+                    open_groups.append(_OpenGroup(at + offset, _CLOSER[text[at + offset]]))
+                if end - at > room:
+                    open_groups[-1].too_deep = too_deep = True
+                    excess += end - at - room
+                if in_prose:  # now in a group, where quotes count
+                    resume_at = end
+                    break
+            else:
+                # Past MAX_JSON_DEPTH the kinds of brackets do not matter: it is never decoded.
+                skipped = min(excess, end - at)
+                excess -= skipped
+                for pos in range(at + skipped, end):
+                    if text[pos] != open_groups[-1].closer:
+                        continue
+                    closed = open_groups.pop()
+                    group = _Group(closed.start, pos + 1, closed.too_deep, closed.inner)
+                    if not open_groups:
+                        groups.append(group)
+                        break  # the rest of the run is stray, in prose
+                    open_groups[-1].inner.append(group)
+                    open_groups[-1].too_deep |= group.too_deep
+                if not open_groups:  # back in prose
+                    resume_at = end
+                    break
+    abandon_open_groups()
+    return _Layout(groups, first_unclosed, too_deep)
+
+
+@dataclass(slots=True)
+class _Decoded:
+    """The JSON values of a reply, and the decoder's most telling complaint."""
+
+    values: list[Any] = field(default_factory=list)
+    too_deep: bool = False
+    #: How far into its attempt the decoder got, where in the reply it stopped (if
+    #: known), and what it said: of the attempt that got furthest.
+    complaint: tuple[int, int | None, str] | None = None
+
+    def note(self, start: int, exc: ValueError) -> None:
+        """Keeps the complaint of the attempt that got furthest (the one most likely
+        meant as JSON) about the text from ``start``. A plain ValueError is a number
+        too long to convert."""
+        if isinstance(exc, json.JSONDecodeError):
+            complaint: tuple[int, int | None, str] = (exc.pos, start + exc.pos, exc.msg)
+        else:
+            complaint = (0, None, str(exc))
+        if self.complaint is None or complaint[0] > self.complaint[0]:
+            self.complaint = complaint
+
+    def error(self, text: str) -> str | None:
+        """The complaint kept, with its line and column in ``text``."""
+        if self.complaint is None:
+            return None
+        _, pos, message = self.complaint
+        if pos is None:
+            return message
+        line = text.count("\n", 0, pos) + 1
+        column = pos - text.rfind("\n", 0, pos)
+        return f"{message} at line {line} column {column}"
+
+
+def _decode_group(text: str, group: _Group, levels: int, found: _Decoded) -> None:
+    """Decodes ``group``; if it is no JSON, searches the groups in it, ``levels`` deep."""
+    if group.too_deep:
+        found.too_deep = True  # rejected whole: what is in it may belong to what is not read
+        return
     try:
-        return [json.loads(stripped)], None
+        # A copy of just the group: a complaint then costs its length, not the reply's.
+        value, _ = _decoder.raw_decode(text[group.start:group.end])
     except ValueError as exc:
-        first_error: str | None = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-    fenced = _FENCE.findall(text)
-    values: list[Any] = []
-    for block in fenced or [text]:
-        values.extend(_scan(block))
-    return values, (None if values else first_error)
+        found.note(group.start, exc)
+        if levels > 1:
+            for inner in group.inner:
+                _decode_group(text, inner, levels - 1, found)
+        return
+    except RecursionError:  # cannot happen within MAX_JSON_DEPTH; a guarantee all the same
+        found.too_deep = True
+        return
+    found.values.append(value)
 
 
-def _scan(text: str) -> Iterator[Any]:
-    """JSON values embedded in prose, left to right, skipping what they span."""
-    i = 0
-    while True:
-        starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
-        if not starts:
-            return
-        start = min(starts)
-        try:
-            value, end = _decoder.raw_decode(text, start)
-        except ValueError:
-            i = start + 1
-            continue
-        if isinstance(value, (dict, list)):
-            yield value
-        i = end
+def _json_values(text: str) -> _Decoded:
+    """Every JSON object or list in ``text``, left to right, each in one piece."""
+    layout = _layout(text)
+    found = _Decoded(too_deep=layout.too_deep)
+    for group in layout.groups:
+        _decode_group(text, group, _SEARCH_LEVELS, found)
+    if not found.values and not found.too_deep:
+        _decode_scalar(text, found)
+    if not found.values and not found.too_deep and layout.first_unclosed is not None:
+        _decode_unclosed(text, layout.first_unclosed, found)
+    return found
+
+
+def _decode_scalar(text: str, found: _Decoded) -> None:
+    """Decodes a reply that is one JSON scalar (``42``, ``"hi"``): not an action, but
+    one the LLM is told about."""
+    stripped = text.lstrip()
+    if not stripped or stripped[0] in _CLOSER:
+        return
+    try:  # without a bracket first, the decoder reads one scalar at most: nothing nests
+        found.values.append(_decoder.decode(stripped))
+    except ValueError as exc:
+        found.note(len(text) - len(stripped), exc)
+
+
+def _decode_unclosed(text: str, start: int, found: _Decoded) -> None:
+    """Notes what the decoder says about the group at ``start`` that never closed:
+    usually truncated JSON. Nothing was too deep, and the decoder stops where the
+    group broke off at the latest."""
+    try:
+        _decoder.raw_decode(text[start:])
+    except ValueError as exc:
+        found.note(start, exc)
+    except RecursionError:  # as in _decode_group
+        found.too_deep = True
+
+
+# --------------------------------------------------------- from JSON to actions
 
 
 def _carries_system_message(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "system_message" in value or any(_carries_system_message(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_carries_system_message(v) for v in value)
+    """Whether an object anywhere in ``value`` has a ``system_message`` key.
+
+    Walks with its own stack, not by recursion: a check must never be what fails.
+    """
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if "system_message" in item:
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
     return False
 
 
-def _raw_actions(value: Any) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("actions"), list):
-        return value["actions"]
-    return [value]
+def _raw_actions(values: list[Any]) -> list[Any]:
+    """The action objects of a reply's JSON values, in order.
+
+    Footnotes, what brackets in prose decode to ("see [1]", "{}": a list holding no
+    object, an empty object), count only when nothing else does, so that a reply
+    of just "[1]" is still explained.
+    """
+    raws: list[Any] = []
+    footnotes: list[Any] = []
+    meant = False  # some value is more than a footnote
+    for value in values:
+        if isinstance(value, list):
+            if any(isinstance(item, dict) for item in value):
+                raws.extend(value)
+                meant = True
+            else:
+                footnotes.extend(value)
+        elif isinstance(value, dict) and isinstance(value.get("actions"), list):
+            raws.extend(value["actions"])
+            meant = True
+        elif value == {}:
+            footnotes.append(value)
+        else:
+            raws.append(value)
+            meant = True
+    return raws if meant else footnotes
 
 
 def _compact(exc: ValidationError) -> str:
@@ -100,22 +352,41 @@ def _compact(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def extract_actions(text: str, allowed: Collection[str]) -> Extraction:
-    """The valid actions in ``text`` that this turn allows, and the errors of the rest."""
-    values, decode_error = _json_values(text)
-    if not values:
-        reason = f"invalid JSON ({decode_error})" if decode_error and "{" in text else "no JSON found"
-        return Extraction((), (f"your reply is not an action list: {reason}",))
-    if any(_carries_system_message(v) for v in values):
+def extract_actions(text: str, allowed: Collection[str], *,
+                    max_actions: int = MAX_ACTIONS_PER_REPLY,
+                    max_chars: int = MAX_REPLY_CHARS) -> Extraction:
+    """The valid actions in ``text`` that this turn allows, and the errors of the rest.
+
+    A reply longer than ``max_chars`` is not read; one with more than
+    ``max_actions`` actions has none carried out.
+    """
+    if len(text) > max_chars:
         return Extraction((), (
-            "your reply carries a system_message; that is runtime data and is never executed",
+            f"your reply is {len(text):,} characters long; at most {max_chars:,} are allowed",
         ))
-    raws = [raw for value in values for raw in _raw_actions(value)]
+    if _ECHO_KEY.search(text):
+        return Extraction((), (_ECHO_ERROR,))
+    found = _json_values(text)
+    if not found.values:
+        if found.too_deep:
+            reason = _TOO_DEEP
+        elif found.complaint and "{" in text:
+            reason = f"invalid JSON ({found.error(text)})"
+        else:
+            reason = "no JSON found"
+        return Extraction((), (f"your reply is not an action list: {reason}",))
+    if _carries_system_message(found.values):
+        return Extraction((), (_ECHO_ERROR,))
+    errors: list[str] = [f"part of your reply was not read: {_TOO_DEEP}"] if found.too_deep else []
+    raws = _raw_actions(found.values)
     if not raws:
-        return Extraction((), ("your reply holds no action",))
+        return Extraction((), (*errors, "your reply holds no action"))
+    if len(raws) > max_actions:
+        return Extraction((), (*errors, (
+            f"your reply has {len(raws)} actions; at most {max_actions} are allowed per reply"
+        )))
     allowed_text = ", ".join(sorted(allowed))
     actions: list[BaseAction] = []
-    errors: list[str] = []
     for n, raw in enumerate(raws, 1):
         if not isinstance(raw, dict):
             errors.append(f"action {n}: expected an object, got {type(raw).__name__}")

@@ -1,17 +1,28 @@
-"""Durable intake: work from outside is journaled before it is acknowledged,
-resumed after a crash or kill, and marked done when its correlation finishes.
+"""The intake: the runtime's front door for work from outside.
 
->>> runtime.journal = SqliteJournal(path)                          # doctest: +SKIP
+It bounds the work in the runtime (admission): at most ``capacity`` items
+accepted and not yet finished; past that, sources are told to wait (``room``,
+``IntakeFull`` with a Retry-After), never accepted and then dropped.
+
+With a journal, it makes that work survive a kill: each item is written before
+it is acknowledged upstream, resumed on the next start if it did not finish,
+and closed only when its correlation has nothing left in flight. An item cut
+short by a stop is *interrupted*, not finished: it stays open and resumes.
+
+>>> runtime.journal = SqliteJournal(path)                               # doctest: +SKIP
 >>> runtime.accept("llm", request, correlation_id="telegram-7").result()  # then acknowledge
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
+from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, MAX_OPEN_ITEMS
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
@@ -21,55 +32,212 @@ if TYPE_CHECKING:
 log = logging.getLogger("autoresponse.intake")
 
 
-class Intake:
-    """The runtime's front door for work that must survive a kill."""
+class IntakeFull(Exception):
+    """The runtime holds as much outside work as it may take; ask again after ``retry_after``."""
 
-    def __init__(self, runtime: Runtime, journal: DeliveryJournal) -> None:
+    def __init__(self, capacity: int, retry_after: float = INTAKE_RETRY_AFTER_SECONDS) -> None:
+        super().__init__(f"busy: {capacity} requests are already in progress; try again in "
+                         f"{retry_after:g}s")
+        self.retry_after = retry_after
+
+
+class Intake:
+    """Admission, journaling and resumption of the work that starts correlations."""
+
+    def __init__(self, runtime: Runtime, journal: DeliveryJournal | None = None,
+                 capacity: int = MAX_OPEN_ITEMS) -> None:
         self.runtime = runtime
         self.journal = journal
-        self._open: set[str] = set()
+        self.capacity = capacity
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
+        #: Correlations accepted or resumed in this run and not finished.
+        self._open: set[str] = set()
+        self._reserved = 0  # admitted, waiting for the journal's word
+        self._interrupted: set[str] = set()
+        self._left_open: set[str] = set()  # interrupted and ended: they resume next start
+        self._failed: set[str] = set()
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._paused = False
 
-    def accept(self, to: str, body: Any, correlation_id: str | None) -> concurrent.futures.Future[Envelope]:
+    # ---------------------------------------------------------------- admission
+
+    @property
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def free(self) -> int:
+        """Places left before sources are told to wait."""
+        with self._lock:
+            return 0 if self._paused else max(0, self.capacity - len(self._open) - self._reserved)
+
+    def pause(self) -> None:
+        """Take nothing new until ``open`` (while the journal is resumed at start)."""
+        with self._lock:
+            self._paused = True
+
+    def open(self) -> None:
+        with self._lock:
+            self._paused = False
+            self._notify_room()
+
+    def _has_room(self) -> bool:
+        return not self._paused and len(self._open) + self._reserved < self.capacity
+
+    def _admit(self, wait: float | None) -> bool:
+        """Reserve a place, waiting up to ``wait`` seconds (None: until there is one).
+        Never waits on the event loop thread, where the work that frees places runs."""
+        if self.runtime.io.in_loop_thread():
+            wait = 0.0
+        until = None if wait is None else time.monotonic() + wait
+        with self._lock:
+            while not self._has_room():
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._room.wait(0.5 if left is None else min(left, 0.5))
+                if self.runtime.stopping:
+                    return False
+            self._reserved += 1
+            return True
+
+    async def room(self, timeout: float | None = None) -> bool:
+        """Wait, on an event loop, until an item would be admitted; False after ``timeout``."""
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + timeout
+        while True:
+            with self._lock:
+                if self._has_room():
+                    return True
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._room_waiters.append((loop, waiter))
+            left = None if until is None else until - loop.time()
+            if left is not None and left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(waiter, left if left is not None else 1.0)
+            except asyncio.TimeoutError:
+                if until is not None and loop.time() >= until:
+                    return False
+
+    def _notify_room(self) -> None:
+        """Under the lock: a place may have freed up."""
+        self._room.notify_all()
+        waiters, self._room_waiters = self._room_waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(lambda w=waiter: w.done() or w.set_result(None))
+
+    # ---------------------------------------------------------------- accepting
+
+    async def accept_async(self, to: str, body: Any, correlation_id: str | None = None) -> Envelope:
+        """``accept`` for a coroutine on the runtime's loop (a polling interface): waits for
+        room without blocking the loop, then for the journal; acknowledge upstream after."""
+        while True:
+            accepted = self.accept(to, body, correlation_id, wait=0.0)
+            try:
+                return await asyncio.wrap_future(accepted)
+            except IntakeFull:
+                await self.room()
+
+    def accept(self, to: str, body: Any, correlation_id: str | None = None, *,
+               wait: float | None = 0.0) -> concurrent.futures.Future[Envelope]:
+        """Admit, journal (when there is a journal), then deliver ``body`` to ``to``.
+
+        The future resolves with the envelope once it is durable and delivered
+        (acknowledge upstream then), or fails with ``IntakeFull`` when no place
+        freed up within ``wait`` seconds. A correlation already known (a client's
+        retry, a re-polled update) is acknowledged again and not run twice.
+        """
         envelope = Envelope.new(body, correlation_id=correlation_id)
         accepted: concurrent.futures.Future[Envelope] = concurrent.futures.Future()
+        if not self._admit(wait):
+            accepted.set_exception(IntakeFull(self.capacity))
+            return accepted
+        if self.journal is None:
+            self._start(to, envelope, new=True)
+            accepted.set_result(envelope)
+            return accepted
 
         def journaled(written: concurrent.futures.Future[bool]) -> None:
             error = written.exception()
             if error is not None:
+                with self._lock:
+                    self._reserved -= 1
+                    self._notify_room()
                 accepted.set_exception(error)
                 return
-            if written.result():  # new; a known correlation is already running or done
-                with self._lock:
-                    self._open.add(envelope.correlation_id)
-                self.runtime.deliver(to, envelope)
+            self._start(to, envelope, new=written.result())
             accepted.set_result(envelope)
 
         self.journal.accept(envelope, actor=to).add_done_callback(journaled)
         return accepted
 
+    def _start(self, to: str, envelope: Envelope, *, new: bool) -> None:
+        correlation = envelope.correlation_id
+        with self._lock:
+            self._reserved -= 1
+            # Not new: the journal knew it (a retry). Already open: resume claimed it first.
+            start = new and correlation not in self._open
+            if start:
+                self._open.add(correlation)
+            else:
+                self._notify_room()
+        if start:
+            self.runtime.deliver(to, envelope)
+
     def resume(self) -> int:
-        """Deliver again every journaled item that had not finished."""
+        """Deliver again every journaled item that had not finished (after a stop, a
+        crash or a kill), oldest first, skipping any already under way in this run."""
+        if self.journal is None:
+            return 0
         resumed = 0
         for item in self.journal.unfinished():
-            cell = self.runtime.cell(item.actor) if self.runtime.has(item.actor) else None
-            types = {t.__name__: t for t in (cell.actor_class._handlers if cell else ())
-                     if isinstance(t, type)}
-            if item.type not in types:
+            body = self.runtime.rebuild(item.actor, item.type, item.payload)
+            if body is None:
                 log.error("cannot resume %s: %s does not handle %s", item.correlation, item.actor, item.type)
-                self.journal.finish(item.correlation)
+                self.journal.finish(item.correlation, "dead")
                 continue
-            body = types[item.type].model_validate_json(item.payload)  # type: ignore[attr-defined]
             with self._lock:
+                if item.correlation in self._open:
+                    continue
                 self._open.add(item.correlation)
             self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation))
             resumed += 1
         return resumed
 
+    # ---------------------------------------------------------------- ending
+
+    def interrupted(self, correlation_id: str) -> None:
+        """Work of this correlation was cut short by a stop: its item stays open."""
+        with self._lock:
+            if correlation_id in self._open:
+                self._interrupted.add(correlation_id)
+
+    def failed(self, correlation_id: str) -> None:
+        """Part of this correlation was dead-lettered: its item closes as ``dead``."""
+        with self._lock:
+            if correlation_id in self._open:
+                self._failed.add(correlation_id)
+
     def finished(self, correlation_id: str) -> None:
-        """The correlation has nothing left in flight: its journal item is done."""
+        """The correlation has nothing left in flight."""
         with self._lock:
             if correlation_id not in self._open:
                 return
             self._open.discard(correlation_id)
-        self.journal.finish(correlation_id)
+            interrupted = correlation_id in self._interrupted
+            if interrupted:
+                self._interrupted.discard(correlation_id)
+                self._left_open.add(correlation_id)
+            state = "dead" if correlation_id in self._failed else "done"
+            self._failed.discard(correlation_id)
+            self._notify_room()
+        if self.journal is not None and not interrupted:
+            self.journal.finish(correlation_id, state)
+
+    def unfinished_here(self) -> int:
+        """Items of this run not finished: under way, or interrupted by a stop (with a
+        journal, those resume on the next start)."""
+        with self._lock:
+            return len(self._left_open) + len(self._open)

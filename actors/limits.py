@@ -17,7 +17,7 @@ MAILBOX_CAPACITY = 10_000
 #: How long a sender waits for room in a full mailbox whose policy is BLOCK.
 MAILBOX_BLOCK_SECONDS = 5.0
 
-#: Dead letters kept in memory for inspection; counts are kept for all of them.
+#: Dead letters kept for inspection (in memory, and in the journal); counts are kept for all.
 DEAD_LETTERS_KEPT = 10_000
 
 #: Longest LLM reply kept verbatim in an error system message (`your_reply`).
@@ -26,10 +26,26 @@ MAX_YOUR_REPLY_CHARS = 4_000
 #: Errors listed in one error system message; the rest are counted.
 MAX_ERRORS_SHOWN = 10
 
+#: Longest LLM reply the extractor reads; a longer one is rejected unread (and the
+#: LLM asked again). Far above a real answer; it bounds what one reply can cost.
+MAX_REPLY_CHARS = 200_000
+#: Deepest nesting of brackets the extractor hands to the JSON decoder; deeper JSON
+#: is rejected as such, so no decoder or check ever recurses past this.
+MAX_JSON_DEPTH = 64
+#: Actions one reply may hold; a reply with more is rejected whole, none carried out.
+MAX_ACTIONS_PER_REPLY = 10
+
 #: LLM HTTP: attempts per request (the first one included), and timeouts.
 LLM_MAX_ATTEMPTS = 4
 LLM_CONNECT_TIMEOUT_SECONDS = 10.0
 LLM_READ_TIMEOUT_SECONDS = 120.0
+#: Longest one LLM HTTP attempt may take, from connecting to the body's last byte
+#: (a server dripping a byte at a time never trips the read timeout alone).
+LLM_REQUEST_TIMEOUT_SECONDS = 120.0
+#: Longest one LLM call may take over all its attempts and the waits between them.
+LLM_DEADLINE_SECONDS = 300.0
+#: Largest LLM response body read; a bigger answer is an error, not unbounded memory.
+LLM_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 #: Longest Retry-After we honour; a server asking for more is treated as down.
 LLM_MAX_RETRY_AFTER_SECONDS = 60.0
 #: LLM requests in flight at once, over all chats.
@@ -59,9 +75,25 @@ RETRY_BACKOFF_MIN_SECONDS = 0.5
 RETRY_BACKOFF_MAX_SECONDS = 8.0
 #: Retry actors in the pool; a correlation always lands on the same one.
 RETRY_POOL_SIZE = 4
+#: Conversation actors; a chat always lands on the same one, so its turns keep their order.
+CONVERSATION_POOL_SIZE = 4
 
 #: Seconds a supervisor waits for one child's setup before starting the next.
 START_SECONDS = 30.0
 
 #: Finished work items stay in the journal this long before compaction.
 JOURNAL_RETENTION_SECONDS = 24 * 3600.0
+#: Dead letters stay in the journal this long (and at most DEAD_LETTERS_KEPT of them).
+DEAD_LETTER_RETENTION_SECONDS = 7 * 24 * 3600.0
+
+#: Work items accepted from outside and not yet finished, at most; past this the
+#: sources are told to wait (HTTP 503 with Retry-After, polling pauses, the console blocks).
+MAX_OPEN_ITEMS = 1_000
+#: What a source told to wait is told to wait for (HTTP Retry-After).
+INTAKE_RETRY_AFTER_SECONDS = 2.0
+#: Conversation memory: the token budget of each chat's memory (about four characters a
+#: token), how long it is kept, and how much of an action's output it keeps.
+MEMORY_MAX_TOKENS = 2_000
+MEMORY_RETENTION_SECONDS = 30 * 24 * 3600.0
+MEMORY_OUTPUT_LINES = 5
+MEMORY_OUTPUT_CHARS = 600

@@ -21,6 +21,7 @@ from autoresponse.actors.limits import (
     RETRY_POOL_SIZE,
 )
 from autoresponse.actors.prompts import build_reask_request
+from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.messages import Envelope, LLMRequest, OutboundMessage, Rejection
 
@@ -67,6 +68,8 @@ class RetryActor(TypedActor):
             detail=f"still invalid after {attempts} re-asks: " + "; ".join(rejection.message.errors),
         )
         ctx = rejection.prompt.original_context
+        if receipt_failed(self, ctx, env, f"retries exhausted: {'; '.join(rejection.message.errors)}"):
+            return  # whoever asked for the receipt decides what the user hears
         to = sender(ctx.interface_name)
         if self.settings.notify_user and self.runtime.has(to):
             self.send(to, OutboundMessage.reply(ctx, GIVE_UP_NOTICE, notice=True), cause=env)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 LLM = "llm"
 DISPATCHER = "dispatcher"
 BUILDER = "builder"
+#: The pool of conversation actors; inbound interfaces send user requests here.
+CONVERSATIONS = "conversations"
 
 
 SENDER_PREFIX = "sender."

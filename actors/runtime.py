@@ -17,19 +17,27 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
 from autoresponse.actors._loop import EventLoopThread
-from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, MailboxFull, OverflowPolicy
+from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.deadletters import DeadLetterOffice
 from autoresponse.actors.inflight import InFlight
 from autoresponse.actors.intake import Intake
-from autoresponse.actors.limits import DRAIN_SECONDS, MAILBOX_BLOCK_SECONDS, MAILBOX_CAPACITY, MAX_HOPS, MESSAGE_ATTEMPTS
+from autoresponse.actors.limits import (
+    DRAIN_SECONDS,
+    MAILBOX_BLOCK_SECONDS,
+    MAILBOX_CAPACITY,
+    MAX_HOPS,
+    MAX_OPEN_ITEMS,
+    MESSAGE_ATTEMPTS,
+)
 from autoresponse.actors.probe import Probe
 from autoresponse.messages.envelope import Envelope
 
@@ -50,6 +58,7 @@ class Runtime:
         max_hops: int = MAX_HOPS,
         mailbox_capacity: int = MAILBOX_CAPACITY,
         message_attempts: int = MESSAGE_ATTEMPTS,
+        max_open: int = MAX_OPEN_ITEMS,
     ) -> None:
         self.max_hops = max_hops
         self.message_attempts = message_attempts
@@ -65,8 +74,11 @@ class Runtime:
         self.fault: Callable[[str, Envelope], None] | None = None
         #: The actor that error reports go to (see ``route_error``).
         self.error_route: str | None = None
-        self._intake: Intake | None = None
+        #: The front door for work from outside: admission, journal, resume (see ``accept``).
+        self.intake = Intake(self, capacity=max_open)
         self.inflight.on_finished = self._finished
+        self._watches: dict[str, list[tuple[str, Any]]] = {}
+        self._hurry = threading.Event()
         self._cells: dict[str, Cell] = {}
         self._taps: dict[str, list[Probe]] = {}
         self._lock = threading.Lock()
@@ -95,7 +107,7 @@ class Runtime:
         actor_class: type[TypedActor],
         *args: Any,
         capacity: int | None = None,
-        overflow: OverflowPolicy = OverflowPolicy.DEAD_LETTER,
+        overflow: OverflowPolicy = OverflowPolicy.HOLD,
         block_seconds: float = MAILBOX_BLOCK_SECONDS,
         supervisor: str | None = None,
         **kwargs: Any,
@@ -120,15 +132,20 @@ class Runtime:
         """Stop everything; True if all in-flight work finished within ``drain`` seconds.
 
         The actors named in ``first`` (inbound interfaces) stop before the drain,
-        so no new work arrives while in-flight work finishes. Whatever is still
-        queued afterwards is dead-lettered, never dropped silently.
+        so no new work arrives while in-flight work finishes. A stop is a pause:
+        whatever is still under way afterwards is *interrupted*, not dead-lettered;
+        its journal item stays open and resumes on the next start. ``hurry`` (a
+        second signal) ends the drain at once.
         """
         if self._state != "running":
             return True
         for name in first:
             if name in self._cells:
                 self._cells[name].stop(timeout=drain)
-        drained = self.inflight.wait(timeout=drain)
+        until = time.monotonic() + drain
+        drained = self.inflight.wait(timeout=0)
+        while not drained and not self._hurry.is_set() and time.monotonic() < until:
+            drained = self.inflight.wait(timeout=min(0.1, max(0.0, until - time.monotonic())))
         self._state = "stopping"
         cells = list(self._cells.values())
         for cell in reversed(cells):
@@ -137,9 +154,16 @@ class Runtime:
             self.close(cell)
         self.io.stop()
         self._state = "stopped"
+        left = self.intake.unfinished_here()
+        if left:
+            log.info("%d work items did not finish; they stay open and resume on the next start", left)
         if Runtime._current is self:
             Runtime._current = None
         return drained
+
+    def hurry(self) -> None:
+        """End a drain under way at once (an operator's second signal); nothing is lost."""
+        self._hurry.set()
 
     @property
     def stopping(self) -> bool:
@@ -147,7 +171,8 @@ class Runtime:
         return self._state in ("stopping", "stopped")
 
     def close(self, cell: Cell) -> None:
-        """Close ``cell``'s mailbox for good; what was queued is dead-lettered."""
+        """Close ``cell``'s mailbox for good; what was queued is interrupted at a stop,
+        dead-lettered otherwise (an actor that can never start again)."""
         for letter in cell.mailbox.close():
             self._discard(cell, letter)
 
@@ -158,9 +183,9 @@ class Runtime:
                 exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{cell.name} stopped"), None)
             )
         elif type(message) is Envelope:
-            self.dead_letter(message, "shutdown", actor=cell.name, detail="still queued at shutdown")
+            self.cut_short(message, actor=cell.name, detail="still queued")
         elif isinstance(message, IoDone):
-            self.dead_letter(message.cause, "shutdown", actor=cell.name, detail="I/O done at shutdown")
+            self.cut_short(message.cause, actor=cell.name, detail="its I/O ended as the actor stopped")
 
     def __enter__(self) -> Runtime:
         return self.start() if self._state == "new" else self
@@ -201,13 +226,10 @@ class Runtime:
             return None
         self.inflight.add(envelope.correlation_id)
         try:
-            cell.mailbox.put(Letter(envelope))
-        except MailboxFull:
-            self.dead_letter(envelope, "mailbox full", actor=to,
-                             detail=f"capacity {cell.mailbox.capacity}, policy {cell.mailbox.policy.value}")
-            return None
+            # Never block the event loop thread: every actor's I/O completes there.
+            cell.mailbox.put(Letter(envelope), may_block=not self.io.in_loop_thread())
         except MailboxClosed:
-            self.dead_letter(envelope, "actor stopped", actor=to)
+            self.cut_short(envelope, actor=to, detail="its actor has stopped")
             return None
         taps = self._taps.get(to)
         if taps:
@@ -236,7 +258,7 @@ class Runtime:
         try:
             cell.mailbox.put_front(Letter(envelope))
         except MailboxClosed:
-            self.dead_letter(envelope, "shutdown", actor=cell.name, detail="its actor stopped mid-I/O")
+            self.cut_short(envelope, actor=cell.name, detail="its actor stopped mid-I/O")
 
     def recover(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
         """After a crash: put the message back for the next incarnation, at the head of
@@ -245,21 +267,41 @@ class Runtime:
             return
         if isinstance(error, ActorGaveUp):
             self.inflight.done(envelope.correlation_id)
-        elif envelope.attempt < self.message_attempts and not self.stopping:
+        elif self.stopping:
+            self.cut_short(envelope, actor=cell.name, detail=f"it crashed as the runtime stopped: {error!r}")
+        elif envelope.attempt < self.message_attempts:
             try:
                 cell.mailbox.put_front(Letter(envelope.retried()))
             except MailboxClosed:
-                self.dead_letter(envelope, "actor stopped", actor=cell.name, error=error)
+                self.cut_short(envelope, actor=cell.name, detail="its actor has stopped")
         else:
             self.dead_letter(envelope, "crash", actor=cell.name, error=error,
                              detail=f"failed on attempt {envelope.attempt} of {self.message_attempts}")
 
     def replay(self, letter_id: int) -> Envelope | None:
-        """Send a dead letter again, to the actor it was for, as a new attempt."""
+        """Send a dead letter again, to the actor it was for, as a new attempt (also one
+        kept in the journal by an earlier run)."""
         letter = self.dead_letters.get(letter_id)
         if letter is None or letter.actor is None:
             raise KeyError(f"no replayable dead letter #{letter_id}")
-        return self.deliver(letter.actor, letter.envelope.retried())
+        envelope = letter.envelope
+        if envelope is None:
+            record = letter.record
+            body = self.rebuild(letter.actor, record["body_type"], record["body"])
+            if body is None:
+                raise KeyError(f"dead letter #{letter_id}: {letter.actor} does not handle {record['body_type']}")
+            envelope = Envelope.restore(record, body)
+        return self.deliver(letter.actor, envelope.retried())
+
+    def rebuild(self, actor: str, type_name: str, data: Any) -> Any:
+        """A message for ``actor`` from its type name and JSON (a string or parsed), or None
+        when the actor does not handle such a message."""
+        cell = self._cells.get(actor)
+        types = {t.__name__: t for t in (cell.actor_class._handlers if cell else ()) if isinstance(t, type)}
+        model = types.get(type_name)
+        if model is None or not hasattr(model, "model_validate"):
+            return None
+        return model.model_validate_json(data) if isinstance(data, str) else model.model_validate(data)
 
     def dead_letter(
         self,
@@ -270,8 +312,24 @@ class Runtime:
         detail: str = "",
         error: BaseException | None = None,
     ) -> None:
-        """An in-flight envelope leaves the system here, as a dead letter with its reason."""
+        """An in-flight envelope leaves the system here, as a dead letter with its reason.
+
+        A real failure: the correlation's journal item closes as ``dead`` (a dead letter
+        can be replayed). At a stop, nothing is dead-lettered: see ``cut_short``.
+        """
         self.dead_letters.post(envelope, reason, actor=actor, detail=detail, error=error)
+        self.intake.failed(envelope.correlation_id)
+        self.inflight.done(envelope.correlation_id)
+
+    def cut_short(self, envelope: Envelope, *, actor: str | None = None, detail: str = "") -> None:
+        """An in-flight envelope could not be handled because actors are stopping. At a stop
+        that is an interruption (the item stays open and resumes); otherwise the actor
+        stopped for good, which is a real failure (a dead letter)."""
+        if not self.stopping:
+            self.dead_letter(envelope, "actor stopped", actor=actor, detail=detail)
+            return
+        log.debug("interrupted %s at %s: %s", envelope.correlation_id, actor or "-", detail)
+        self.intake.interrupted(envelope.correlation_id)
         self.inflight.done(envelope.correlation_id)
 
     def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None,
@@ -287,33 +345,40 @@ class Runtime:
 
     @property
     def journal(self) -> DeliveryJournal | None:
-        """Where accepted work and confirmed sends are recorded (see ``accept``)."""
-        return self._intake.journal if self._intake is not None else None
+        """Where accepted work, confirmed sends and dead letters are recorded."""
+        return self.intake.journal
 
     @journal.setter
     def journal(self, journal: DeliveryJournal | None) -> None:
-        self._intake = Intake(self, journal) if journal is not None else None
+        self.intake.journal = journal
+        if journal is not None:
+            self.dead_letters.attach(journal)
 
     def accept(self, to: str, body: Any, *, correlation_id: str | None = None,
-               ) -> concurrent.futures.Future[Envelope]:
-        """Start a correlation durably: the message is journaled (when a journal is set)
-        and then delivered; the future resolves with its envelope once both are done,
-        which is when the caller may acknowledge it upstream."""
-        if self._intake is not None:
-            return self._intake.accept(to, body, correlation_id)
-        envelope = Envelope.new(body, correlation_id=correlation_id)
-        accepted: concurrent.futures.Future[Envelope] = concurrent.futures.Future()
-        self.deliver(to, envelope)
-        accepted.set_result(envelope)
-        return accepted
+               wait: float | None = 0.0) -> concurrent.futures.Future[Envelope]:
+        """Start a correlation from outside, durably: admitted (or ``IntakeFull`` after
+        ``wait`` seconds), journaled when there is a journal, then delivered; the future
+        resolves with its envelope, which is when the caller may acknowledge it upstream."""
+        return self.intake.accept(to, body, correlation_id, wait=wait)
 
     def resume(self) -> int:
-        """Deliver again every journaled item that had not finished (after a crash or kill)."""
-        return self._intake.resume() if self._intake is not None else 0
+        """Deliver again every journaled item that had not finished (after a stop or a kill)."""
+        return self.intake.resume()
+
+    def when_finished(self, correlation_id: str, to: str, message: Any) -> None:
+        """Send ``message`` to ``to`` once ``correlation_id`` has nothing left in flight.
+        Call it while handling a message of that correlation (so it cannot be over yet)."""
+        with self._lock:
+            self._watches.setdefault(correlation_id, []).append((to, message))
 
     def _finished(self, correlation_id: str) -> None:
-        if self._intake is not None:
-            self._intake.finished(correlation_id)
+        self.intake.finished(correlation_id)
+        if self._watches:
+            with self._lock:
+                watchers = self._watches.pop(correlation_id, ())
+            for to, message in watchers:
+                if not self.stopping:
+                    self.send(to, message)
 
     def wait_idle(self, correlation_id: str | None = None, timeout: float = 10.0) -> bool:
         """Wait until nothing (of one correlation, or at all) is in flight."""

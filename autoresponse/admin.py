@@ -13,6 +13,10 @@ Routes (JSON unless said otherwise)::
 
 It binds to 127.0.0.1 by default. Binding anywhere else requires a token, and
 when a token is set every request must carry ``Authorization: Bearer <token>``.
+
+Whatever a client sends gets a 4xx with a JSON reason, never a 500: a body that
+is not UTF-8, not JSON, or nested deeper than ``MAX_BODY_DEPTH``; a header or
+query that is not UTF-8.
 """
 
 from __future__ import annotations
@@ -30,13 +34,59 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from autoresponse.actors import Cell, Runtime
+from autoresponse.actors import Cell, IntakeFull, Runtime
+from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS
 from autoresponse.actors.routes import SENDER_PREFIX
 from autoresponse.messages import Crash
 from autoresponse.config import AdminSettings
 from autoresponse.supervisors.status import snapshot
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Deepest nesting of lists and objects an injected body may have. Messages are
+#: shallow; a deeper body is refused before it can exhaust the stack of whoever
+#: walks it (validation, the journal, a log line).
+MAX_BODY_DEPTH = 32
+
+
+def unsafe_bind(settings: AdminSettings) -> str | None:
+    """Why the endpoint must not listen as configured (outside loopback without a
+    token), or None. The CLI asks before anything starts; AdminServer refuses too."""
+    if is_loopback(settings.host) or settings.token is not None:
+        return None
+    return (f"the admin endpoint may bind to {settings.host!r} only with a token: "
+            "set AUTORESPONSE_ADMIN__TOKEN, or bind to 127.0.0.1")
+
+
+def depth(value: Any) -> int:
+    """How deeply lists and dicts nest in ``value`` (0 for a scalar), without recursion."""
+    deepest, pending = 0, [(value, 0)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level + 1)
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, level + 1) for child in children)
+    return deepest
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON; ValueError with a one-line reason when it is not
+    UTF-8, not JSON, or nested deeper than MAX_BODY_DEPTH."""
+    raw = await request.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"the body is not UTF-8: {exc}") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"the body nests deeper than {MAX_BODY_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    if depth(data) > MAX_BODY_DEPTH:
+        raise ValueError(f"the body nests deeper than {MAX_BODY_DEPTH} levels")
+    return data
 
 
 def is_loopback(host: str) -> bool:
@@ -89,6 +139,12 @@ class RuntimeCollector:
         return [processed, restarts, mailbox, deliveries, dead, in_flight]
 
 
+def _busy(message: str, retry_after: float = INTAKE_RETRY_AFTER_SECONDS) -> web.Response:
+    response = _error(503, message)
+    response.headers["Retry-After"] = str(max(1, round(retry_after)))
+    return response
+
+
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
@@ -97,15 +153,15 @@ class AdminServer:
     """Runs on the runtime's event loop; closed with it."""
 
     def __init__(self, runtime: Runtime, settings: AdminSettings) -> None:
-        if not is_loopback(settings.host) and settings.token is None:
-            raise ValueError(
-                f"the admin endpoint may bind to {settings.host!r} only with a token: "
-                "set AUTORESPONSE_ADMIN__TOKEN, or bind to 127.0.0.1"
-            )
+        problem = unsafe_bind(settings)
+        if problem is not None:
+            raise ValueError(problem)
         self.runtime = runtime
         self.settings = settings
         self.port = settings.port
         self._token = settings.token.get_secret_value().encode() if settings.token else None
+        #: False once the application stops: injects get 503 while the drain runs.
+        self.accepting = True
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=True)
         self._registry.register(RuntimeCollector(runtime))  # type: ignore[arg-type]
@@ -141,12 +197,22 @@ class AdminServer:
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._token is not None:
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode()
+            # aiohttp keeps header bytes that are not UTF-8 as surrogates; encode them back
+            # the same way, so that such a header is a 401, not a UnicodeEncodeError.
+            given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode(
+                "utf-8", "surrogateescape")
             if not hmac.compare_digest(given, self._token):
                 return _error(401, "unauthorized: send Authorization: Bearer <AUTORESPONSE_ADMIN__TOKEN>")
         return await handler(request)
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """200 while every actor runs; 503, naming them, while some are down (a crashed
+        actor restarting, an inbound loop that died), and while the daemon stops."""
+        status = snapshot(self.runtime)
+        if self.runtime.stopping or not self.accepting:
+            return web.json_response({"status": "stopping"}, status=503)
+        if not status.healthy:
+            return web.json_response({"status": "degraded", "down": status.down}, status=503)
         return web.json_response({"status": "ok"})
 
     async def _status(self, request: web.Request) -> web.Response:
@@ -182,9 +248,9 @@ class AdminServer:
         if not self.runtime.has(name):
             return _error(404, f"no actor named {name!r}", actors=[c.name for c in self.runtime.cells])
         try:
-            data = await request.json()
-        except json.JSONDecodeError as exc:
-            return _error(400, f"the body is not JSON: {exc}")
+            data = await read_json(request)
+        except ValueError as exc:
+            return _error(400, str(exc))
         wanted = request.query.get("type")
         types = message_types(self.runtime.cell(name), control=wanted is not None)
         if wanted is not None:
@@ -200,10 +266,15 @@ class AdminServer:
                 problems[message_type.__name__] = [
                     f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()]
                 continue
+            if not self.accepting:
+                return _busy("stopping: the daemon takes no new work while it stops")
             # Journaled before the 202; a client retrying with the same ?correlation= is
             # acknowledged again without the work being started twice.
-            envelope = await asyncio.wrap_future(
-                self.runtime.accept(name, message, correlation_id=request.query.get("correlation")))
+            try:
+                envelope = await asyncio.wrap_future(
+                    self.runtime.accept(name, message, correlation_id=request.query.get("correlation")))
+            except IntakeFull as exc:  # backpressure: the client waits and retries, nothing is dropped
+                return _busy(str(exc), exc.retry_after)
             return web.json_response({"type": message_type.__name__, "message_id": envelope.message_id,
                                       "correlation_id": envelope.correlation_id}, status=202)
         return _error(422, f"the body fits none of the messages {name} handles", problems=problems)

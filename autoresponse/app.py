@@ -9,7 +9,9 @@
     ├── pipeline (one_for_one): each platform's senders and executors, then
     │                           dispatcher, llm, builder
     ├── retry (simple_one_for_one pool): retry.0 … retry.N-1
-    └── interfaces (one_for_one): each platform's inbound actors
+    ├── conversations (simple_one_for_one pool, by chat): conversations.0 … .3
+    └── interfaces (one_for_one): each platform's inbound actors (they take nothing
+                                   until the journal's unfinished work is resumed)
 
 The tree is assembled from the platform registry: each enabled platform is
 mounted (it opens what it needs and names its actors). The application owns
@@ -28,14 +30,17 @@ from typing import Any
 
 from autoresponse.actors import Cell, Runtime
 from autoresponse.actors.builder import AutoResponseBuilder
+from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
 from autoresponse.actors.retry import RetryActor
-from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM
+from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
 from autoresponse.admin import AdminServer
 from autoresponse.config import LLMSettings, Settings
+from autoresponse.redaction import Redactor
 from autoresponse.messages import Envelope
+from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
 from autoresponse.supervisors import (
     ChildSpec,
     Mount,
@@ -68,6 +73,9 @@ def make_engine(settings: LLMSettings) -> LLMEngine:
         max_attempts=settings.max_attempts,
         max_in_flight=settings.max_in_flight,
         temperature=settings.temperature,
+        request_timeout=settings.request_timeout,
+        deadline=settings.deadline,
+        max_response_bytes=settings.max_response_bytes,
     )
 
 
@@ -102,6 +110,7 @@ class Application:
             max_hops=settings.runtime.max_hops,
             mailbox_capacity=settings.runtime.mailbox_capacity,
             message_attempts=settings.supervision.message_attempts,
+            max_open=settings.runtime.max_open,
         )
         self.admin: AdminServer | None = None
         self.journal: SqliteJournal | None = None
@@ -120,44 +129,54 @@ class Application:
     def console(self) -> Any:
         return self.resource("console")
 
+    def _supervisor(self, name: str, strategy: Strategy, children: list[Spec], **kw: Any) -> SupervisorSpec:
+        supervision = self.settings.supervision
+        return SupervisorSpec(name, strategy, tuple(children), intensity=supervision.intensity(),
+                              backoff=supervision.backoff(), **kw)
+
     def tree(self) -> SupervisorSpec:
         """The supervision tree of the mounted platforms and the core pipeline."""
         s = self.settings
-
-        def supervisor(name: str, strategy: Strategy, children: list[Spec], **kw: Any) -> SupervisorSpec:
-            return SupervisorSpec(name, strategy, tuple(children), intensity=s.supervision.intensity(),
-                                  backoff=s.supervision.backoff(), **kw)
-
         pipeline: list[Spec] = [spec for m in self.mounts.values() for spec in m.pipeline_specs]
-        inbound: list[Spec] = [spec for m in self.mounts.values() for spec in m.inbound_specs]
         pipeline += [
-            ChildSpec(DISPATCHER, ActionDispatcher),
+            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions,)),
             ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight)),
             ChildSpec(BUILDER, AutoResponseBuilder),
         ]
-        retry = supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
-                           pool_size=s.retry.pool_size)
-        return supervisor(ROOT, Strategy.ONE_FOR_ONE, [
-            supervisor(PIPELINE, Strategy.ONE_FOR_ONE, pipeline),
+        retry = self._supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
+                                 pool_size=s.retry.pool_size)
+        conversations = self._supervisor(
+            CONVERSATIONS, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(CONVERSATIONS, ConversationActor)],
+            pool_size=CONVERSATION_POOL_SIZE, route_key=chat_of)
+        inbound: list[Spec] = [spec for m in self.mounts.values() for spec in m.inbound_specs]
+        return self._supervisor(ROOT, Strategy.ONE_FOR_ONE, [
+            self._supervisor(PIPELINE, Strategy.ONE_FOR_ONE, pipeline),
             retry,
-            supervisor(INTERFACES, Strategy.ONE_FOR_ONE, inbound),
+            conversations,
+            self._supervisor(INTERFACES, Strategy.ONE_FOR_ONE, inbound),
         ])
 
     def start(self) -> Application:
         """Start the tree and the admin endpoint; if any of it fails, stop what started."""
         rt = self.runtime.start()
+        rt.dead_letters.redact = Redactor(self.settings.secrets())
         try:
             rt.io.add_closer(self.engine.aclose)
             self._open_journal()
             self._mount_platforms()
             rt.crash_policy = self._root_failed
             rt.error_route = RETRY
+            # The interfaces start with the intake closed: nothing new is taken until the
+            # journal's unfinished work is resumed, so an old item runs once, and before
+            # anything newer from the same chat.
+            rt.intake.pause()
             tree = self.tree()
             rt.spawn(ROOT, Supervisor, tree)
             self._check_up(names_in(tree))
             resumed = rt.resume()
             if resumed:
                 log.info("resumed %d unfinished work items from the journal", resumed)
+            rt.intake.open()
             if self.settings.admin.enabled:
                 self.admin = AdminServer(rt, self.settings.admin)
                 try:
@@ -176,7 +195,7 @@ class Application:
     def _open_journal(self) -> None:
         s = self.settings
         if s.journal.enabled:
-            self.journal = SqliteJournal(s.journal.path or s.data_path / "journal.sqlite3")
+            self.journal = SqliteJournal(s.journal_path)
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
             forgotten = self.journal.compact(time.time() - s.journal.retention_seconds)
@@ -227,10 +246,13 @@ class Application:
         self.failed.set()
 
     def stop(self) -> bool:
-        """Stop inbound interfaces, drain in-flight work, stop everything. True if drained."""
+        """Stop taking work (interfaces, injects), drain what is under way, stop everything.
+        True if drained; what was not stays open in the journal and resumes on the next start."""
+        if self.admin is not None:
+            self.admin.accepting = False
         drained = self._stop_runtime(self.settings.runtime.drain_seconds)
         if not drained:
-            log.warning("stopped before all in-flight work finished; the rest is dead-lettered")
+            log.warning("stopped before all in-flight work finished; it resumes on the next start")
         return drained
 
     def __enter__(self) -> Application:

@@ -1,5 +1,10 @@
-"""The ``autoresponse`` command: ``run`` (the daemon), ``demo``, and the operator's
-``status``, ``inject`` and ``deadletters`` against a running daemon."""
+"""The ``autoresponse`` command: ``run`` (the daemon), ``demo``, ``journal check``,
+and the operator's ``status``, ``inject`` and ``deadletters`` against a running daemon.
+
+An operator's mistake (settings that cannot be used, a journal that cannot be
+read, an unreachable daemon) ends as one line on stderr, ``autoresponse: ...``,
+and exit code 2; a daemon that cannot start exits 1, also with one line.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +12,28 @@ import argparse
 import datetime as dt
 import json
 import logging
+import shlex
 import signal
 import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console as RichConsole
 from rich.table import Table
 from rich.tree import Tree
 
+from autoresponse.actors.journal import JournalCorrupt, check_journal
 from autoresponse.actors.routes import interface, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
+from autoresponse.admin import unsafe_bind
 from autoresponse.app import Application, StartError
-from autoresponse.config import Settings
+from autoresponse.redaction import Redactor
+from autoresponse.config import ConfigError, Settings
 
 log = logging.getLogger("autoresponse")
 
@@ -38,7 +48,8 @@ DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COM
 
 
 class RedactSecrets(logging.Filter):
-    """Replaces every configured secret (bot token, API key, admin token) in log lines.
+    """Replaces every configured secret (bot token, API key, admin token, URL credentials)
+    in log lines.
 
     Libraries log what they like (httpx logs each request URL, and a Telegram URL
     holds the bot token), so the redaction happens at the handler, for all of them.
@@ -46,15 +57,14 @@ class RedactSecrets(logging.Filter):
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if len(s) >= 4]
+        self.redact = Redactor(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
+        if self.redact.secrets:
             text = record.getMessage()
-            if any(secret in text for secret in self.secrets):
-                for secret in self.secrets:
-                    text = text.replace(secret, "[secret]")
-                record.msg, record.args = text, None
+            redacted = self.redact(text)
+            if redacted != text:
+                record.msg, record.args = redacted, None
         return True
 
 
@@ -66,26 +76,77 @@ def _logging(level: str, settings: Settings) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
+def _settings(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> Settings:
+    """The settings for a command that starts the application: loaded, and the data
+    directory checked, before anything starts (ConfigError otherwise)."""
+    settings = Settings.load(args.config, defaults=defaults)
+    settings.check_data_dir()
+    # Refused here, before any platform starts (and, say, polls Telegram), not halfway up.
+    problem = unsafe_bind(settings.admin) if settings.admin.enabled else None
+    if problem is not None:
+        raise ConfigError(problem)
+    return settings
+
+
+def _move_aside(path: Path) -> str:
+    """The shell command that moves a journal out of the way, keeping it, with its WAL
+    files: a new journal must not pick up the old one's write-ahead log."""
+    aside = path.with_name(path.name + ".corrupt")
+    n = 1
+    while aside.exists():  # never overwrite a journal kept aside before
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt{n}")
+    moves = [(path, aside)] + [(Path(f"{path}{s}"), Path(f"{aside}{s}")) for s in ("-wal", "-shm")
+                               if Path(f"{path}{s}").exists()]
+    return " && ".join(f"mv {shlex.quote(str(a))} {shlex.quote(str(b))}" for a, b in moves)
+
+
+def _journal_check_command(args: argparse.Namespace) -> str:
+    config = f" --config {shlex.quote(args.config)}" if args.config else ""
+    return f"autoresponse journal check{config}"
+
+
+def _start(args: argparse.Namespace, settings: Settings) -> Application:
+    """Start the application; a journal that cannot be read is a ConfigError that says
+    how to check it and how to move it aside. It is never replaced silently."""
+    try:
+        return Application(settings).start()
+    except JournalCorrupt as exc:
+        raise ConfigError(f"{exc}. Check it with `{_journal_check_command(args)}`; to start with an "
+                          f"empty journal, move it aside: {_move_aside(settings.journal_path)}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT, then drain, stop everything, exit 0.
 
     If the root supervisor gives up, stop the same way and exit 1.
     """
-    settings = Settings.load(args.config)
+    settings = _settings(args)
     _logging(settings.log_level, settings)
     stopping = threading.Event()
+    running: list[Application] = []
+
+    def on_signal(*_: object) -> None:
+        if stopping.is_set() and running:  # a second signal: stop now; what is left resumes
+            log.info("stopping now: what is under way stays open and resumes on the next start")
+            running[0].runtime.hurry()
+        stopping.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
+        signal.signal(signum, on_signal)
     try:
-        app = Application(settings).start()
+        app = _start(args, settings)
+        running.append(app)
     except (StartError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 1
     log.info("autoresponse is running; SIGTERM or SIGINT stops it")
     while not stopping.wait(0.2) and not app.failed.is_set():
         pass
-    log.info("stopping: draining in-flight work")
+    log.info("stopping: draining in-flight work (a second signal stops at once)")
     app.stop()
+    for signum in (signal.SIGTERM, signal.SIGINT):  # one more signal now must not turn exit 0 into a kill
+        signal.signal(signum, signal.SIG_IGN)
     leftover = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if leftover:
         log.warning("threads still alive after stop: %s", ", ".join(leftover))
@@ -176,10 +237,14 @@ def deadletters(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """A console conversation on the offline engine (or the configured LLM)."""
-    settings = Settings.load(args.config, defaults=DEMO_DEFAULTS)
+    settings = _settings(args, DEMO_DEFAULTS)
     _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings)
     texts = args.texts or list(DEMO_SCRIPT)
-    app = Application(settings).start()
+    try:
+        app = _start(args, settings)
+    except (StartError, ValueError) as exc:
+        print(f"autoresponse: cannot start: {exc}", file=sys.stderr)
+        return 1
     unanswered = 0
     try:
         with app.runtime.probe(sender("console")) as replies:
@@ -203,6 +268,25 @@ def demo(args: argparse.Namespace) -> int:
     return 1 if unanswered else 0
 
 
+def journal(args: argparse.Namespace) -> int:
+    """``journal check``: SQLite's integrity check of the configured journal, read only.
+
+    Exit 0 when it is fine (or there is none yet), 1 with the problems otherwise.
+    """
+    path = Settings.load(args.config).journal_path
+    if not path.exists():
+        print(f"no journal at {path}")
+        return 0
+    problems = check_journal(path)
+    if not problems:
+        print(f"ok: {path}")
+        return 0
+    for problem in problems:
+        print(f"{path}: {problem}")
+    print(f"to start with an empty journal, stop the daemon and move it aside: {_move_aside(path)}")
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="autoresponse", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -216,6 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--config", help="a TOML settings file")
     p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
     p_demo.set_defaults(func=demo)
+
+    p_journal = commands.add_parser("journal", help="check the delivery journal")
+    p_journal.add_argument("action", choices=["check"], help="check: SQLite's integrity check, read only")
+    p_journal.add_argument("--config", help="a TOML settings file")
+    p_journal.set_defaults(func=journal)
 
     def admin_client(name: str, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help)
@@ -246,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("deadletters replay needs the id of a dead letter")
     try:
         return args.func(args)
-    except (FileNotFoundError, AdminError) as exc:
+    except (FileNotFoundError, ConfigError, AdminError) as exc:
         print(f"autoresponse: {exc}", file=sys.stderr)
         return 2
 

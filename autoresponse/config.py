@@ -10,6 +10,12 @@ Priority, highest first: explicit arguments, environment, the TOML file given
 with ``--config``, the caller's defaults (``autoresponse demo`` enables a small
 terminal allowlist), then the built-in defaults.
 
+``Settings.load`` is strict, because a typo must not silently mean "the
+default": a TOML file that does not parse, a key that no model has (in the file
+or as an ``AUTORESPONSE_`` variable) and a value that does not validate each
+raise ``ConfigError``, whose message is one line that names the variable or the
+file's ``[section] key``, says what was expected and never shows a secret.
+
 The core sections are below; every registered platform adds its own section,
 named after it, with its own settings model (``Settings()`` builds the class
 that holds them all).
@@ -18,19 +24,35 @@ that holds them all).
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+import difflib
+import json
+import os
+import tomllib
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, create_model
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretBytes,
+    SecretStr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
+    SettingsError,
 )
 
 import autoresponse.interfaces  # noqa: F401  (registers the built-in platforms)
@@ -40,7 +62,14 @@ from autoresponse.actors.limits import (
     JOURNAL_RETENTION_SECONDS,
     LLM_CONNECT_TIMEOUT_SECONDS,
     LLM_MAX_ATTEMPTS,
+    LLM_DEADLINE_SECONDS,
     LLM_MAX_IN_FLIGHT,
+    LLM_MAX_RESPONSE_BYTES,
+    LLM_REQUEST_TIMEOUT_SECONDS,
+    MAX_ACTIONS_PER_REPLY,
+    MAX_OPEN_ITEMS,
+    MEMORY_MAX_TOKENS,
+    MEMORY_RETENTION_SECONDS,
     LLM_READ_TIMEOUT_SECONDS,
     MAILBOX_CAPACITY,
     MAX_HOPS,
@@ -55,8 +84,13 @@ from autoresponse.actors.limits import (
 from autoresponse.actors.retry import RetrySettings
 from autoresponse.supervisors import Platform, RestartIntensity, platforms
 
-_config_file: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
-_defaults: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("defaults", default={})
+ENV_PREFIX = "AUTORESPONSE_"
+ENV_NESTED_DELIMITER = "__"
+
+# What ``Settings.load`` hands to ``settings_customise_sources`` (the TOML file's
+# contents and the caller's defaults); None outside a ``load``.
+_file_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("file_data", default=None)
+_defaults: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("defaults", default=None)
 
 
 class LLMSettings(BaseModel):
@@ -70,12 +104,30 @@ class LLMSettings(BaseModel):
     max_attempts: int = Field(default=LLM_MAX_ATTEMPTS, ge=1)
     max_in_flight: int = Field(default=LLM_MAX_IN_FLIGHT, ge=1)
     temperature: float | None = None
+    #: The whole of one attempt (connect, send, read the body), and all attempts together.
+    request_timeout: float = Field(default=LLM_REQUEST_TIMEOUT_SECONDS, gt=0)
+    deadline: float = Field(default=LLM_DEADLINE_SECONDS, gt=0)
+    max_response_bytes: int = Field(default=LLM_MAX_RESPONSE_BYTES, ge=1)
 
 
 class RuntimeSettings(BaseModel):
     max_hops: int = Field(default=MAX_HOPS, ge=1)
     mailbox_capacity: int = Field(default=MAILBOX_CAPACITY, ge=1)
+    #: How long a stop waits for work under way; what is left stays open and resumes.
     drain_seconds: float = Field(default=DRAIN_SECONDS, ge=0)
+    #: Work accepted from outside and not finished, at most (then sources wait).
+    max_open: int = Field(default=MAX_OPEN_ITEMS, ge=1)
+    #: Actions one LLM reply may hold; more is an error the LLM is asked to fix.
+    max_actions: int = Field(default=MAX_ACTIONS_PER_REPLY, ge=1)
+
+
+class MemorySettings(BaseModel):
+    """Each chat's conversation memory, in ``<data_dir>/memory.sqlite3``."""
+
+    enabled: bool = True
+    #: Tokens (about four characters each) a chat's memory may hold; the oldest go first.
+    max_tokens: int = Field(default=MEMORY_MAX_TOKENS, ge=0)
+    retention_seconds: float = Field(default=MEMORY_RETENTION_SECONDS, gt=0)
 
 
 class SupervisionSettings(BaseModel):
@@ -105,6 +157,12 @@ class AdminSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     token: SecretStr | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _blank_token_is_none(cls, token: SecretStr | None) -> SecretStr | None:
+        """``AUTORESPONSE_ADMIN__TOKEN=`` (empty) is no token: it must not open a public bind."""
+        return token if token is not None and token.get_secret_value().strip() else None
 
     @property
     def url(self) -> str:
@@ -143,11 +201,16 @@ def _secret_values(value: Any) -> Iterator[str]:
             yield f"{parts.username}:{parts.password}" if parts.password else parts.username
 
 
+class ConfigError(Exception):
+    """Settings that cannot be used. The message is one line for the operator: where
+    (the variable, or the file and its ``[section] key``), what is wrong, never a secret."""
+
+
 class Settings(BaseSettings):
     """Every setting of the runtime, the core sections and one per registered platform."""
 
     model_config = SettingsConfigDict(
-        env_prefix="AUTORESPONSE_", env_nested_delimiter="__", extra="ignore"
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="ignore"
     )
 
     llm: LLMSettings = LLMSettings()
@@ -156,6 +219,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     admin: AdminSettings = AdminSettings()
     journal: JournalSettings = JournalSettings()
+    memory: MemorySettings = MemorySettings()
     data_dir: Path = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
 
@@ -167,15 +231,34 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, config_file: str | Path | None = None, *,
              defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
-        """Settings from every source; ``config_file`` is a TOML file."""
+        """Settings from every source; ``config_file`` is a TOML file.
+
+        Raises FileNotFoundError when ``config_file`` does not exist, and ConfigError
+        (one line, no secrets) for a file that does not parse, an unknown key in the
+        file or the environment, or a value that does not validate.
+        """
         if config_file is not None and not Path(config_file).is_file():
             raise FileNotFoundError(f"config file not found: {config_file}")
-        file_token = _config_file.set(Path(config_file) if config_file else None)
-        defaults_token = _defaults.set(defaults or {})
+        model = _with_platforms(platforms()) if cls is Settings else cls
+        sources = _Sources(
+            overrides=overrides, environment=_environment(), defaults=defaults or {},
+            file=Path(config_file) if config_file is not None else None,
+            file_data=_read_toml(Path(config_file)) if config_file is not None else {},
+        )
+        problems = [*sources.unknown_keys(model), *sources.unreadable_json(model)]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        file_token = _file_data.set(sources.file_data)
+        defaults_token = _defaults.set(sources.defaults)
         try:
             return cls(**overrides)
+        except SettingsError as exc:
+            # Not expected after unreadable_json; still one line rather than a traceback.
+            raise ConfigError(f"{exc} ({exc.__cause__})") from None
+        except ValidationError as exc:
+            raise ConfigError("; ".join(sources.explain(model, error) for error in exc.errors())) from None
         finally:
-            _config_file.reset(file_token)
+            _file_data.reset(file_token)
             _defaults.reset(defaults_token)
 
     def section(self, name: str) -> Any:
@@ -196,6 +279,23 @@ class Settings(BaseSettings):
     def data_path(self) -> Path:
         return self.data_dir.expanduser()
 
+    @property
+    def journal_path(self) -> Path:
+        """Where the delivery journal lives (the application opens the same path)."""
+        return self.journal.path or self.data_path / "journal.sqlite3"
+
+    def check_data_dir(self) -> Path:
+        """Create the data directory if it is missing; ConfigError if it cannot be used.
+
+        Called before anything starts, so that the operator reads which directory and
+        why, not a traceback from whichever store opened it first.
+        """
+        _usable_directory(self.data_path, f"the data directory {self.data_path} ({ENV_PREFIX}DATA_DIR, data_dir)")
+        if self.journal.enabled and self.journal.path is not None:
+            where = self.journal_path.parent
+            _usable_directory(where, f"the journal's directory {where} ({ENV_PREFIX}JOURNAL__PATH, [journal] path)")
+        return self.data_path
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -206,9 +306,10 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = _config_file.get()
-        if config_file is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        file_data = _file_data.get()
+        if file_data:
+            # The TOML file, read and checked by ``load``.
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=file_data))
         defaults = _defaults.get()
         if defaults:
             sources.append(InitSettingsSource(settings_cls, init_kwargs=defaults))
@@ -220,3 +321,262 @@ def _with_platforms(registered: tuple[Platform, ...]) -> type[Settings]:
     """The Settings class with one section per registered platform."""
     sections: dict[str, Any] = {p.name: (p.settings, Field(default_factory=p.settings)) for p in registered}
     return create_model("Settings", __base__=Settings, __module__=__name__, **sections)
+
+
+# ---------------------------------------------------------------- checking the sources
+
+
+def _usable_directory(path: Path, what: str) -> None:
+    """Make sure ``path`` is (or can be made) a writable directory; ConfigError saying why not."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        why = "it is a file" if existing == path else f"{existing} is a file"
+        raise ConfigError(f"{what} cannot be used: {why}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be created: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} cannot be used: it is not writable")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The parsed file; ConfigError with the file, line and column when it does not parse."""
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except tomllib.TOMLDecodeError as exc:  # its message ends "(at line X, column Y)"
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+
+
+def _environment() -> dict[tuple[str, ...], tuple[str, str]]:
+    """Every ``AUTORESPONSE_`` variable by the path it sets: ("admin", "port") → (name, value).
+
+    Matched without regard to case, as pydantic-settings matches them.
+    """
+    return {tuple(name[len(ENV_PREFIX):].lower().split(ENV_NESTED_DELIMITER)): (name, value)
+            for name, value in os.environ.items() if name.upper().startswith(ENV_PREFIX)}
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a field may hold: the members of ``X | Y | None`` without None, or the type itself."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (``Model`` or ``Model | None``), if it holds one."""
+    models = [a for a in _members(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _step(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """What a key path goes on into beneath a field: the model (of ``Model``, ``Model | None``
+    or ``dict[str, Model]``), and whether a free key (the dict's own) comes first."""
+    model = _model_in(annotation)
+    if model is not None:
+        return model, False
+    members = _members(annotation)
+    origin = get_origin(members[0]) if len(members) == 1 else None
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        model = _model_in(get_args(members[0])[-1])
+        return model, model is not None
+    return None, False
+
+
+def _field_at(model: type[BaseModel], path: Sequence[str | int]) -> FieldInfo | None:
+    """The field ``path`` names, walking down nested models (and dicts of models); None
+    when it names none: past a plain value, or a dict's key itself."""
+    found: FieldInfo | None = None
+    inner: type[BaseModel] | None = model
+    free_key = False
+    for part in path:
+        if free_key:
+            found, free_key = None, False
+            continue
+        if inner is None or not isinstance(part, str) or part not in inner.model_fields:
+            return None
+        found = inner.model_fields[part]
+        inner, free_key = _step(found.annotation)
+    return found
+
+
+def _unknown(model: type[BaseModel], path: Sequence[str]) -> tuple[int, list[str]] | None:
+    """Where ``path`` first names no field: its index and the names known there.
+
+    None when every part is a field (or a key of a dict of models), or when the path
+    goes on beneath a plain value (a number, a list): validation speaks for those.
+    """
+    free_key = False
+    for index, part in enumerate(path):
+        if free_key:
+            free_key = False
+            continue
+        if part not in model.model_fields:
+            return index, list(model.model_fields)
+        inner, free_key = _step(model.model_fields[part].annotation)
+        if inner is None:
+            return None
+        model = inner
+    return None
+
+
+def _did_you_mean(word: str, known: list[str], spell: Callable[[str], str]) -> str:
+    """`` (did you mean X?)`` for the known name nearest to ``word``, spelled as the source spells it."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {spell(close[0])}?)" if close else ""
+
+
+def _reads_json(annotation: Any) -> bool:
+    """Whether pydantic-settings reads the field's environment value as JSON: lists,
+    dicts and models. A union counts only if every member does (else a plain value may fit)."""
+    def container(a: Any) -> bool:
+        kind = get_origin(a) or a
+        return (isinstance(kind, type) and not issubclass(kind, (str, bytes))
+                and issubclass(kind, (BaseModel, Mapping, Sequence, AbstractSet)))
+    members = _members(annotation)
+    return bool(members) and all(container(a) for a in members)
+
+
+def _is_secret(model: type[BaseModel], loc: Sequence[str | int]) -> bool:
+    """Whether the field at ``loc`` holds a secret, whose value must never be shown."""
+    found = _field_at(model, [p for p in loc if isinstance(p, str)])
+    if found is None:
+        return False
+    pending = [found.annotation]
+    while pending:  # SecretStr anywhere inside: SecretStr | None, list[SecretStr], ...
+        annotation = pending.pop()
+        if isinstance(annotation, type) and issubclass(annotation, (SecretStr, SecretBytes)):
+            return True
+        pending.extend(get_args(annotation))
+    return False
+
+
+def _shown(value: Any, secret: bool) -> str | None:
+    """The bad value as the operator may see it: None for secrets and for containers,
+    which might hold one; URL credentials replaced."""
+    if secret or not isinstance(value, (str, int, float, bool, type(None))):
+        return None
+    text = repr(value)
+    for hidden in sorted(_secret_values(value), key=len, reverse=True):
+        text = text.replace(hidden, "[secret]")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _holds(data: Any, loc: Sequence[str | int]) -> bool:
+    """Whether the nested dict ``data`` sets ``loc`` (or the list an index in ``loc`` points into)."""
+    for part in loc:
+        if not isinstance(data, Mapping):
+            return isinstance(part, int)
+        if part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _suffix(parts: Sequence[str | int]) -> str:
+    """``.key`` and ``[index]`` parts, e.g. ``.allowed_users[1]``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _toml_name(loc: Sequence[str | int], *, section: bool = False) -> str:
+    """``[section] key`` as the TOML file spells it; ``[section]`` for a table."""
+    first_index = next((i for i, p in enumerate(loc) if isinstance(p, int)), len(loc))
+    keys, rest = loc[:first_index], _suffix(loc[first_index:])
+    if section:
+        return f"[{'.'.join(map(str, keys))}]"
+    if len(keys) == 1:
+        return f"{keys[0]}{rest}"
+    return f"[{'.'.join(map(str, keys[:-1]))}] {keys[-1]}{rest}"
+
+
+def _leaves(data: Mapping[str, Any], where: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every key path of a parsed TOML file that ends in a value (or an empty table)."""
+    for key, value in data.items():
+        path = (*where, key)
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, path)
+        else:
+            yield path, value
+
+
+@dataclass
+class _Sources:
+    """What ``Settings.load`` reads, kept to check it and to name the source of a bad value."""
+
+    overrides: Mapping[str, Any]
+    environment: Mapping[tuple[Any, ...], tuple[str, str]]
+    defaults: dict[str, Any]
+    file: Path | None = None
+    file_data: dict[str, Any] = field(default_factory=dict)
+
+    def unknown_keys(self, model: type[BaseModel]) -> Iterator[str]:
+        """Keys no model has, each with its nearest known spelling: a typo is an error, not a default."""
+        reported: set[tuple[str, ...]] = set()
+        for path, value in _leaves(self.file_data):
+            path = (path[0].lower(), *path[1:])  # pydantic-settings matches top-level keys in any case
+            where = _unknown(model, path)
+            if where is None or path[:where[0] + 1] in reported:
+                continue
+            index, known = where
+            reported.add(path[:index + 1])
+            section = index < len(path) - 1 or isinstance(value, Mapping)
+
+            spell = (lambda key: f"[{key}]") if section and index == 0 else str
+            yield (f"{self.file}: unknown {'section' if section else 'key'} "
+                   f"{_toml_name(path[:index + 1], section=section)}{_did_you_mean(path[index], known, spell)}")
+        for path, (name, _) in sorted(self.environment.items()):
+            where = _unknown(model, path)
+            if where is not None:
+                index, known = where
+
+                def variable(key: str, *, at: tuple[str, ...] = path, index: int = index) -> str:
+                    """The variable as it would be spelled with ``key`` in place of the typo."""
+                    return ENV_PREFIX + ENV_NESTED_DELIMITER.join((*at[:index], key, *at[index + 1:])).upper()
+
+                yield f"{name} is not a setting{_did_you_mean(path[index], known, variable)}"
+
+    def unreadable_json(self, model: type[BaseModel]) -> Iterator[str]:
+        """Environment values that must be JSON (lists, dicts, whole sections) and are not."""
+        for path, (name, value) in sorted(self.environment.items()):
+            found = _field_at(model, path)
+            if found is None or not value or not _reads_json(found.annotation):
+                continue
+            try:
+                json.loads(value)
+            except ValueError as exc:
+                members = _members(found.annotation)
+                listed = any(issubclass(get_origin(a) or a, (Sequence, AbstractSet)) for a in members)
+                expected = 'a JSON list, e.g. ["a", "b"]' if listed else 'a JSON object, e.g. {"k": "v"}'
+                shown = _shown(value, _is_secret(model, path))
+                yield f"{name}{'' if shown is None else ' is ' + shown}: expected {expected} ({exc})"
+
+    def name(self, loc: Sequence[str | int]) -> str:
+        """Where the value at ``loc`` came from, in priority order: an argument, a variable,
+        the file's ``[section] key``, or (for defaults) the dotted setting."""
+        if not loc:
+            return "the settings"
+        dotted = _suffix(loc).removeprefix(".")
+        if _holds(self.overrides, loc):
+            return f"the argument {dotted}"
+        for n in range(len(loc), 0, -1):
+            if tuple(loc[:n]) in self.environment:
+                return self.environment[tuple(loc[:n])][0] + _suffix(loc[n:])
+        if self.file is not None and _holds(self.file_data, loc):
+            return f"{self.file}: {_toml_name(loc)}"
+        return f"the setting {dotted}"
+
+    def explain(self, model: type[BaseModel], error: Any) -> str:
+        """One validation error as one line: where, the bad value (unless secret), what was expected."""
+        loc, message = error["loc"], error["msg"].replace("Input should be ", "should be ", 1)
+        if error["type"] == "missing":
+            return f"{self.name(loc)}: {message}"
+        if _is_secret(model, loc):
+            return f"{self.name(loc)} (a secret, not shown): {message}"
+        shown = _shown(error["input"], secret=False)
+        return f"{self.name(loc)}{'' if shown is None else ' is ' + shown}: {message}"

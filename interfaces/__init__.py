@@ -18,6 +18,9 @@ BUILTIN_PLATFORMS = (
     "terminal",
     "events",
     "telegram",
+    "reddit",
+    "x",
+    "telethon",
 )
 
 

@@ -86,6 +86,11 @@ class OriginalContext(BaseModel):
         return self.chat_type in ("group", "supergroup")
 
     @property
+    def chat_key(self) -> str:
+        """Names the conversation: the interface, the chat and the thread (a forum topic)."""
+        return f"{self.interface_name}:{self.chat_id}:{'' if self.thread_id is None else self.thread_id}"
+
+    @property
     def extras(self) -> dict[str, Any]:
         """The keys a caller added beyond the known fields."""
         return dict(self.model_extra or {})

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -51,7 +51,7 @@ class ChildSpec:
     restart: Restart = Restart.PERMANENT
     shutdown: float = 5.0
     capacity: int | None = None
-    overflow: OverflowPolicy = OverflowPolicy.DEAD_LETTER
+    overflow: OverflowPolicy = OverflowPolicy.HOLD
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,9 @@ class SupervisorSpec:
     restart: Restart = Restart.PERMANENT
     shutdown: float = 30.0
     pool_size: int = 0
+    #: For a pool: the key a message is routed by, so that messages with one key stay
+    #: on one child, in order (default: the correlation: one request, one child).
+    route_key: Callable[[Any, Any], str] | None = None
 
     def __post_init__(self) -> None:
         ids = [c.id for c in self.children]

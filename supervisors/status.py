@@ -18,6 +18,8 @@ class ActorStatus(BaseModel):
     name: str
     kind: Literal["supervisor", "worker"]
     state: Literal["running", "restarting", "stopped"]
+    #: Its incarnation's thread is alive (a "running" actor whose thread died is not).
+    alive: bool = True
     restarts: int
     last_failure: Failure | None
     mailbox: int = Field(description="letters waiting")
@@ -33,11 +35,21 @@ class Status(BaseModel):
     time: float
     tree: list[ActorStatus]
     in_flight: int
+    #: Work accepted from outside and not finished, and how much may be.
+    open_items: int = 0
+    intake_capacity: int = 0
+    #: Actors that are not running (crashed and restarting, stopped, or dead threads).
+    down: list[str] = Field(default_factory=list)
     dead_letters: dict[str, int] = Field(description="counts by reason")
     dead_letters_total: int
 
     def find(self, name: str) -> ActorStatus | None:
         return next((n for root in self.tree for n in root.walk() if n.name == name), None)
+
+    @property
+    def healthy(self) -> bool:
+        """Every actor runs: nothing is down, no inbound loop is dead."""
+        return not self.down
 
 
 def snapshot(runtime: Runtime) -> Status:
@@ -55,6 +67,7 @@ def snapshot(runtime: Runtime) -> Status:
             name=name,
             kind="supervisor" if issubclass(cell.actor_class, Supervisor) else "worker",
             state=cell.state,
+            alive=cell.alive,
             restarts=cell.restarts,
             last_failure=cell.last_failure,
             mailbox=len(cell.mailbox),
@@ -67,6 +80,9 @@ def snapshot(runtime: Runtime) -> Status:
         time=time.time(),
         tree=[node(c.name) for c in cells if c.supervisor is None or not runtime.has(c.supervisor)],
         in_flight=runtime.inflight.count(),
+        open_items=runtime.intake.open_count,
+        intake_capacity=runtime.intake.capacity,
+        down=[c.name for c in cells if c.state != "running" or not c.alive],
         dead_letters=counts,
         dead_letters_total=sum(counts.values()),
     )

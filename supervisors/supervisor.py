@@ -40,11 +40,14 @@ class RestartDue(BaseModel):
 
 
 class StartChild(BaseModel):
-    """Grow a simple_one_for_one pool by one child (extra args after the template's)."""
+    """Start one more child (OTP's ``start_child``): for a simple_one_for_one pool, one
+    more from its template (``args`` after the template's); for any other supervisor,
+    the ``spec`` given, after the children it already has."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     args: tuple[Any, ...] = ()
+    spec: ChildSpec | SupervisorSpec | None = None
 
 
 class Supervisor(TypedActor):
@@ -131,18 +134,27 @@ class Supervisor(TypedActor):
 
     @handles
     def on_start_child(self, request: StartChild, env: Envelope) -> None:
-        if self.spec.strategy is not Strategy.SIMPLE_ONE_FOR_ONE:
-            raise ValueError(f"{self.name} is not a simple_one_for_one pool")
-        self._add_to_pool(request.args)
+        if self.spec.strategy is Strategy.SIMPLE_ONE_FOR_ONE:
+            self._add_to_pool(request.args)
+            return
+        if request.spec is None:
+            raise ValueError(f"{self.name} is not a simple_one_for_one pool: StartChild needs a spec")
+        if any(name == request.spec.id for name, _ in self._children):
+            raise ValueError(f"{self.name} already has a child named {request.spec.id!r}")
+        self._children.append((request.spec.id, request.spec))
+        self._start(request.spec.id, request.spec)
 
     @handles
     def on_work(self, message: object, env: Envelope) -> None:
-        """A pool routes work to a child by correlation: one request, one child, in order."""
+        """A pool routes work to a child by its key (the correlation by default: one request,
+        one child, in order)."""
         if self.spec.strategy is not Strategy.SIMPLE_ONE_FOR_ONE or not self._children:
             self.runtime.dead_letters.post(env, "no handler", actor=self.name,
                                            detail=f"a supervisor does not handle {type(message).__name__}")
             return
-        name, _ = self._children[zlib.crc32(env.correlation_id.encode()) % len(self._children)]
+        route_key = self.spec.route_key
+        key = env.correlation_id if route_key is None else route_key(message, env)
+        name, _ = self._children[zlib.crc32(key.encode()) % len(self._children)]
         self.runtime.deliver(name, env.child(message))
 
     # ---------------------------------------------------------------- strategy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from autoresponse.actors import Runtime
 from autoresponse import Application
 from autoresponse.supervisors import snapshot
-from autoresponse.admin import AdminServer
+from autoresponse.admin import MAX_BODY_DEPTH, AdminServer
 from autoresponse.app import names_in
 from autoresponse.config import AdminSettings
 
@@ -45,7 +46,7 @@ def test_the_snapshot_lists_every_actor_in_its_tree(make_app: MakeApp) -> None:
     status = snapshot(app.runtime)
     [root] = status.tree
     assert root.name == "root" and root.kind == "supervisor"
-    assert [c.name for c in root.children] == ["pipeline", "retry", "interfaces"]
+    assert [c.name for c in root.children] == ["pipeline", "retry", "conversations", "interfaces"]
     listed = [n.name for n in root.walk()]
     assert sorted(listed) == sorted(names_in(app.tree()))
     llm = status.find("llm")
@@ -148,3 +149,132 @@ def test_with_a_token_every_request_must_carry_it() -> None:
         assert call(f"{url}/inject/x", "POST", {}, token="wrong")[0] == 401
     finally:
         rt.stop()
+
+
+@pytest.mark.parametrize("token", ["", "   "])
+def test_an_empty_token_is_no_token(token: str) -> None:
+    rt = Runtime().start()
+    try:
+        with pytest.raises(ValueError, match="only with a token"):
+            AdminServer(rt, AdminSettings(host="0.0.0.0", port=0, token=token))
+    finally:
+        rt.stop()
+
+
+def post_raw(url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, method="POST", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (b'{"text": "caf\xe9"}', "the body is not UTF-8"),
+    (b"[" * 100_000, f"the body nests deeper than {MAX_BODY_DEPTH} levels"),
+    (b'{"text": ' + b"[" * 500 + b"]" * 500 + b"}", f"the body nests deeper than {MAX_BODY_DEPTH} levels"),
+    (b"9" * 5000, "the body is not JSON"),
+    (b"{nope", "the body is not JSON"),
+])
+def test_a_body_that_is_not_json_is_a_400(make_app: MakeApp, body: bytes, reason: str) -> None:
+    app = make_app(admin=ADMIN)
+    code, answer = post_raw(f"{admin_url(app)}/inject/interface.console", body)
+    assert code == 400 and answer["error"].startswith(reason)
+    # Still serving.
+    code, answer = post_raw(f"{admin_url(app)}/inject/interface.console", b'{"text": "run echo fine"}')
+    assert code == 202
+
+
+def test_an_authorization_header_that_is_not_utf8_is_a_401() -> None:
+    rt = Runtime().start()
+    try:
+        server = AdminServer(rt, AdminSettings(host="127.0.0.1", port=0, token="the-token"))
+        server.start()
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            connection.putrequest("GET", "/status")
+            connection.putheader("Authorization", b"Bearer \xff\xfe")
+            connection.endheaders()
+            assert connection.getresponse().status == 401
+        finally:
+            connection.close()
+    finally:
+        rt.stop()
+
+
+def test_a_flood_is_backpressure_not_loss(make_app: MakeApp, fake_llm: Any) -> None:
+    """Ten times the mailbox capacity, injected at once: the endpoint says 503 with
+    Retry-After while the runtime is full, the client tries again, and every request is
+    answered. No work is accepted and then dropped."""
+    import threading
+    import time as clock
+
+    from autoresponse.actors.llm.fake_server import FakeResponse
+
+    fake_llm.responder = lambda body: FakeResponse(delay=0.05, content=json.dumps(
+        {"actions": [{"type": "message_console", "payload": {"text": "ok"}}]}))
+    app = make_app(base_url=fake_llm.base_url, admin=ADMIN,
+                   runtime={"mailbox_capacity": 5, "max_open": 10}, llm={"max_in_flight": 4})
+    url = admin_url(app)
+    busy: list[str] = []
+
+    def push(n: int) -> None:
+        body = {"text": f"request {n}", "user_name": "flood"}
+        for _ in range(600):
+            status, text = call(f"{url}/inject/interface.console?correlation=flood-{n}", "POST", body)
+            if status == 202:
+                return
+            assert status == 503 and "busy" in text, (status, text)
+            busy.append(text)
+            clock.sleep(0.05)
+        raise AssertionError(f"request {n} was never taken")
+
+    threads = [threading.Thread(target=push, args=(n,)) for n in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert app.runtime.wait_idle(timeout=60)
+    assert busy, "the runtime was never full: the flood did not test backpressure"
+    assert console_text(app).count("bot ") == 50
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_the_busy_answer_carries_retry_after(make_app: MakeApp, fake_llm: Any) -> None:
+    from autoresponse.actors.llm.fake_server import FakeResponse
+
+    fake_llm.script(FakeResponse(delay=3))  # the first request holds the only place a while
+    app = make_app(base_url=fake_llm.base_url, admin=ADMIN, runtime={"max_open": 1})
+    assert call(f"{admin_url(app)}/inject/interface.console", "POST", {"text": "first"})[0] == 202
+    request = urllib.request.Request(f"{admin_url(app)}/inject/interface.console", method="POST",
+                                     data=json.dumps({"text": "second"}).encode())
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 503 and caught.value.headers["Retry-After"] == "2"
+
+
+def test_healthz_is_not_ok_while_an_inbound_actor_is_down(make_app: MakeApp) -> None:
+    from conftest import wait_for
+
+    app = make_app(admin=ADMIN, supervision={"backoff_min": 2.0, "backoff_max": 2.0, "backoff_jitter": 0})
+    url = admin_url(app)
+    assert call(f"{url}/healthz") == (200, '{"status": "ok"}')
+    call(f"{url}/inject/interface.console?type=Crash", "POST", {"reason": "its loop died"})
+    status, text = wait_for(lambda: (r := call(f"{url}/healthz"))[0] == 503 and r)
+    assert json.loads(text) == {"status": "degraded", "down": ["interface.console"]}
+    wait_for(lambda: call(f"{url}/healthz")[0] == 200, timeout=10)  # restarted after its backoff
+
+
+def test_credentials_in_a_configured_url_never_show(make_app: MakeApp, caplog: pytest.LogCaptureFixture) -> None:
+    from conftest import free_port
+
+    app = make_app(base_url=f"http://synth:pa55w0rd-xyz@127.0.0.1:{free_port()}/v1", admin=ADMIN,
+                   llm={"max_attempts": 1})
+    ask(app, "hello")
+    status, text = call(f"{admin_url(app)}/deadletters")
+    assert status == 200 and "llm unavailable" in text
+    assert "pa55w0rd-xyz" not in text
+    assert "pa55w0rd-xyz" not in call(f"{admin_url(app)}/status")[1]
+    assert "pa55w0rd-xyz" in app.settings.secrets()  # it is known as a secret, so logs redact it too

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import socket
@@ -130,11 +129,16 @@ def test_the_daemon_exits_with_one_clear_line_when_it_cannot_start() -> None:
     assert f"cannot start: the admin endpoint cannot listen on 127.0.0.1:{port}" in errors[0]
 
 
-def test_the_daemon_refuses_an_admin_bind_outside_loopback_without_a_token() -> None:
-    done = autoresponse("run", env=environment(AUTORESPONSE_ADMIN__HOST="0.0.0.0",
-                                               AUTORESPONSE_ADMIN__PORT=str(free_port())), timeout=60)
-    assert done.returncode == 1
-    assert "cannot start: the admin endpoint may bind to '0.0.0.0' only with a token" in done.stderr
+@pytest.mark.parametrize("token", [None, "", "  "])
+def test_the_daemon_refuses_an_admin_bind_outside_loopback_without_a_token(token: str | None,
+                                                                          tmp_path: Path) -> None:
+    # A configuration error, refused before anything starts; an empty token is no token.
+    env = environment(AUTORESPONSE_ADMIN__HOST="0.0.0.0", AUTORESPONSE_ADMIN__PORT=str(free_port()),
+                      AUTORESPONSE_DATA_DIR=str(tmp_path / "data"),
+                      **({} if token is None else {"AUTORESPONSE_ADMIN__TOKEN": token}))
+    line = one_line_error(autoresponse("run", env=env))
+    assert line == ("autoresponse: the admin endpoint may bind to '0.0.0.0' only with a token: "
+                    "set AUTORESPONSE_ADMIN__TOKEN, or bind to 127.0.0.1")
 
 
 def test_an_actor_that_cannot_set_up_stops_the_start_and_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,3 +155,119 @@ def test_an_actor_that_cannot_set_up_stops_the_start_and_is_named(monkeypatch: p
     settings = Settings.load(admin={"enabled": False}, events={"enabled": False}, journal={"enabled": False})
     with pytest.raises(StartError, match="interface.console: OSError: no terminal here"):
         Application(settings, console=Console(io.StringIO())).start()
+
+
+# ---------------------------------------------------------------- an operator's mistakes
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line an operator's mistake ends in: exit 2, ``autoresponse: ...``, no traceback."""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("autoresponse: "), done.stderr
+    return lines[0]
+
+
+JUNK = b"this is not a journal, " * 100
+
+
+def _mistake(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list[str]]:
+    """The arguments and environment of one mistake, and what its line must say."""
+    config = tmp_path / "autoresponse.toml"
+    data = tmp_path / "data"
+    env: dict[str, str] = {}
+    args: list[str] = []
+    if case == "toml does not parse":
+        config.write_text('[terminal]\nenabled = true\nallowed_commands = ["df" "uptime"]\n')
+        args, expected = ["--config", str(config)], [str(config), "not valid TOML", "(at line 3, column 26)"]
+    elif case == "list variable not json":
+        env["AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS"] = "notjson"
+        expected = ["AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS is 'notjson'", "expected a JSON list"]
+    elif case == "variable not an integer":
+        env["AUTORESPONSE_ADMIN__PORT"] = "abc"
+        expected = ["AUTORESPONSE_ADMIN__PORT is 'abc': should be a valid integer"]
+    elif case == "file value not an integer":
+        config.write_text('[runtime]\nmax_hops = "many"\n')
+        args = ["--config", str(config)]
+        expected = [f"{config}: [runtime] max_hops is 'many': should be a valid integer"]
+    elif case == "unknown variable":
+        env["AUTORESPONSE_TERMINAL__ENABELD"] = "true"
+        expected = ["is not a setting (did you mean AUTORESPONSE_TERMINAL__ENABLED?)"]
+    elif case == "unknown key in the file":
+        config.write_text("[terminal]\nenabeld = true\n")
+        args, expected = ["--config", str(config)], ["unknown key [terminal] enabeld (did you mean enabled?)"]
+    elif case == "unknown section in the file":
+        config.write_text('[telegarm]\ntoken = "123:abc"\n')
+        args, expected = ["--config", str(config)], ["unknown section [telegarm] (did you mean [telegram]?)"]
+    elif case == "data dir is a file":
+        data.write_text("")
+        expected = [f"the data directory {data}", "cannot be used: it is a file"]
+    elif case == "corrupt journal":
+        data.mkdir()
+        (data / "journal.sqlite3").write_bytes(JUNK)
+        journal = data / "journal.sqlite3"
+        expected = [f"the journal {journal} cannot be read (file is not a database)",
+                    "Check it with `autoresponse journal check`",
+                    f"move it aside: mv {journal} {journal}.corrupt"]
+    else:
+        raise AssertionError(case)
+    env.setdefault("AUTORESPONSE_ADMIN__PORT", str(free_port()))
+    env["AUTORESPONSE_DATA_DIR"] = str(data)
+    return args, environment(**env), expected
+
+
+MISTAKES = ["toml does not parse", "list variable not json", "variable not an integer",
+            "file value not an integer", "unknown variable", "unknown key in the file",
+            "unknown section in the file", "data dir is a file", "corrupt journal"]
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+@pytest.mark.parametrize("case", MISTAKES)
+def test_an_operators_mistake_is_one_line_and_exit_2(command: str, case: str, tmp_path: Path) -> None:
+    args, env, expected = _mistake(case, tmp_path)
+    line = one_line_error(autoresponse(command, *args, env=env))
+    for fragment in expected:
+        assert fragment in line
+    if case == "corrupt journal":  # kept as it was, never replaced
+        assert (tmp_path / "data" / "journal.sqlite3").read_bytes() == JUNK
+
+
+def test_the_admin_commands_report_bad_settings_in_one_line() -> None:
+    env = environment(AUTORESPONSE_ADMIN__PROT="9000")
+    line = one_line_error(autoresponse("status", env=env))
+    assert "AUTORESPONSE_ADMIN__PROT is not a setting (did you mean AUTORESPONSE_ADMIN__PORT?)" in line
+
+
+def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[telegram]\ntoken = 123456789\n")
+    line = one_line_error(autoresponse("demo", "--config", str(config)))
+    assert "[telegram] token (a secret, not shown)" in line and "123456789" not in line
+
+
+def test_journal_check(tmp_path: Path) -> None:
+    from autoresponse.actors.journal import SqliteJournal
+
+    journal = tmp_path / "data" / "journal.sqlite3"
+    env = environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    done = autoresponse("journal", "check", env=env)
+    assert (done.returncode, done.stdout) == (0, f"no journal at {journal}\n"), done.stderr
+
+    SqliteJournal(journal).close()
+    done = autoresponse("journal", "check", env=env)
+    assert (done.returncode, done.stdout) == (0, f"ok: {journal}\n"), done.stderr
+
+    journal.write_bytes(JUNK)
+    done = autoresponse("journal", "check", env=env)
+    assert done.returncode == 1, done.stderr
+    assert f"{journal}: file is not a database" in done.stdout
+    assert f"move it aside: mv {journal} {journal}.corrupt" in done.stdout
+    assert journal.read_bytes() == JUNK
+
+
+def test_journal_check_reads_the_path_from_the_config_file(tmp_path: Path) -> None:
+    journal = tmp_path / "elsewhere" / "j.sqlite3"
+    config = tmp_path / "c.toml"
+    config.write_text(f'[journal]\npath = "{journal}"\n')
+    done = autoresponse("journal", "check", "--config", str(config))
+    assert (done.returncode, done.stdout) == (0, f"no journal at {journal}\n"), done.stderr

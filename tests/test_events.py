@@ -132,3 +132,23 @@ def test_repeating_events_move_to_their_next_occurrence(repeat: str, start: str,
 
     following = next_due(ts(start), repeat, ts(now))
     assert following == (None if expected is None else ts(expected))
+
+
+def test_a_reminder_that_keeps_failing_is_retried_a_bounded_number_of_times_then_given_up_once(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5)
+    fake_llm.script(*[FakeResponse(status=500) for _ in range(50)])  # the LLM is down for good
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, llm={"max_attempts": 1},
+                   events={**FAST, "max_attempts": 3, "retry_min": 0.05, "retry_max": 0.1})
+    wait_for(lambda: state_of(data, event_id).state == "failed", timeout=30)
+    time.sleep(1.0)  # many more checks: nothing more is tried
+    event = state_of(data, event_id)
+    assert event.failures == 3
+    assert len(fake_llm.requests) == 3  # one per try, then no more
+    notices = [line for line in console_text(app).splitlines() if "could not deliver your reminder" in line]
+    assert len(notices) == 1 and "stretch your legs" in notices[0]
+    assert "could not reach the language model" not in console_text(app)  # no notice per failed try
+    [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
+    assert "failed 3 times" in letter.detail

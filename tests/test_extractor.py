@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import doctest
+import json
+import queue
+import random
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import pytest
 
-from autoresponse.actors.extractor import extract_actions
+from autoresponse.actors import extractor
+from autoresponse.actors.extractor import Extraction, extract_actions
+from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY, MAX_JSON_DEPTH, MAX_REPLY_CHARS
 
 ALL = ("terminal", "message_console", "event")
 TERMINAL = '{"type": "terminal", "payload": {"command": "df -h"}}'
@@ -74,3 +84,262 @@ def test_an_echoed_system_message_is_never_executed() -> None:
     found = extract_actions(echo, ALL)
     assert found.actions == ()
     assert "system_message" in found.errors[0]
+
+
+def test_an_echo_inside_broken_json_is_never_executed() -> None:
+    # The trailing comma breaks the whole; the actions inside it must not run alone.
+    echo = ('{"system_message": {"type": "output", "outputs": []}, '
+            f'"actions": [{TERMINAL}],}}')
+    found = extract_actions(echo, ALL)
+    assert found.actions == ()
+    assert found.errors == ("your reply carries a system_message; that is runtime data and is never executed",)
+
+
+def test_the_module_example_holds() -> None:
+    assert doctest.testmod(extractor).failed == 0
+
+
+# ------------------------------------------------- JSON among fences, quotes and prose
+
+
+def message(text: str) -> str:
+    return json.dumps({"type": "message_console", "payload": {"text": text}})
+
+
+def texts(found: Extraction) -> list[str]:
+    return [a.payload.text if a.type == "message_console" else a.payload.command
+            for a in found.actions]
+
+
+def test_code_fences_inside_a_json_string_are_text() -> None:
+    shown = "Here's your disk usage:\n```\nFilesystem  Use%\n/dev/sda1  42%\n```\nAll fine."
+    text = '```json\n{"actions": [' + message(shown) + ']}\n```'
+    assert "\\n```\\n" in text  # the inner fences sit in the JSON string, escaped
+    found = extract_actions(text, ALL)
+    assert found.errors == ()
+    assert [a.type for a in found.actions] == ["message_console"]
+    assert texts(found) == [shown]
+
+
+@pytest.mark.parametrize(
+    "shown",
+    ['braces { and } and [ and ]', 'a "quoted" word', "a back\\slash \\", 'all: {"[\\"]}', "```"],
+    ids=["brackets", "quotes", "backslashes", "mixed", "fence"],
+)
+@pytest.mark.parametrize(
+    "wrap",
+    ["{}", "Sure! {} Anything else?", "Here:\n```json\n{}\n```\nDone.", "```\n{}\n```"],
+    ids=["bare", "prose", "fenced-in-prose", "fenced"],
+)
+def test_json_strings_may_hold_anything(shown: str, wrap: str) -> None:
+    found = extract_actions(wrap.format(message(shown)), ALL)
+    assert found.errors == ()
+    assert texts(found) == [shown]
+
+
+def test_two_separate_json_objects_both_count_in_order() -> None:
+    text = f"First I check:\n{TERMINAL}\nthen I tell you:\n{message('checking {disks}')}"
+    assert texts(extract_actions(text, ALL)) == ["df -h", "checking {disks}"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"```json\n{TERMINAL}\n```\nIf you need more {{ just ask.",
+        f"```json\n{TERMINAL}\n```\nUse [ and {{ with care: \"like {{ this\"",
+        f'I will use {{the "quote\n{TERMINAL}',
+        f'I will use {{the "quote {TERMINAL}',
+        f'Type "{{" to open an object: {TERMINAL}',
+        f"{{ a brace around it: {TERMINAL} }}",
+        f"Step [1], see [2]: ```json\n{TERMINAL}\n```",
+        f"Set {{x}} to [] first.\n{TERMINAL}",
+    ],
+    ids=["stray-brace-after", "stray-brackets-and-quotes-after", "brace-and-quote-before",
+         "brace-and-quote-same-line", "quoted-brace", "brace-around", "footnotes", "empty-groups"],
+)
+def test_stray_brackets_and_quotes_in_prose_are_no_json(text: str) -> None:
+    found = extract_actions(text, ALL)
+    assert found.errors == ()
+    assert texts(found) == ["df -h"]
+
+
+def test_a_raw_newline_in_a_string_is_invalid_json() -> None:
+    found = extract_actions('{"type": "message_console", "payload": {"text": "a\nb"}}', ALL)
+    assert found.actions == ()
+    assert found.errors == (
+        "your reply is not an action list: invalid JSON (Invalid control character at at line 1 column 51)",)
+
+
+def test_a_reply_cut_short_is_invalid_json_where_it_stops() -> None:
+    found = extract_actions(f"Sure, here it is: {TERMINAL[:40]}", ALL)
+    assert found.errors == (
+        "your reply is not an action list: invalid JSON (Unterminated string starting at at line 1 column 52)",)
+
+
+# ------------------------------------------------------------------- the limits
+
+
+def test_a_reply_over_the_size_limit_is_not_read() -> None:
+    text = TERMINAL + " " * (MAX_REPLY_CHARS - len(TERMINAL) + 1)
+    found = extract_actions(text, ALL)
+    assert found.actions == ()
+    assert found.errors == (
+        f"your reply is {MAX_REPLY_CHARS + 1:,} characters long; at most {MAX_REPLY_CHARS:,} are allowed",)
+    assert texts(extract_actions(text[:MAX_REPLY_CHARS], ALL)) == ["df -h"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"actions": [' + ", ".join([TERMINAL] * 1000) + "]}", "\n".join([TERMINAL] * 1000)],
+    ids=["one-list", "separate-objects"],
+)
+def test_a_reply_with_too_many_actions_runs_none(text: str) -> None:
+    found = extract_actions(text, ALL)
+    assert found.actions == ()
+    assert found.errors == (
+        f"your reply has 1000 actions; at most {MAX_ACTIONS_PER_REPLY} are allowed per reply",)
+
+
+def test_the_action_limit_is_inclusive_and_can_be_set() -> None:
+    text = "[" + ", ".join([TERMINAL] * MAX_ACTIONS_PER_REPLY) + "]"
+    assert len(extract_actions(text, ALL).actions) == MAX_ACTIONS_PER_REPLY
+    found = extract_actions(text, ALL, max_actions=2)
+    assert found.actions == ()
+    assert found.errors == (f"your reply has {MAX_ACTIONS_PER_REPLY} actions; at most 2 are allowed per reply",)
+
+
+def nested(depth: int, inner: str = "") -> str:
+    """``inner`` inside ``depth`` lists."""
+    return "[" * depth + inner + "]" * depth
+
+
+def test_nesting_up_to_the_limit_is_read_and_deeper_is_not() -> None:
+    # TERMINAL itself nests two deep.
+    assert extract_actions(nested(MAX_JSON_DEPTH - 2, TERMINAL), ALL).errors == (
+        "action 1: expected an object, got list",)
+    assert extract_actions(nested(MAX_JSON_DEPTH - 1, TERMINAL), ALL).errors == (
+        f"your reply is not an action list: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)",)
+
+
+def test_json_nested_too_deeply_does_not_stop_the_rest() -> None:
+    found = extract_actions(f"{TERMINAL}\nand {nested(100)}", ALL)
+    assert texts(found) == ["df -h"]
+    assert found.errors == (
+        f"part of your reply was not read: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)",)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000, nested(100_000), '{"a":' * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000,
+     '{"actions": [' + nested(100_000, TERMINAL) + "]}"],
+    ids=["open-lists", "closed-lists", "open-objects", "closed-objects", "deep-inside-actions"],
+)
+def test_deep_nesting_is_an_error_never_a_recursion_error(text: str) -> None:
+    found = extract_actions(text, ALL, max_chars=len(text))
+    assert found.actions == ()
+    assert found.errors == (
+        f"your reply is not an action list: JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)",)
+
+
+def test_the_echo_check_walks_any_depth() -> None:
+    deep: Any = {"system_message": {}}
+    for _ in range(100_000):
+        deep = [deep]
+    assert extractor._carries_system_message(deep)
+
+
+# --------------------------------------------------------- linear in the reply's size
+
+T = TypeVar("T")
+MB = 1_000_000
+
+
+def fill(unit: str, size: int) -> str:
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def prose_with_braces(size: int) -> str:
+    words = ["the", "disk", "is", "full", "{", "{", "}", "see", "[1]", "it's", '"df"', "\n"]
+    rng = random.Random(7)
+    return fill(" ".join(rng.choice(words) for _ in range(size // 3)), size)
+
+
+def within(seconds: float, work: Callable[[], T]) -> T:
+    """What ``work`` returns, computed in a thread that must finish within ``seconds``:
+    far longer than linear work takes on a busy machine, far shorter than quadratic
+    work on the same input (the former extractor took minutes on 1 MB)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name="extract-under-test", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"still extracting after {seconds} s"
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+GARBAGE = {
+    "open-braces": lambda: "{" * MB,
+    "open-brackets": lambda: "[" * MB,
+    "closed-brackets": lambda: nested(MB // 2),
+    "prose-with-braces": lambda: prose_with_braces(MB),
+    "stray-brace-every-few-words": lambda: fill("a { b ", MB),
+    "keys-never-closed": lambda: fill('{"a": ', MB),
+    "unterminated-string": lambda: '{"a": "' + "x" * MB,
+    "escaped-quotes": lambda: fill('"\\', MB),
+}
+
+
+@pytest.mark.parametrize("make", GARBAGE.values(), ids=GARBAGE.keys())
+def test_a_megabyte_of_garbage_is_rejected_quickly(make: Callable[[], str]) -> None:
+    text = make()
+    found = within(10, lambda: extract_actions(text, ALL, max_chars=len(text)))
+    assert found.actions == ()
+    assert len(found.errors) == 1
+    assert found.errors[0].startswith("your reply ")
+
+
+COSTLIEST = {  # the most work per character: many tiny groups, strings that are no strings
+    "empty-objects": "{}",
+    "footnotes": "[1]",
+    "quoted-braces": '"{',
+    "brace-quotes": '{"',
+    "words-after-strings": '{"a" b ',
+}
+
+
+@pytest.mark.parametrize("unit", COSTLIEST.values(), ids=COSTLIEST.keys())
+def test_the_costliest_replies_within_the_size_limit_are_rejected_quickly(unit: str) -> None:
+    text = fill(unit, MAX_REPLY_CHARS)
+    found = within(10, lambda: extract_actions(text, ALL))
+    assert found.actions == ()
+    assert found.errors
+
+
+def test_a_garbage_reply_does_not_hold_up_the_next_one() -> None:
+    # One dispatcher reads replies one after the other, as here.
+    replies: queue.Queue[str] = queue.Queue()
+    results: queue.Queue[Extraction] = queue.Queue()
+
+    def dispatcher() -> None:
+        for _ in range(2):
+            results.put(extract_actions(replies.get(), ALL, max_chars=2 * MB))
+
+    worker = threading.Thread(target=dispatcher, name="dispatcher-under-test", daemon=True)
+    worker.start()
+    replies.put(prose_with_braces(MB) + fill("a { b ", MB // 2))
+    replies.put(f"Sure: {TERMINAL}")
+    try:
+        garbage = results.get(timeout=10)
+        found = results.get(timeout=10)
+    finally:
+        worker.join(10)
+    assert garbage.actions == ()
+    assert texts(found) == ["df -h"]

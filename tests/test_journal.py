@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
+import signal
 import threading
 import time
 import urllib.error
@@ -129,3 +131,112 @@ def test_nothing_is_lost_across_kill_9(tmp_path: Path, inbound: str) -> None:
     # one per chat and kill.
     assert max(per_request.values()) <= 1 + kills
     assert code == 0
+
+
+def test_dead_letters_survive_a_restart_and_can_be_replayed_after_it(tmp_path: Path) -> None:
+    from conftest import console_text
+
+    from autoresponse import Application, Settings
+    from autoresponse.actors.llm.fake_server import FakeResponse
+    from autoresponse.interfaces.console import Console, ConsoleInput
+
+    with FakeLLMServer() as llm:
+        def start() -> Application:
+            settings = Settings.load(llm={"base_url": llm.base_url, "max_attempts": 1},
+                                     retry={"max_attempts": 0}, admin={"enabled": False},
+                                     events={"enabled": False}, console={"read_stdin": False},
+                                     data_dir=tmp_path / "data")
+            return Application(settings, console=Console(io.StringIO())).start()
+
+        llm.script(FakeResponse(content="no JSON at all"))
+        first = start()
+        envelope = first.runtime.accept("interface.console", ConsoleInput(text="hello")).result(10)
+        assert first.runtime.wait_idle(envelope.correlation_id, 15)
+        [letter] = first.runtime.dead_letters.letters()
+        assert letter.reason == "retries exhausted"
+        first.stop()
+
+        second = start()
+        try:
+            [kept] = second.runtime.dead_letters.letters()
+            assert (kept.id, kept.reason, kept.correlation_id) == (letter.id, letter.reason, envelope.correlation_id)
+            assert second.runtime.dead_letters.counts() == {"retries exhausted": 1}
+            replayed = second.runtime.replay(kept.id)  # the LLM answers properly this time
+            assert replayed is not None and second.runtime.wait_idle(timeout=15)
+            assert "bot    ↳#1 │" in console_text(second)  # the replayed turn was answered
+            assert second.runtime.dead_letters.get(kept.id) is not None
+        finally:
+            second.stop()
+
+
+def test_dead_letters_are_bounded_in_the_journal(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        from autoresponse.actors import DeadLetterOffice
+
+        office = DeadLetterOffice(store=journal)
+        for n in range(30):
+            office.post(Envelope.new(request(n)), "crash", actor="llm")
+        journal.mark_sent("flush").result(5)  # writes are ordered: the letters are in
+        journal.compact(time.time() - 3600, keep_dead_letters=10)
+        kept = journal.dead_letters(100)
+        assert [d["id"] for d in kept] == list(range(21, 31))
+        journal.compact(time.time() - 3600, dead_letters_older_than=time.time() + 1)
+        assert journal.dead_letters(100) == []
+    finally:
+        journal.close()
+
+
+def test_a_clean_stop_is_a_pause_and_loses_nothing(tmp_path: Path) -> None:
+    """SIGTERM while about 300 requests flow through a slow LLM drains what is under way; a second
+    SIGTERM stops at once. Either way, what did not finish resumes on the next start."""
+    requests = 300
+    rng = random.Random(15)
+    # The LLM is slower than the requests come in, so work queues up and a stop cuts some short.
+    with FakeLLMServer(delay=0.5) as llm, FakeTelegramServer() as telegram:
+        daemon = Daemon(
+            tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url,
+            AUTORESPONSE_TELEGRAM__TOKEN="1:TOKEN", AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+            AUTORESPONSE_TELEGRAM__POLL_TIMEOUT="1", AUTORESPONSE_CONSOLE__ENABLED="false",
+            AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]", AUTORESPONSE_EVENTS__ENABLED="false",
+            AUTORESPONSE_RUNTIME__DRAIN_SECONDS="20", AUTORESPONSE_LLM__MAX_IN_FLIGHT="12",
+        ).start()
+        deadline = time.monotonic() + 240
+
+        def pushing() -> None:
+            for n in range(requests):
+                push(daemon.port, n, deadline)
+                time.sleep(0.03)  # a steady stream, so that every stop finds work under way
+
+        pusher = threading.Thread(target=pushing)
+        pusher.start()
+        codes = []
+        try:
+            for cycle in range(3):
+                time.sleep(rng.uniform(1.0, 2.5))
+                daemon.signal(signal.SIGTERM)
+                if cycle == 1:
+                    time.sleep(0.2)
+                    daemon.signal(signal.SIGTERM)  # the operator insists: stop now, not in 20 s
+                    codes.append(daemon.wait(10))
+                else:
+                    codes.append(daemon.wait(60))  # drains what is under way
+                daemon.start()
+            pusher.join(240)
+            assert not pusher.is_alive()
+            until = time.monotonic() + 180
+            while len({int(c.params["chat_id"]) for c in telegram.sent()}) < requests:
+                assert time.monotonic() < until, "not every request was answered"
+                time.sleep(0.2)
+            listing = json.loads(daemon.cli("deadletters", "list", "--json").stdout)
+        finally:
+            codes.append(daemon.stop())
+    chats = [int(c.params["chat_id"]) - 10_000 for c in telegram.sent()]
+    per_request = {n: chats.count(n) for n in range(requests)}
+    assert [n for n, count in per_request.items() if count == 0] == []
+    assert max(per_request.values()) <= 2  # a duplicate only from a send its stop caught unconfirmed
+    assert codes == [0, 0, 0, 0]
+    assert listing["counts"] == {}, listing  # a stop is not a failure: no dead letters
+    log = daemon.log()
+    assert "did not finish; they stay open and resume on the next start" in log
+    assert "resumed" in log

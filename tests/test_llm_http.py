@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import io
+import logging
 import socket
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from conftest import ask
 
+from autoresponse import Application, Settings
+from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
+from autoresponse.actors.llm.client import UNREACHABLE_NOTICE
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.routes import LLM, sender
+from autoresponse.interfaces.console import Console
+from autoresponse.messages import OutboundMessage
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -92,6 +105,155 @@ async def test_the_request_is_openai_shaped(fake_llm: FakeLLMServer) -> None:
 
 async def test_a_malformed_response_is_a_clear_error(fake_llm: FakeLLMServer) -> None:
     fake_llm.script(FakeResponse(status=200, body='{"choices": []}'))
+    async with engine_for(fake_llm) as engine:
+        with pytest.raises(LLMError, match="malformed LLM response"):
+            await engine.complete(MESSAGES)
+    assert len(fake_llm.requests) == 1
+
+
+# --- Hostile servers: every one ends in an LLMError, never another exception. ---
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_body_that_is_not_utf8_is_an_llm_error(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(raw=b"\xff\xfe garbage"))
+    async with engine_for(fake_llm) as engine:
+        with pytest.raises(LLMError, match="not valid UTF-8") as caught:
+            await engine.complete(MESSAGES)
+    assert not caught.value.retryable
+    assert len(fake_llm.requests) == 1
+
+
+def test_a_body_that_is_not_utf8_gives_the_user_a_notice(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer
+) -> None:
+    # Enough copies that an actor crashing and replaying the call meets the same body.
+    fake_llm.script(*[FakeResponse(raw=b"\xff\xfe garbage")] * 4)
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "hello")
+        [notice] = out.bodies(OutboundMessage)
+    assert notice.notice and notice.text == UNREACHABLE_NOTICE
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "llm unavailable" and "UTF-8" in letter.detail
+
+
+class BrokenEngine:
+    """An engine with a bug: it raises something other than LLMError."""
+
+    async def complete(self, messages: list[dict[str, str]]) -> str:
+        raise RuntimeError("engine bug")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_an_unexpected_engine_error_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    config = Settings.load(admin={"enabled": False}, events={"enabled": False},
+                           data_dir=tmp_path / "data", terminal={"enabled": False})
+    app = Application(config, console=Console(io.StringIO()), engine=BrokenEngine()).start()
+    try:
+        with app.runtime.probe(sender("console")) as out:
+            ask(app, "hello")
+            [notice] = out.bodies(OutboundMessage)
+        assert notice.notice and notice.text == UNREACHABLE_NOTICE
+        [letter] = app.runtime.dead_letters.letters()
+        assert letter.reason == "llm unavailable"
+        assert letter.detail == "unexpected RuntimeError: engine bug"
+        assert app.runtime.cell(LLM).restarts == 0
+    finally:
+        app.stop()
+
+
+async def test_a_dripping_server_is_cut_off_by_the_request_timeout(fake_llm: FakeLLMServer) -> None:
+    # A byte every 0.3 s never trips the 5 s read timeout; the whole reply would take a minute.
+    fake_llm.script(FakeResponse(drip=0.3))
+    async with engine_for(fake_llm, request_timeout=1.0, max_attempts=1) as engine:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match="timed out"):
+            await asyncio.wait_for(engine.complete(MESSAGES), 30)
+        assert time.monotonic() - started < 10
+    assert len(fake_llm.requests) == 1
+
+
+async def test_the_deadline_bounds_every_attempt_together(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(*[FakeResponse(hang=True)] * 4)
+    async with engine_for(fake_llm, read_timeout=30.0, request_timeout=30.0, deadline=1.0,
+                          max_attempts=4) as engine:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match="timed out: no answer within the 1s deadline"):
+            await asyncio.wait_for(engine.complete(MESSAGES), 30)
+        assert time.monotonic() - started < 10
+
+
+async def test_the_deadline_bounds_the_waits_between_attempts(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(status=429, headers={"Retry-After": "30"}))
+    async with engine_for(fake_llm, deadline=1.0) as engine:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match="deadline .* last error: LLM answered HTTP 429"):
+            await asyncio.wait_for(engine.complete(MESSAGES), 30)
+        assert time.monotonic() - started < 10
+    assert len(fake_llm.requests) == 1
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_body_over_the_size_cap_is_an_llm_error(
+    fake_llm: FakeLLMServer, chunked: bool
+) -> None:
+    # A well-formed completion, just too big: reading it whole is the danger.
+    fake_llm.script(FakeResponse(content="x" * LLM_MAX_RESPONSE_BYTES, chunked=chunked))
+    async with engine_for(fake_llm) as engine:
+        with pytest.raises(LLMError, match=f"larger than {LLM_MAX_RESPONSE_BYTES} bytes"):
+            await engine.complete(MESSAGES)
+    assert len(fake_llm.requests) == 1
+
+
+async def test_a_big_error_body_is_cut_not_refused(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(status=503, body="x" * 5000, chunked=True),
+                    FakeResponse(content="recovered"))
+    async with engine_for(fake_llm, max_response_bytes=1000) as engine:
+        assert await engine.complete(MESSAGES) == "recovered"
+    assert len(fake_llm.requests) == 2
+
+
+async def test_credentials_in_the_base_url_are_never_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"http://user:s3cret@127.0.0.1:{free_port()}/v1"
+    async with HttpEngine(url, model="fake", max_attempts=2) as engine:
+        with pytest.raises(LLMError, match="cannot reach the LLM") as caught:
+            await engine.complete(MESSAGES)
+    shown = [str(caught.value), repr(caught.value), str(caught.value.__cause__),
+             repr(caught.value.__cause__), repr(engine), engine.url, caplog.text]
+    assert not [text for text in shown if "s3cret" in text]
+    assert "http://127.0.0.1:" in str(caught.value)
+
+
+async def test_credentials_in_the_base_url_are_sent_as_basic_auth(fake_llm: FakeLLMServer) -> None:
+    url = f"http://us%40er:s3c%3Aret@127.0.0.1:{fake_llm.port}/v1"
+    async with HttpEngine(url, model="fake") as engine:
+        await engine.complete(MESSAGES)
+    expected = "Basic " + base64.b64encode(b"us@er:s3c:ret").decode()
+    assert fake_llm.requests[0].headers["Authorization"] == expected
+
+
+def test_an_api_key_and_url_credentials_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="not both") as caught:
+        HttpEngine("http://user:s3cret@127.0.0.1:1/v1", model="fake", api_key="sk-key")
+    assert "s3cret" not in str(caught.value)
+
+
+async def test_a_deeply_nested_body_is_malformed_not_a_recursion_error(
+    fake_llm: FakeLLMServer,
+) -> None:
+    depth = 100_000
+    fake_llm.script(FakeResponse(body='{"choices": ' + "[" * depth + "]" * depth + "}"))
     async with engine_for(fake_llm) as engine:
         with pytest.raises(LLMError, match="malformed LLM response"):
             await engine.complete(MESSAGES)

@@ -54,7 +54,8 @@ def test_bash_is_an_alias_of_terminal() -> None:
 def test_the_schema_shown_is_generated_from_the_models() -> None:
     every = [m.action_type() for m in action_models()]
     schema = schema_of(full_json_instructions(every))
-    assert action_types_in(schema) == {"terminal", "event", "message_console", "message_telegram_bot"}
+    assert action_types_in(schema) == {"terminal", "event", "message_console", "message_telegram_bot",
+                                       "message_reddit", "message_x", "message_telethon"}
     # A field added to a model shows up without writing the schema again.
     assert "command" in json.dumps(schema) and "repeat" in json.dumps(schema)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ from conftest import ask, console_text
 
 from autoresponse import request_llm_delivery
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import LLM, executor, sender
+from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
 from autoresponse.actors.testkit import FaultInjector
 from autoresponse.messages import (
     ActionRequest,
@@ -19,6 +20,7 @@ from autoresponse.messages import (
     OriginalContext,
     OutboundMessage,
     Rejection,
+    UserRequest,
 )
 from autoresponse import Application
 from autoresponse.app import RETRY
@@ -240,3 +242,44 @@ def test_the_offline_engine_runs_the_whole_loop(make_app: MakeApp) -> None:
     assert "you     #1 │ run uname -s" in text
     assert "bot    ↳#1 │ `uname -s` finished" in text
     assert "Linux" in text
+
+
+def test_replies_to_one_chat_keep_the_order_of_its_requests_while_chats_run_in_parallel(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    """The LLM answers a chat's first request slowly and its second fast: the replies still
+    go out first, then second. Another chat is not held up meanwhile."""
+    def responder(body: dict) -> FakeResponse | None:
+        last = body["messages"][-1]["content"]
+        if last.startswith("slow"):
+            return FakeResponse(delay=1.5, content=json.dumps({"actions": [reply(f"answer to {last}")]}))
+        if last.startswith(("fast", "other")):
+            return FakeResponse(content=json.dumps({"actions": [reply(f"answer to {last}")]}))
+        return None
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url)
+    chat_a = OriginalContext(chat_id="a", message_id=1, interface_name="console")
+    chat_b = OriginalContext(chat_id="b", message_id=1, interface_name="console")
+    with app.runtime.probe(sender("console")) as out:
+        for text, ctx in (("slow one", chat_a), ("fast two", chat_a.model_copy(update={"message_id": 2})),
+                          ("other chat", chat_b)):
+            app.runtime.send(CONVERSATIONS, UserRequest(text=text, context=ctx))
+            time.sleep(0.05)
+        assert app.runtime.wait_idle(timeout=20)
+        replies = [m.text for m in out.bodies(OutboundMessage)]
+    assert [r for r in replies if "one" in r or "two" in r] == ["answer to slow one", "answer to fast two"]
+    assert replies.index("answer to other chat") < replies.index("answer to slow one")
+
+
+def test_a_reply_with_a_thousand_commands_runs_none_and_is_re_asked(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions(*[terminal(f"echo {n}") for n in range(1000)]), actions(reply("Just one, then.")))
+    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    with app.runtime.probe(executor("terminal")) as commands, app.runtime.probe(sender("console")) as out:
+        ask(app, "flood me")
+        assert commands.bodies(ActionRequest) == []  # not one process started
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["Just one, then."]
+    errors = json.loads(fake_llm.requests[1].messages[-1]["content"])["system_message"]["errors"]
+    assert errors == ["your reply has 1000 actions; at most 10 are allowed per reply"]

@@ -123,7 +123,8 @@ def test_errors_are_cut_once_to_the_configured_number(
 ) -> None:
     bad = [{"type": "teleport", "payload": {"to": n}} for n in range(15)]
     fake_llm.script(content(*bad), content(say("Fixed.")))
-    app = make_app(base_url=fake_llm.base_url, retry={**FAST, "max_errors": max_errors})
+    app = make_app(base_url=fake_llm.base_url, retry={**FAST, "max_errors": max_errors},
+                   runtime={"max_actions": 20})
     ask(app, "hello")
     errors = system_message(fake_llm.requests[1])["errors"]
     listed = [e for e in errors if not e.startswith("...")]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import system_messages, wait_for
 
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
@@ -235,3 +235,102 @@ async def test_a_group_gets_at_most_twenty_messages_a_minute_on_a_controllable_c
     assert all(gap >= 1.0 for gap in gaps)  # and one a second per chat
     # Any 21 consecutive sends span at least a minute.
     assert all(sent_at[i + 20] - sent_at[i] >= 60.0 for i in range(len(sent_at) - 20))
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+def test_a_malformed_update_is_dead_lettered_acknowledged_and_the_rest_flow_on(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    poison = fake_telegram.push_update({"message": {"message_id": "notanint", "chat": "garbage"}})
+    fake_telegram.push_text("run echo after the poison", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    assert "after the poison" in json.dumps(sent.params)
+    [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]
+    assert '"notanint"' in letter.record["body"]["raw"] and letter.actor == "interface.telegram"
+    # Acknowledged: later polls ask for what comes after it, so it is never read twice.
+    wait_for(lambda: any(int(c.params.get("offset") or 0) > poison
+                         for c in fake_telegram.calls_to("getUpdates")))
+    assert len([d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]) == 1
+    assert bot.runtime.cell("interface.telegram").restarts == 0
+
+
+def test_a_blocked_bot_is_reachable_again_once_its_user_writes(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user", chat_id=CHAT)
+    fake_telegram.push_text("hello", chat_id=CHAT, user_id=ALLOWED)
+    wait_for(lambda: any(d.reason == "chat unreachable" for d in bot.runtime.dead_letters.letters()))
+    assert bot.runtime.wait_idle(timeout=10)
+    fake_telegram.push_text("hello again", chat_id=CHAT, user_id=ALLOWED)  # they unblocked us
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    assert sent.params["chat_id"] == CHAT
+
+
+def test_a_longer_username_is_not_a_mention_of_the_bot(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    group = -100
+    fake_telegram.push_text("@synth_botnet run echo not-me", chat_id=group, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_text("@synth_bot run echo me", chat_id=group, user_id=ALLOWED, chat_type="group")
+    [sent] = wait_for(lambda: fake_telegram.sent(group), timeout=20)
+    assert bot.runtime.wait_idle(timeout=10)
+    assert len(fake_telegram.sent(group)) == 1
+    asked = [r.messages[-1]["content"] for r in fake_llm.requests if r.messages[-1]["content"].startswith("run")]
+    assert asked == ["run echo me"]  # the other one never reached the LLM
+
+
+def test_edits_are_not_new_requests_and_allowed_updates_says_so(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.push_text("run echo original", chat_id=CHAT, user_id=ALLOWED, message_id=77)
+    wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    fake_telegram.push_text("run echo edited", chat_id=CHAT, user_id=ALLOWED, message_id=77, edited=True)
+    fake_telegram.push_text("run echo next", chat_id=CHAT, user_id=ALLOWED)
+    wait_for(lambda: len(fake_telegram.sent(CHAT)) == 2, timeout=20)
+    assert bot.runtime.wait_idle(timeout=10)
+    assert not any("edited" in json.dumps(r.body) for r in fake_llm.requests)
+    assert all(c.params["allowed_updates"] == ["message"] for c in fake_telegram.calls_to("getUpdates"))
+
+
+def test_a_huge_retry_after_parks_only_that_reply(bot: Application, fake_telegram: FakeTelegramServer) -> None:
+    fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 999999", chat_id=CHAT,
+                            parameters={"retry_after": 999999})
+    tell(bot, "the parked one", message_id=1)
+    tell(bot, "the next one", message_id=2)
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    assert sent.params["text"] == "the next one"
+    assert bot.runtime.wait_idle(timeout=10)
+    [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "flood control"]
+    assert "999999" in letter.detail
+
+
+def test_an_update_waiting_at_start_is_handled_exactly_once_even_on_a_slow_start(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Resuming the journal never races with intake: an update polled while the journal is
+    being resumed would otherwise be both accepted and resumed, and run twice."""
+    from autoresponse.actors.intake import Intake
+
+    slow_resume = Intake.resume
+
+    def resume(self: Intake) -> int:
+        time.sleep(1.5)  # a busy machine: polling has all the time it needs to race
+        return slow_resume(self)
+
+    monkeypatch.setattr(Intake, "resume", resume)
+    # A slow LLM keeps the update's work in flight (its journal item open) while resume reads.
+    fake_llm.script(FakeResponse(delay=3, content=json.dumps(
+        {"actions": [{"type": "terminal", "payload": {"command": "echo once"}}]})))
+    fake_telegram.push_text("run echo once", chat_id=CHAT, user_id=ALLOWED)
+    app = make_app(base_url=fake_llm.base_url, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
+        "allowed_users": [ALLOWED], "poll_timeout": 1})
+    wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    time.sleep(1.0)
+    assert app.runtime.wait_idle(timeout=15)
+    asked = [r for r in fake_llm.requests if r.messages[-1]["content"] == "run echo once"]
+    ran = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    assert (len(asked), len(ran), len(fake_telegram.sent(CHAT))) == (1, 1, 1)

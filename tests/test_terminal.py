@@ -16,6 +16,9 @@ from conftest import ask, system_messages
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.routes import BUILDER, executor
 from autoresponse.interfaces.terminal import (
+    DEFAULT_ARGUMENT_RULES,
+    DEMO_COMMANDS,
+    ArgumentRule,
     CommandRefused,
     TerminalExecutor,
     TerminalSettings,
@@ -149,3 +152,140 @@ def test_the_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "sk-do-not-leak" not in result.output
     assert "PATH=/usr/local/bin:/usr/bin:/bin" in result.output.splitlines()
     assert os.environ["AUTORESPONSE_LLM__API_KEY"] == "sk-do-not-leak"
+
+
+# --------------------------------------------------------------- argument rules
+
+@pytest.mark.parametrize(
+    ("command", "refusal"),
+    [
+        # date reads files (-f echoes their lines in its errors; -r reads their metadata) ...
+        ("date -f /etc/shadow",
+         "'date -f' is refused: it reads or writes files or changes the machine"),
+        ("date -f/etc/shadow", "'date -f' is refused"),  # value attached
+        ("date -uf/etc/shadow", "'date -f' is refused"),  # bundled after another flag
+        ("date -u -f /etc/shadow", "'date -f' is refused"),
+        ("date +%s -f /etc/shadow", "'date -f' is refused"),  # getopt finds options after operands
+        ("date --file=/etc/shadow", "'date --file' is refused"),
+        # GNU getopt_long takes any unambiguous abbreviation, down to one letter.
+        ("date --fil=/etc/shadow", "'date --file' is refused"),
+        ("date --f=/etc/shadow", "'date --file' is refused"),
+        ("date --fi /etc/shadow", "'date --file' is refused"),
+        ("date --=/etc/shadow", "'date --file' is refused"),
+        ("date -- -f /etc/shadow", "'date -f' is refused"),
+        ("date -d -- -f /etc/shadow", "'date -f' is refused"),  # that -- is the value of -d
+        ("date -r /etc/shadow", "'date -r' is refused"),
+        ("date --ref=/etc/shadow", "'date --reference' is refused"),
+        # ... and sets the clock.
+        ("date -s 2030-01-01", "'date -s' is refused"),
+        ("date -us now", "'date -s' is refused"),
+        ("date --set=2030-01-01", "'date --set' is refused"),
+        ("date --se=2030-01-01", "'date --set' is refused"),
+        ("date 010100002030",
+         "'date 010100002030' is refused: 'date' takes only operands matching '\\+.*'"),
+        ("date -- 010100002030", "'date 010100002030' is refused"),
+        ("date -u 0101", "'date 0101' is refused"),
+        # hostname with any argument can set the host name.
+        ("hostname evil", "'hostname' is allowed only without arguments"),
+        ("hostname -- evil", "'hostname' is allowed only without arguments"),
+        ("hostname -F /etc/shadow", "'hostname' is allowed only without arguments"),
+        ("hostname -b", "'hostname' is allowed only without arguments"),
+        # coreutils' uptime reads a FILE operand as its utmp file.
+        ("uptime /etc/shadow", "'uptime /etc/shadow' is refused: 'uptime' takes no operands"),
+        ("uptime -- /etc/shadow", "'uptime /etc/shadow' is refused"),
+        # Names are exact, as on the file system: DATE is not date.
+        ("DATE -f /etc/shadow", "'DATE' is not on the allowlist"),
+    ],
+)
+def test_refused_arguments_say_why(command: str, refusal: str) -> None:
+    with pytest.raises(CommandRefused) as refused:
+        parse_command(command, DEMO_COMMANDS)
+    assert str(refused.value).startswith(refusal)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["date", "date +%s", "date -u +%F", "date -- +%s", "date -Iseconds", "date -R",
+     "date --rfc-3339=seconds", "date -d@1700000000", "date -dfriday", "date --date=tomorrow",
+     "date --debug", "hostname", "uptime", "uptime -p", "df -h /", "uname -sr", "whoami",
+     "free -h", "echo -f --file --set hi"],
+)
+def test_harmless_arguments_still_run(command: str) -> None:
+    assert parse_command(command, DEMO_COMMANDS) == command.split()
+
+
+def test_an_option_value_given_apart_must_be_attached() -> None:
+    # The rule does not know which options take a value, so `tomorrow` counts as an operand.
+    with pytest.raises(CommandRefused, match=r"attached, as in --option=VALUE"):
+        parse_command("date -d tomorrow", ["date"])
+
+
+def test_the_shipped_rules_hold_for_any_allowlist_until_a_program_has_its_own() -> None:
+    settings = TerminalSettings(allowed_commands=["date", "echo"],
+                                arguments={"echo": {"max_args": 1}})
+    assert set(settings.arguments) >= {"date", "hostname", "uptime", "echo"}
+    with pytest.raises(CommandRefused, match="'date -f' is refused"):
+        parse_command("date -f /etc/hostname", settings.allowed_commands, settings.arguments)
+    with pytest.raises(CommandRefused, match="'echo' is allowed at most 1 arguments"):
+        parse_command("echo a b", settings.allowed_commands, settings.arguments)
+    # A configured rule replaces the shipped one for its program, as a whole.
+    relaxed = TerminalSettings(allowed_commands=["date"], arguments={"date": {}})
+    assert parse_command("date -r /etc/hostname", ["date"], relaxed.arguments)
+
+
+def test_argument_rules_come_from_toml_and_the_environment(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoresponse.config import Settings
+
+    config = tmp_path / "autoresponse.toml"
+    config.write_text('[terminal]\nallowed_commands = ["date", "echo"]\n\n'
+                      '[terminal.arguments.echo]\nrefuse = ["-e", "--help"]\nmax_args = 3\n')
+    monkeypatch.setenv("AUTORESPONSE_TERMINAL__ARGUMENTS__UPTIME",
+                       '{"operands": ["/var/run/utmp"]}')
+    terminal = Settings.load(config).terminal
+    assert terminal.arguments["echo"] == ArgumentRule(refuse=("-e", "--help"), max_args=3)
+    assert terminal.arguments["uptime"] == ArgumentRule(operands=("/var/run/utmp",))
+    assert terminal.arguments["date"] == DEFAULT_ARGUMENT_RULES["date"]
+    with pytest.raises(CommandRefused, match="'echo -e' is refused"):
+        parse_command("echo -ne 'a\\tb'", terminal.allowed_commands, terminal.arguments)
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [({"refused": ["-f"]}, "Extra inputs are not permitted"),  # a typo must not allow everything
+     ({"refuse": ["file"]}, "is not an option like -f or --file"),
+     ({"refuse": ["-file"]}, "is not an option like -f or --file"),
+     ({"takes_value": ["--date"]}, "is not a short option like -d"),
+     ({"operands": ["("]}, "missing \\)"),
+     ({"max_args": -1}, "greater than or equal to 0")],
+)
+def test_a_bad_rule_is_a_settings_error(rule: dict, error: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=error):
+        TerminalSettings(arguments={"date": rule})
+
+
+def test_a_refused_argument_reads_nothing_and_goes_back_through_the_llm(
+        make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("hunter2\n")
+    app = make_app(base_url=fake_llm.base_url, allowed=["date"])
+    ask(app, f"run date -f {secret}")
+    [output] = delivered_outputs(fake_llm)
+    assert output["ok"] is False
+    assert output["output"] == ("refused: 'date -f' is refused: "
+                                "it reads or writes files or changes the machine")
+    assert "hunter2" not in json.dumps([r.body for r in fake_llm.requests])
+
+
+def test_an_allowed_date_really_runs(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    app = make_app(base_url=fake_llm.base_url, allowed=["date"])
+    ask(app, "run date -u +%Y")
+    [output] = delivered_outputs(fake_llm)
+    assert output["ok"] is True and re.fullmatch(r"\d{4}\n", output["output"])
+
+
+def test_a_nul_character_is_refused_not_a_crash() -> None:
+    with pytest.raises(CommandRefused, match="NUL"):
+        parse_command("echo a\0b", ["echo"])

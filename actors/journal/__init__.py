@@ -6,6 +6,13 @@
 False
 """
 
-from autoresponse.actors.journal.journal import DeliveryJournal, JournalItem, SendLedger, SqliteJournal
+from autoresponse.actors.journal.journal import (
+    DeliveryJournal,
+    JournalCorrupt,
+    JournalItem,
+    SendLedger,
+    SqliteJournal,
+    check_journal,
+)
 
-__all__ = ["DeliveryJournal", "JournalItem", "SendLedger", "SqliteJournal"]
+__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalItem", "SendLedger", "SqliteJournal", "check_journal"]

@@ -2,9 +2,12 @@
 
 * ``accept``: a work item (the message that starts a correlation) is written
   before the caller acknowledges it upstream;
-* ``finish``: the correlation ended (delivered or dead-lettered);
+* ``finish``: the correlation ended: delivered (``done``), or closed by a real
+  failure (``dead``). An item interrupted by a stop is never finished: it stays
+  open and is resumed on the next start;
 * ``was_sent`` / ``mark_sent``: idempotency keys of outbound chunks, so a
   resumed item does not resend what was already confirmed;
+* ``record_dead_letter`` and friends: dead letters, durable and replayable;
 * ``unfinished``: what to resume on start; ``compact``: forget old finished work.
 
 Writes are group-committed by one writer thread: every write waiting when a
@@ -16,6 +19,7 @@ killed at any moment (not a power cut).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import sqlite3
 import threading
@@ -26,6 +30,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from autoresponse.actors.limits import DEAD_LETTERS_KEPT
 from autoresponse.messages import Envelope, OutboundMessage
 
 log = logging.getLogger("autoresponse.actors.journal")
@@ -36,7 +41,7 @@ CREATE TABLE IF NOT EXISTS items (
     actor TEXT NOT NULL,
     type TEXT NOT NULL,
     payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'open',   -- open | done
+    state TEXT NOT NULL DEFAULT 'open',   -- open | done | dead
     created REAL NOT NULL,
     finished REAL
 );
@@ -45,7 +50,31 @@ CREATE TABLE IF NOT EXISTS sent (
     key TEXT PRIMARY KEY,
     time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY,
+    time REAL NOT NULL,
+    reason TEXT NOT NULL,
+    summary TEXT NOT NULL                 -- DeadLetter.summary() as JSON
+);
 """
+
+
+class JournalCorrupt(Exception):
+    """The journal file exists but is not a readable journal. It is never replaced silently."""
+
+
+def check_journal(path: Path) -> list[str]:
+    """SQLite's own integrity check of the journal at ``path``: the problems found, or []."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = db.execute("PRAGMA integrity_check").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        return [str(exc)]
+    problems = [row[0] for row in rows]
+    return [] if problems == ["ok"] else problems
 
 
 class JournalItem(BaseModel):
@@ -57,11 +86,17 @@ class JournalItem(BaseModel):
 
 class DeliveryJournal(Protocol):
     def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]: ...
-    def finish(self, correlation: str) -> None: ...
+    def finish(self, correlation: str, state: str = "done") -> None: ...
     def was_sent(self, key: str) -> bool: ...
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]: ...
     def unfinished(self) -> list[JournalItem]: ...
-    def compact(self, older_than: float) -> int: ...
+    def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]: ...
+    def dead_letters(self, limit: int) -> list[dict[str, Any]]: ...
+    def dead_letter(self, letter_id: int) -> dict[str, Any] | None: ...
+    def last_dead_letter_id(self) -> int: ...
+    def dead_letter_counts(self) -> dict[str, int]: ...
+    def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
+                keep_dead_letters: int = ...) -> int: ...
     def close(self) -> None: ...
 
 
@@ -73,9 +108,13 @@ class SqliteJournal:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
@@ -131,9 +170,15 @@ class SqliteJournal:
             (envelope.correlation_id, actor, type(body).__name__, body.model_dump_json(), time.time()),
         )
 
-    def finish(self, correlation: str) -> None:
-        self._write("UPDATE items SET state = 'done', finished = ? WHERE correlation = ? AND state = 'open'",
-                    (time.time(), correlation))
+    def finish(self, correlation: str, state: str = "done") -> None:
+        """Close an open item: ``done`` (delivered) or ``dead`` (a real failure)."""
+        self._write("UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'",
+                    (state, time.time(), correlation))
+
+    def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
+        return self._write("INSERT OR REPLACE INTO dead_letters (id, time, reason, summary) VALUES (?, ?, ?, ?)",
+                           (summary["id"], summary["time"], summary["reason"],
+                            json.dumps(summary, default=str)))
 
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]:
         return self._write("INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)", (key, time.time()))
@@ -151,12 +196,40 @@ class SqliteJournal:
             ).fetchall()
         return [JournalItem(correlation=r[0], actor=r[1], type=r[2], payload=r[3]) for r in rows]
 
-    def compact(self, older_than: float) -> int:
-        """Forget finished items and send keys older than ``older_than`` (a time.time())."""
+    def dead_letters(self, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters, oldest first."""
         with self._db_lock:
-            items = self._db.execute("DELETE FROM items WHERE state = 'done' AND finished < ?",
+            rows = self._db.execute("SELECT summary FROM dead_letters ORDER BY id DESC LIMIT ?",
+                                    (limit,)).fetchall()
+        return [json.loads(r[0]) for r in reversed(rows)]
+
+    def dead_letter(self, letter_id: int) -> dict[str, Any] | None:
+        with self._db_lock:
+            row = self._db.execute("SELECT summary FROM dead_letters WHERE id = ?", (letter_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def last_dead_letter_id(self) -> int:
+        with self._db_lock:
+            row = self._db.execute("SELECT MAX(id) FROM dead_letters").fetchone()
+        return row[0] or 0
+
+    def dead_letter_counts(self) -> dict[str, int]:
+        with self._db_lock:
+            rows = self._db.execute("SELECT reason, COUNT(*) FROM dead_letters GROUP BY reason").fetchall()
+        return dict(rows)
+
+    def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
+                keep_dead_letters: int = DEAD_LETTERS_KEPT) -> int:
+        """Forget finished items and send keys older than ``older_than`` (a time.time()),
+        dead letters older than ``dead_letters_older_than`` (default: the same), and all
+        but the newest ``keep_dead_letters`` dead letters. Returns the items forgotten."""
+        letters_before = older_than if dead_letters_older_than is None else dead_letters_older_than
+        with self._db_lock:
+            items = self._db.execute("DELETE FROM items WHERE state != 'open' AND finished < ?",
                                      (older_than,)).rowcount
             self._db.execute("DELETE FROM sent WHERE time < ?", (older_than,))
+            self._db.execute("DELETE FROM dead_letters WHERE time < ? OR id <= "
+                             "(SELECT MAX(id) FROM dead_letters) - ?", (letters_before, keep_dead_letters))
         return items
 
     def close(self) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
+from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.actors.routes import DISPATCHER, chat_actions, sender
 from autoresponse.messages import (
@@ -16,6 +19,8 @@ from autoresponse.messages import (
     PromptRequest,
     UserRequest,
 )
+
+log = logging.getLogger("autoresponse.llm")
 
 UNREACHABLE_NOTICE = "Sorry, I could not reach the language model, so I could not answer this."
 
@@ -53,6 +58,11 @@ class LLMClient(TypedActor):
             text = await self.engine.complete(messages)
         except LLMError as exc:
             return LLMFailure(prompt=prompt, error=str(exc), status=exc.status)
+        except Exception as exc:
+            # An engine bug or a surprise it let through: crashing would replay the call
+            # and then drop the turn silently; as a failure the user still hears back.
+            log.exception("the LLM engine %r failed unexpectedly", self.engine)
+            return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}")
         return LLMReply(prompt=prompt, text=text)
 
     @handles
@@ -63,5 +73,7 @@ class LLMClient(TypedActor):
     def on_llm_failure(self, failure: LLMFailure, env: Envelope) -> None:
         self.runtime.dead_letters.post(env, "llm unavailable", actor=self.name, detail=failure.error)
         ctx = failure.prompt.original_context
+        if receipt_failed(self, ctx, env, f"llm unavailable: {failure.error}"):
+            return  # whoever asked for the receipt decides what the user hears
         self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, UNREACHABLE_NOTICE, notice=True),
                   cause=env)

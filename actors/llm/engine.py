@@ -18,7 +18,11 @@ class LLMError(Exception):
 
 class LLMEngine(Protocol):
     async def complete(self, messages: list[dict[str, str]]) -> str:
-        """The text of the LLM's answer to ``messages``; raises ``LLMError``."""
+        """The text of the LLM's answer to ``messages``; raises ``LLMError``.
+
+        Any other exception is a bug in the engine; the client still turns it
+        into a failure the user hears about.
+        """
         ...
 
     async def aclose(self) -> None:

@@ -8,7 +8,8 @@
 
 With nothing scripted it answers like the offline engine would, so the full
 loop works against it. Scripted responses are served first, in order; a
-``responder(body)`` answers the rest, or returns None to leave it to the default.
+``responder(body)`` answers the rest (a reply text, or a whole ``FakeResponse``
+with its delay), or returns None to leave it to the default.
 Run it alone with ``python -m autoresponse.actors.llm.fake_server --port 8089``.
 """
 
@@ -34,15 +35,22 @@ from autoresponse.actors.loopback import LoopbackServer
 class FakeResponse:
     """One scripted answer: a status, a reply text (or raw body), headers, a delay.
 
-    ``hang`` never answers (until the server stops).
+    The body served is ``raw`` bytes verbatim if given, else ``body`` text, else a
+    completion of ``content`` (an error object for a status other than 200).
+    ``hang`` never answers (until the server stops). ``chunked`` streams the body
+    in chunks without a Content-Length; ``drip`` sends the headers, then the body
+    one byte every ``drip`` seconds (a server that is slow but never silent).
     """
 
     status: int = 200
     content: str | None = None
     body: str | None = None
+    raw: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     hang: bool = False
+    chunked: bool = False
+    drip: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ class FakeLLMServer(LoopbackServer):
     """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
 
     def __init__(self, *, delay: float = 0.0, port: int = 0,
-                 responder: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+                 responder: Callable[[dict[str, Any]], str | FakeResponse | None] | None = None) -> None:
         super().__init__(port=port, name="fake-llm")
         self.delay = delay
         self.responder = responder
@@ -97,23 +105,66 @@ class FakeLLMServer(LoopbackServer):
         with self._lock:
             self.requests.append(RecordedRequest(time.monotonic(), body, dict(request.headers)))
             scripted = self._script.popleft() if self._script else None
+        if scripted is None and self.responder is not None:
+            answer = self.responder(body)
+            scripted = FakeResponse(content=answer) if isinstance(answer, str) else answer
         if scripted is not None and scripted.hang:
             await self.stopping.wait()
             raise web.HTTPServiceUnavailable()
         delay = scripted.delay if scripted is not None else self.delay
         if delay:
             await asyncio.sleep(delay)
-        if scripted is not None and (scripted.status != 200 or scripted.body is not None):
-            text = scripted.body if scripted.body is not None else json.dumps(
-                {"error": {"message": f"scripted {scripted.status}", "type": "fake"}})
-            return web.Response(status=scripted.status, text=text, headers=scripted.headers,
-                                content_type="application/json")
+        status = scripted.status if scripted is not None else 200
+        data = await self._body(scripted, body)
+        if scripted is not None and (scripted.chunked or scripted.drip is not None):
+            return await self._stream(request, scripted, data)
+        headers = scripted.headers if scripted is not None else {}
+        return web.Response(status=status, body=data, headers=headers,
+                            content_type="application/json")
+
+    async def _body(self, scripted: FakeResponse | None, request: dict[str, Any]) -> bytes:
+        """The bytes of the answer to ``request`` (see ``FakeResponse``)."""
+        if scripted is not None and scripted.raw is not None:
+            return scripted.raw
+        if scripted is not None and scripted.body is not None:
+            return scripted.body.encode()
+        if scripted is not None and scripted.status != 200:
+            return json.dumps({"error": {"message": f"scripted {scripted.status}",
+                                         "type": "fake"}}).encode()
         content = scripted.content if scripted is not None else None
-        if content is None and self.responder is not None:
-            content = self.responder(body)
         if content is None:
-            content = await self._offline.complete(body.get("messages", []))
-        return web.json_response(completion(content, body.get("model", "fake")))
+            content = await self._offline.complete(request.get("messages", []))
+        return json.dumps(completion(content, request.get("model", "fake"))).encode()
+
+    async def _stream(self, request: web.Request, scripted: FakeResponse,
+                      data: bytes) -> web.StreamResponse:
+        """Serve ``data`` chunked: in 64 KiB pieces, or byte by byte for a drip.
+
+        Stops early when the client goes away or the server stops, so a dripping
+        handler never holds up shutdown.
+        """
+        response = web.StreamResponse(status=scripted.status, headers=scripted.headers)
+        response.content_type = "application/json"
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        size = 1 if scripted.drip is not None else 64 * 1024
+        try:
+            for start in range(0, len(data), size):
+                await response.write(data[start:start + size])
+                if scripted.drip is not None and await self._stopped_within(scripted.drip):
+                    return response
+            await response.write_eof()
+        except ConnectionError:  # the client gave up; nothing left to serve
+            pass
+        return response
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less if the server stops; True if it did."""
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)

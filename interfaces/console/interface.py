@@ -9,12 +9,14 @@ import sys
 import threading
 from typing import TextIO
 
-from autoresponse.actors import Runtime, TypedActor, handles
-from autoresponse.actors.routes import LLM
+from autoresponse.actors import IntakeFull, Runtime, TypedActor, handles
+from autoresponse.actors.routes import CONVERSATIONS
 from autoresponse.interfaces.console.console import Console, ConsoleInput
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 
 INTERFACE_NAME = "console"
+#: A longer line is cut: the LLM would be asked to fix an overlong request anyway.
+MAX_LINE_CHARS = 16_000
 
 
 class StdinReader:
@@ -53,10 +55,24 @@ class StdinReader:
                 break
             pending += chunk
             *lines, pending = pending.split(b"\n")
+            if len(pending) > 4 * MAX_LINE_CHARS:  # a line with no end: take what fits, drop the rest
+                lines.append(pending)
+                pending = b""
             for line in lines:
                 text = line.decode("utf-8", errors="replace").strip()
-                if text:
-                    self._runtime.accept(self._to, ConsoleInput(text=text)).result(timeout=30)
+                if text and not self._take(text):
+                    return
+
+    def _take(self, text: str) -> bool:
+        """Hand one line to the runtime; while it is full, wait (the console blocks: the
+        line is neither lost nor refused). False if stopped meanwhile."""
+        while not self._stop.is_set():
+            try:
+                self._runtime.accept(self._to, ConsoleInput(text=text[:MAX_LINE_CHARS]), wait=0.5).result()
+                return True
+            except IntakeFull:
+                continue
+        return False
 
 
 class ConsoleInterface(TypedActor):
@@ -90,4 +106,4 @@ class ConsoleInterface(TypedActor):
             chat_type="private",
         )
         self.console.write("you", f"#{message_id}", line.text)
-        self.send(LLM, UserRequest(text=line.text, context=context), cause=env)
+        self.send(CONVERSATIONS, UserRequest(text=line.text, context=context), cause=env)

@@ -15,10 +15,10 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.routes import BUILDER
+from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.interfaces.events.settings import EventsSettings
 from autoresponse.interfaces.events.store import EventStore
-from autoresponse.messages import DueEvent, Envelope, EventDue, SendReceipt
+from autoresponse.messages import DueEvent, Envelope, EventDue, OutboundMessage, SendReceipt
 
 log = logging.getLogger("autoresponse.events")
 
@@ -35,7 +35,19 @@ def _key(event_id: int, due: float) -> str:
     return f"{event_id}@{due!r}"
 
 
+GIVE_UP_NOTICE = "Sorry, I could not deliver your reminder ({description}): {why}"
+
+
 class EventScheduler(TypedActor):
+    """Hands due reminders to the LLM, and counts each occurrence's failures.
+
+    An occurrence is delivered once its reply's send is confirmed. One that fails
+    (the LLM unreachable, re-asks exhausted, the send refused, or no word within
+    ``unconfirmed_seconds``) is tried again with backoff, at most ``max_attempts``
+    times; then it is given up: one notice to its chat, and a dead letter that the
+    operator can replay.
+    """
+
     def __init__(self, store: EventStore, settings: EventsSettings) -> None:
         super().__init__()
         self.store = store
@@ -49,9 +61,11 @@ class EventScheduler(TypedActor):
     def on_tick(self, tick: Tick, env: Envelope) -> None:
         now = time.time()
         try:
+            for key in [k for k, at in self._handed.items() if now - at >= self.settings.unconfirmed_seconds]:
+                self._failed(key, f"no confirmation within {self.settings.unconfirmed_seconds:g}s", env)
             for event in self.store.due(now):
                 key = _key(event.id, event.due)
-                if now - self._handed.get(key, float("-inf")) < self.settings.unconfirmed_seconds:
+                if key in self._handed:
                     continue
                 self._handed[key] = now
                 context = event.context.model_copy(update={"receipt_to": self.name, "receipt_key": key})
@@ -63,16 +77,40 @@ class EventScheduler(TypedActor):
 
     @handles
     def on_receipt(self, receipt: SendReceipt, env: Envelope) -> None:
-        event_id, due = receipt.key.split("@")
+        if receipt.key not in self._handed:
+            return  # already counted (a late word after its confirmation timed out)
         if receipt.ok:
-            self.store.delivered(int(event_id), float(due), time.time())
+            event_id, due = _parse_key(receipt.key)
+            self.store.delivered(event_id, due, time.time())
             self._handed.pop(receipt.key, None)
             return
-        event = self.store.failed(int(event_id), receipt.detail)
-        if event is not None and event.state == "failed":
-            self.runtime.dead_letters.post(env, "reminder undeliverable", actor=self.name,
-                                           detail=f"reminder #{event_id}: {receipt.detail}")
-        log.warning("reminder #%s was not delivered (%s); it stays pending", event_id, receipt.detail)
+        self._failed(receipt.key, receipt.detail, env)
+
+    def _failed(self, key: str, why: str, env: Envelope) -> None:
+        self._handed.pop(key, None)
+        event_id, due = _parse_key(key)
+        known = self.store.get(event_id)
+        tries = (known.failures if known is not None else 0) + 1
+        event = self.store.failed(event_id, due, why, max_attempts=self.settings.max_attempts,
+                                  retry_in=self.settings.retry_backoff().delay(tries))
+        if event is None or event.state != "failed":
+            log.warning("reminder #%s was not delivered (%s); try %d of %d", event_id, why, tries,
+                        self.settings.max_attempts)
+            return
+        # Given up: the operator can replay it from the dead letters, and the user hears once.
+        due_event = DueEvent(description=event.description, due=event.due_text)
+        self.runtime.dead_letters.post(
+            env.child(EventDue(context=event.context, event=due_event)), "reminder undeliverable",
+            actor=BUILDER, detail=f"reminder #{event_id} failed {event.failures} times; last: {why}")
+        notice_to = sender(event.context.interface_name)
+        if self.runtime.has(notice_to):
+            text = GIVE_UP_NOTICE.format(description=event.description, why=why)
+            self.send(notice_to, OutboundMessage.reply(event.context, text, notice=True), cause=env)
+
+
+def _parse_key(key: str) -> tuple[int, float]:
+    event_id, due = key.split("@")
+    return int(event_id), float(due)
 
 
 def due_in(seconds: float) -> tuple[dt.date, dt.time]:

@@ -21,8 +21,6 @@ from autoresponse.interfaces.events.actions import EventPayload
 
 #: When a reminder gives a day but no time.
 DEFAULT_TIME = dt.time(9, 0)
-#: Failed sends of one occurrence before it is given up (and dead-lettered).
-MAX_SEND_FAILURES = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -34,10 +32,13 @@ CREATE TABLE IF NOT EXISTS events (
     state TEXT NOT NULL DEFAULT 'pending',  -- pending | delivered | failed
     failures INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    next_try REAL                              -- after a failure: not before this time
 );
 CREATE INDEX IF NOT EXISTS events_due ON events (state, due);
 """
+#: Columns added since the first release, for stores made by it.
+_MIGRATIONS = {"next_try": "ALTER TABLE events ADD COLUMN next_try REAL"}
 
 
 class StoredEvent(BaseModel):
@@ -86,6 +87,10 @@ class EventStore:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
+        for column, statement in _MIGRATIONS.items():
+            if column not in columns:
+                self._db.execute(statement)
 
     def close(self) -> None:
         with self._lock:
@@ -115,7 +120,9 @@ class EventStore:
         return found[0] if found else None
 
     def due(self, now: float) -> list[StoredEvent]:
-        return self._rows("WHERE state = 'pending' AND due <= ? ORDER BY due", now)
+        """Pending occurrences that are due and not waiting out a failure's backoff."""
+        return self._rows("WHERE state = 'pending' AND due <= ? AND (next_try IS NULL OR next_try <= ?) "
+                          "ORDER BY due", now, now)
 
     def delivered(self, event_id: int, due: float, now: float) -> None:
         """The occurrence at ``due`` was confirmed sent: move on to the next, or finish."""
@@ -125,18 +132,21 @@ class EventStore:
                 return  # already moved on
             following = next_due(due, row[0], now)
             if following is None:
-                self._db.execute("UPDATE events SET state = 'delivered', failures = 0 WHERE id = ?",
-                                 (event_id,))
+                self._db.execute("UPDATE events SET state = 'delivered', failures = 0, next_try = NULL "
+                                 "WHERE id = ?", (event_id,))
             else:
-                self._db.execute("UPDATE events SET due = ?, failures = 0 WHERE id = ?",
+                self._db.execute("UPDATE events SET due = ?, failures = 0, next_try = NULL WHERE id = ?",
                                  (following, event_id))
 
-    def failed(self, event_id: int, error: str) -> StoredEvent | None:
-        """A send failed: count it; after too many the reminder is given up."""
+    def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
+               retry_in: float) -> StoredEvent | None:
+        """The occurrence at ``due`` was not delivered: count it, and either try it again
+        in ``retry_in`` seconds or, after ``max_attempts`` tries, give it up."""
         with self._lock:
             self._db.execute(
-                "UPDATE events SET failures = failures + 1, last_error = ?, "
-                "state = CASE WHEN failures + 1 >= ? THEN 'failed' ELSE state END WHERE id = ?",
-                (error, MAX_SEND_FAILURES, event_id),
+                "UPDATE events SET failures = failures + 1, last_error = ?, next_try = ?, "
+                "state = CASE WHEN failures + 1 >= ? THEN 'failed' ELSE state END "
+                "WHERE id = ? AND due = ? AND state = 'pending'",
+                (error, time.time() + retry_in, max_attempts, event_id, due),
             )
         return self.get(event_id)

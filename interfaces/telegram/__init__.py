@@ -27,7 +27,8 @@ def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telegram.sender import TelegramSender
 
     settings: TelegramSettings = m.settings
-    delivery = TelegramDelivery(make_bot(settings), parse_mode=settings.parse_mode, journal=m.journal)
+    delivery = TelegramDelivery(make_bot(settings), parse_mode=settings.parse_mode, journal=m.journal,
+                                max_retry_after=settings.max_retry_after)
     try:
         m.run(delivery.start())
     except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
@@ -35,7 +36,7 @@ def _mount(m: Mount) -> None:
     m.on_loop_close(delivery.aclose)
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelegramSender, (delivery,)))
-    m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelegramInterface, (settings, delivery.bot)))
+    m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelegramInterface, (settings, delivery)))
 
 
 PLATFORM = Platform("telegram", TelegramSettings, _mount, actions=(MessageTelegramBotAction,),

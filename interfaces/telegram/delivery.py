@@ -4,11 +4,14 @@ One ``TelegramDelivery`` per bot, used on the runtime's event loop:
 
 * chunks of at most 4096 UTF-16 units (see ``chunking``), in order;
 * one message a second per chat, 20 a minute per group, 30 a second overall;
-* ``RetryAfter`` holds back only its own chat; other chats keep flowing;
+* ``RetryAfter`` holds back only its own chat; other chats keep flowing; a wait
+  over ``max_retry_after`` is not waited out: that reply is given up (a dead
+  letter the operator can replay) and the chat's next replies go on;
 * ``TimedOut``/``NetworkError`` are retried a bounded number of times;
 * ``BadRequest`` is never retried as it is: an unparsable reply is resent once
   as plain text, a too long one is split smaller; anything else is final;
-* ``Forbidden`` marks the chat unreachable; ``ChatMigrated`` re-targets.
+* ``Forbidden`` marks the chat unreachable until its user writes again
+  (``reachable``); ``ChatMigrated`` re-targets.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_GLOBAL_PER_SECOND,
     TELEGRAM_GROUP_PER_MINUTE,
     TELEGRAM_MAX_CONCURRENT_SENDS,
+    TELEGRAM_MAX_RETRY_AFTER_SECONDS,
     TELEGRAM_MAX_RETRY_AFTERS,
     TELEGRAM_SEND_ATTEMPTS,
 )
@@ -69,11 +73,13 @@ class TelegramDelivery:
     def __init__(self, bot: Bot, *, parse_mode: str | None = "Markdown",
                  journal: DeliveryJournal | None = None,
                  overall_per_second: float = TELEGRAM_GLOBAL_PER_SECOND,
+                 max_retry_after: float = TELEGRAM_MAX_RETRY_AFTER_SECONDS,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.bot = bot
         self.ledger = SendLedger(journal)
         self.overall_per_second = overall_per_second
+        self.max_retry_after = max_retry_after
         self.parse_mode = parse_mode
         self._clock = clock
         self._sleep = sleep
@@ -84,6 +90,10 @@ class TelegramDelivery:
         self.unreachable: set[str] = set()
         #: Group chats that became supergroups: old id → new id.
         self.migrated: dict[str, ChatId] = {}
+
+    def reachable(self, chat_id: ChatId) -> None:
+        """The chat's user wrote to us: if they had blocked the bot, they no longer do."""
+        self.unreachable.discard(str(chat_id))
 
     async def start(self) -> None:
         await self.bot.initialize()
@@ -147,9 +157,13 @@ class TelegramDelivery:
                 return [sent.message_id]
             except RetryAfter as exc:
                 retry_afters += 1
+                wait = _seconds(exc)
+                if wait > self.max_retry_after:
+                    raise Undeliverable("flood control", f"Telegram asked to wait {wait:g}s, more than "
+                                        f"the {self.max_retry_after:g}s this bot waits") from None
                 if retry_afters > TELEGRAM_MAX_RETRY_AFTERS:
                     raise Undeliverable("flood control", str(exc)) from None
-                await self._sleep(_seconds(exc))
+                await self._sleep(wait)
             except ChatMigrated as exc:
                 self.migrated[str(message.chat_id)] = exc.new_chat_id
             except Forbidden as exc:

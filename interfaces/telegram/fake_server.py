@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -31,6 +32,13 @@ from typing import Any
 from aiohttp import web
 
 from autoresponse.actors.loopback import LoopbackServer
+
+_MENTION = re.compile(r"@\w+")
+
+
+def _utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
 
 BOT_USER = {"id": 1000, "is_bot": True, "first_name": "synth", "username": "synth_bot",
             "can_join_groups": True, "can_read_all_group_messages": False,
@@ -73,30 +81,41 @@ class FakeTelegramServer(LoopbackServer):
 
     def push_text(self, text: str, *, chat_id: int, user_id: int, chat_type: str = "private",
                   message_id: int | None = None, thread_id: int | None = None,
-                  first_name: str = "Ada", reply_to_bot: bool = False) -> dict[str, Any]:
-        """Queue an update carrying a text message; returns the message."""
+                  first_name: str = "Ada", reply_to_bot: bool = False, edited: bool = False,
+                  title: str = "a group") -> dict[str, Any]:
+        """Queue an update carrying a text message (or an edit of one); returns the message."""
         message: dict[str, Any] = {
             "message_id": message_id or next(self._message_ids),
             "date": int(time.time()),
             "chat": {"id": chat_id, "type": chat_type,
-                     **({"title": "a group"} if chat_type != "private" else {"first_name": first_name})},
+                     **({"title": title} if chat_type != "private" else {"first_name": first_name})},
             "from": {"id": user_id, "is_bot": False, "first_name": first_name},
             "text": text,
         }
-        if "@" + BOT_USER["username"] in text:
-            offset = text.index("@" + BOT_USER["username"])
-            message["entities"] = [{"type": "mention", "offset": offset,
-                                    "length": len(BOT_USER["username"]) + 1}]
+        # Telegram marks every @username as a mention entity, in UTF-16 units.
+        entities = [{"type": "mention", "offset": _utf16(text[:m.start()]), "length": _utf16(m.group())}
+                    for m in _MENTION.finditer(text)]
+        if entities:
+            message["entities"] = entities
         if thread_id is not None:
             message["message_thread_id"] = thread_id
             message["is_topic_message"] = True
         if reply_to_bot:
             message["reply_to_message"] = {"message_id": 1, "date": int(time.time()),
                                            "chat": message["chat"], "from": BOT_USER, "text": "earlier"}
-        with self._lock:
-            self._updates.append({"update_id": next(self._update_ids), "message": message})
-        self.call_soon(self._new_update.set)
+        if edited:
+            message["edit_date"] = int(time.time())
+        self.push_update({"edited_message" if edited else "message": message})
         return message
+
+    def push_update(self, update: dict[str, Any], *, update_id: int | None = None) -> int:
+        """Queue any update, malformed ones included; it gets the next update_id unless it
+        has one (or ``update_id`` says otherwise). Returns its update_id."""
+        with self._lock:
+            number = update_id if update_id is not None else update.get("update_id", next(self._update_ids))
+            self._updates.append({"update_id": number, **update})
+        self.call_soon(self._new_update.set)
+        return number
 
     def fail_next(self, method: str, status: int, description: str, *, chat_id: Any = None,
                   parameters: dict[str, Any] | None = None, times: int = 1) -> None:
@@ -166,8 +185,9 @@ class FakeTelegramServer(LoopbackServer):
         until = asyncio.get_running_loop().time() + timeout
         while True:
             with self._lock:
-                self._updates = [u for u in self._updates if u["update_id"] >= offset]
-                ready = list(self._updates)
+                self._updates = [u for u in self._updates
+                                 if not isinstance(u.get("update_id"), int) or u["update_id"] >= offset]
+                ready = list(self._updates)[:int(params.get("limit") or 100)]
             left = until - asyncio.get_running_loop().time()
             if ready or left <= 0 or self.stopping.is_set():
                 return ready

@@ -1,29 +1,42 @@
 """The Telegram interface: long polling with python-telegram-bot, embedded in our loop.
 
-PTB's ``Bot`` runs on the runtime's event loop, in a polling task this actor
-owns (never ``run_polling``: no thread, no signal handlers). Each update is
-journaled before the next ``getUpdates`` offset acknowledges it, then becomes a
-message in this actor's mailbox; authorization and addressing are decided here.
+PTB's ``Bot`` runs on the runtime's event loop, in a polling task this actor's
+incarnation owns (never ``run_polling``: no thread, no signal handlers). Each
+update is journaled before the next ``getUpdates`` offset acknowledges it,
+then becomes a message in this actor's mailbox; authorization and addressing
+are decided here.
+
+Updates are fetched as raw JSON and parsed one by one, so one malformed update
+is logged, dead-lettered with its raw form and acknowledged, and the updates
+behind it flow on. Polling asks for no more updates than the intake has room
+for, and waits while it has none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from telegram import Bot, Update
+from telegram import Bot, Message, MessageEntity, Update
 from telegram.error import TelegramError
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.routes import LLM, sender
+from autoresponse.actors.routes import CONVERSATIONS, sender
 from autoresponse.interfaces.telegram import INTERFACE_NAME, REFUSAL
-from autoresponse.interfaces.telegram.settings import TelegramSettings
+from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_UPDATES, TelegramSettings
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
 log = logging.getLogger("autoresponse.telegram")
 
+#: Wait after failed getUpdates calls: 0.5 s, doubling, at most 30 s.
+POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
+#: Characters of a malformed update kept in its dead letter.
+RAW_UPDATE_KEPT = 16_000
 
 
 class TelegramText(BaseModel):
@@ -38,43 +51,69 @@ class TelegramText(BaseModel):
     thread_id: int | None = None
     user_id: int | None = None
     user_name: str | None = None
+    chat_title: str | None = None
     text: str
     #: In a group: the message mentions the bot or replies to one of its messages.
     addressed: bool = False
+    #: The mentions of the bot in ``text``, to cut from the request.
+    mentions: tuple[str, ...] = ()
 
 
-def parse_update(update: Update, bot_username: str | None, bot_id: int | None) -> TelegramText | None:
-    message = update.effective_message
-    if message is None or message.text is None or update.effective_chat is None:
+class MalformedUpdate(BaseModel):
+    """An update that could not be read, kept (cut to size) in its dead letter."""
+
+    model_config = ConfigDict(frozen=True)
+
+    raw: str
+
+
+def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | None) -> list[str]:
+    """The entities of ``message`` that name exactly this bot: ``@username`` (not
+    ``@username_suffix``) or a text mention of its user id."""
+    found = []
+    wanted = f"@{bot_username}".lower() if bot_username else None
+    for entity, text in message.parse_entities([MessageEntity.MENTION, MessageEntity.TEXT_MENTION]).items():
+        if entity.type == MessageEntity.MENTION and wanted is not None and text.lower() == wanted:
+            found.append(text)
+        elif entity.type == MessageEntity.TEXT_MENTION and entity.user is not None and entity.user.id == bot_id:
+            found.append(text)
+    return found
+
+
+def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *,
+                 edits: bool = False) -> TelegramText | None:
+    """The text message an update carries, or None when it carries none we answer
+    (an edit, unless ``edits``; a photo; a channel post)."""
+    message = update.message or (update.edited_message if edits else None)
+    if message is None or message.text is None:
         return None
-    user = update.effective_user
-    mentioned = bool(bot_username) and f"@{bot_username}".lower() in message.text.lower()
+    user = message.from_user
+    mentions = _mentions_of_bot(message, bot_username, bot_id)
     replied = (message.reply_to_message is not None and message.reply_to_message.from_user is not None
                and message.reply_to_message.from_user.id == bot_id)
     return TelegramText(
         update_id=update.update_id,
-        chat_id=update.effective_chat.id,
-        chat_type=update.effective_chat.type,
+        chat_id=message.chat.id,
+        chat_type=message.chat.type,
         message_id=message.message_id,
         thread_id=message.message_thread_id if message.is_topic_message else None,
         user_id=user.id if user else None,
         user_name=(user.username or user.full_name) if user else None,
+        chat_title=message.chat.title or message.chat.username,
         text=message.text,
-        addressed=mentioned or replied,
+        addressed=bool(mentions) or replied,
+        mentions=tuple(mentions),
     )
-
-
-#: Wait after failed getUpdates calls: 0.5 s, doubling, at most 30 s.
-POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
 
 
 class TelegramInterface(TypedActor):
     """Polls the Bot API in a task this incarnation owns; a crash or stop cancels it."""
 
-    def __init__(self, settings: TelegramSettings, bot: Bot) -> None:
+    def __init__(self, settings: TelegramSettings, delivery: TelegramDelivery) -> None:
         super().__init__()
         self.settings = settings
-        self._bot = bot  # shared with the sender; the platform initializes and shuts it down
+        self.delivery = delivery
+        self._bot: Bot = delivery.bot  # the platform initializes and shuts it down
         self._username: str | None = None
 
     def setup(self) -> None:
@@ -83,33 +122,64 @@ class TelegramInterface(TypedActor):
         self.start_task(self._poll(), "getUpdates")
         log.info("polling Telegram as @%s", self._username)
 
+    @property
+    def allowed_updates(self) -> list[str]:
+        return ["message", "edited_message"] if self.settings.edited_messages else ["message"]
+
     async def _poll(self) -> None:
         """Long polling that acknowledges an update (the next offset) only once it is journaled.
 
         PTB's Updater acknowledges as soon as it has queued updates, so a kill at the
         wrong moment would lose them; here the journal has them first.
         """
-        bot = self._bot
+        bot, intake = self._bot, self.runtime.intake
         timeout = self.settings.poll_timeout
         offset: int | None = None
         failures = Backoff(POLL_BACKOFF)
         while True:
+            await intake.room()  # backpressure: fetch nothing while the runtime is full
+            limit = max(1, min(TELEGRAM_MAX_UPDATES, intake.free()))
             try:
-                updates = await bot.get_updates(offset=offset, timeout=timeout,
-                                                read_timeout=timeout + 10, allowed_updates=["message"])
+                # Raw JSON on purpose (PTB warns once): get_updates parses the whole batch, so
+                # one malformed update would fail them all, forever.
+                raw = await bot.do_api_request(
+                    "getUpdates", api_kwargs={"offset": offset, "limit": limit, "timeout": timeout,
+                                              "allowed_updates": self.allowed_updates},
+                    read_timeout=timeout + 10)
+                if not isinstance(raw, list):
+                    raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
             except TelegramError as exc:
                 delay = failures.next_delay()
                 log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
             failures.reset()
-            for update in updates:
-                parsed = parse_update(update, self._username, bot.id)
-                if parsed is not None:
-                    # One correlation per update: fetched again after a crash, it is recognised.
-                    await asyncio.wrap_future(self.runtime.accept(
-                        self.name, parsed, correlation_id=f"telegram-{bot.id}-{update.update_id}"))
-                offset = update.update_id + 1
+            for item in raw[:TELEGRAM_MAX_UPDATES]:
+                update_id = item.get("update_id") if isinstance(item, dict) else None
+                if not isinstance(update_id, int) or isinstance(update_id, bool):
+                    self._malformed(item, "it has no update_id")  # cannot be acknowledged by id
+                    continue
+                await self._take(item, update_id)
+                offset = max(offset or 0, update_id + 1)
+
+    async def _take(self, item: dict[str, Any], update_id: int) -> None:
+        """Journal one update (or dead-letter it when it cannot be read)."""
+        bot = self._bot
+        try:
+            parsed = parse_update(Update.de_json(item, bot), self._username, bot.id,
+                                  edits=self.settings.edited_messages)
+        except Exception as exc:  # a malformed update: PTB raises KeyError, TypeError, ...
+            self._malformed(item, f"{type(exc).__name__}: {exc}")
+            return
+        if parsed is not None:
+            # One correlation per update: fetched again after a crash, it is recognised.
+            await self.runtime.intake.accept_async(self.name, parsed, f"telegram-{bot.id}-{update_id}")
+
+    def _malformed(self, item: Any, why: str) -> None:
+        raw = json.dumps(item, ensure_ascii=False, default=repr)[:RAW_UPDATE_KEPT]
+        log.warning("a malformed Telegram update was skipped (%s)", why)
+        self.runtime.dead_letters.post(Envelope.new(MalformedUpdate(raw=raw)), "malformed update",
+                                       actor=self.name, detail=why)
 
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:
@@ -122,12 +192,16 @@ class TelegramInterface(TypedActor):
             user_id=text.user_id,
             user_name=text.user_name,
             chat_type=text.chat_type,
+            chat_title=text.chat_title,
         )
         if context.is_group and not text.addressed:
             return  # group chatter not meant for the bot
+        self.delivery.reachable(text.chat_id)  # whoever blocked us writes again: they unblocked us
         if text.user_id not in self.settings.allowed_users:
             log.info("refused a request from user %s in chat %s", text.user_id, text.chat_id)
             self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, REFUSAL, notice=True), cause=env)
             return
-        request = text.text.replace(f"@{self._username}", "").strip() if self._username else text.text
-        self.send(LLM, UserRequest(text=request, context=context), cause=env)
+        request = text.text
+        for mention in text.mentions:
+            request = request.replace(mention, "")
+        self.send(CONVERSATIONS, UserRequest(text=request.strip() or text.text, context=context), cause=env)

@@ -16,6 +16,10 @@ TELEGRAM_SEND_ATTEMPTS = 3
 TELEGRAM_MAX_RETRY_AFTERS = 5
 #: Seconds a getUpdates long poll waits for updates.
 TELEGRAM_POLL_TIMEOUT_SECONDS = 10
+#: Updates asked for per getUpdates call (Telegram's own maximum).
+TELEGRAM_MAX_UPDATES = 100
+#: The longest flood-control wait (RetryAfter) a reply waits out; a longer one parks it.
+TELEGRAM_MAX_RETRY_AFTER_SECONDS = 60.0
 #: Telegram sends in flight at once (Telegram takes 30 a second overall anyway);
 #: more only grows the HTTP connection pool, which costs CPU per request.
 TELEGRAM_MAX_CONCURRENT_SENDS = 32
@@ -31,6 +35,11 @@ class TelegramSettings(BaseModel):
     #: Parse mode of replies; a reply Telegram cannot parse is resent once as plain text.
     parse_mode: str | None = "Markdown"
     poll_timeout: int = Field(default=TELEGRAM_POLL_TIMEOUT_SECONDS, ge=0)
+    #: Answer edited messages as new requests (off: an edit is not a new request).
+    edited_messages: bool = False
+    #: A reply Telegram asks to hold back longer than this (flood control) is not waited
+    #: for: it becomes a dead letter (replayable), and the chat's other replies go on.
+    max_retry_after: float = Field(default=TELEGRAM_MAX_RETRY_AFTER_SECONDS, gt=0)
 
     @property
     def enabled(self) -> bool:

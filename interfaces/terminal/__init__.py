@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from autoresponse.actors import routes
 from autoresponse.interfaces.terminal.actions import TerminalAction, TerminalPayload
-from autoresponse.interfaces.terminal.command import CommandRefused, parse_command, run_command
+from autoresponse.interfaces.terminal.command import (
+    CommandRefused,
+    check_arguments,
+    parse_command,
+    run_command,
+)
 from autoresponse.interfaces.terminal.executor import TerminalExecutor
-from autoresponse.interfaces.terminal.settings import DEMO_COMMANDS, TerminalSettings
+from autoresponse.interfaces.terminal.settings import (
+    DEFAULT_ARGUMENT_RULES,
+    DEMO_COMMANDS,
+    ArgumentRule,
+    TerminalSettings,
+)
 from autoresponse.supervisors import ChildSpec, Mount, Platform
 
 
@@ -17,5 +27,6 @@ def _mount(m: Mount) -> None:
 PLATFORM = Platform("terminal", TerminalSettings, _mount, actions=(TerminalAction,),
                     action_aliases={"bash": "terminal"})
 
-__all__ = ["DEMO_COMMANDS", "PLATFORM", "CommandRefused", "TerminalAction", "TerminalExecutor",
-           "TerminalPayload", "TerminalSettings", "parse_command", "run_command"]
+__all__ = ["DEFAULT_ARGUMENT_RULES", "DEMO_COMMANDS", "PLATFORM", "ArgumentRule", "CommandRefused",
+           "TerminalAction", "TerminalExecutor", "TerminalPayload", "TerminalSettings",
+           "check_arguments", "parse_command", "run_command"]

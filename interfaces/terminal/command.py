@@ -6,6 +6,10 @@
 Traceback (most recent call last):
 ...
 autoresponse.interfaces.terminal.command.CommandRefused: shell operator ';' is not supported: commands run without a shell
+>>> parse_command("date -uf/etc/shadow", allowed=["date"])
+Traceback (most recent call last):
+...
+autoresponse.interfaces.terminal.command.CommandRefused: 'date -f' is refused: it reads or writes files or changes the machine
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
+from autoresponse.interfaces.terminal.settings import DEFAULT_ARGUMENT_RULES, ArgumentRule
 from autoresponse.messages import ActionResult
 
 #: Where allowlisted programs are looked up; the user's PATH is not trusted.
@@ -30,8 +36,12 @@ class CommandRefused(Exception):
     """The command may not run; the message says why, for the user."""
 
 
-def parse_command(command: str, allowed: Collection[str]) -> list[str]:
-    """Split ``command`` like a shell would, without giving it any shell powers."""
+def parse_command(command: str, allowed: Collection[str],
+                  rules: Mapping[str, ArgumentRule] = DEFAULT_ARGUMENT_RULES) -> list[str]:
+    """Split ``command`` like a shell would, without giving it any shell powers,
+    and check its arguments against the program's rule in ``rules``."""
+    if "\0" in command:  # no argv can hold it: refuse here rather than fail in exec
+        raise CommandRefused("the command contains a NUL character")
     lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -53,7 +63,67 @@ def parse_command(command: str, allowed: Collection[str]) -> list[str]:
         raise CommandRefused(f"{program!r} is not on the allowlist (allowed: {listed})")
     if shutil.which(program, path=SAFE_PATH) is None:
         raise CommandRefused(f"{program!r} is allowed but not installed here")
+    if (rule := rules.get(program)) is not None:
+        check_arguments(program, argv[1:], rule)
     return argv
+
+
+def check_arguments(program: str, args: list[str], rule: ArgumentRule) -> None:
+    """Raise ``CommandRefused`` unless ``rule`` allows ``args``.
+
+    Programs parse options like GNU getopt, so the checks lean to refusing:
+    options are looked for in every word, even after ``--``, since that ``--``
+    may be the value of the option before it (``prog -d -- -f FILE``); and
+    every abbreviation of a refused long option is refused (``--f`` runs
+    ``--file`` when no other option starts with f), as we do not know the
+    program's other options to tell which abbreviations are ambiguous.
+
+    >>> check_arguments("hostname", ["--", "name"], ArgumentRule(max_args=0))
+    Traceback (most recent call last):
+    ...
+    autoresponse.interfaces.terminal.command.CommandRefused: 'hostname' is allowed only without arguments
+    """
+    if rule.max_args is not None and len(args) > rule.max_args:
+        if rule.max_args == 0:
+            raise CommandRefused(f"{program!r} is allowed only without arguments")
+        raise CommandRefused(f"{program!r} is allowed at most {rule.max_args} arguments")
+    for word in args:
+        if (option := _refused_option(word, rule)) is not None:
+            raise CommandRefused(f"'{program} {option}' is refused: "
+                                 "it reads or writes files or changes the machine")
+    if rule.operands is None:
+        return
+    for operand in _operands(args):
+        if not rule.operands:
+            raise CommandRefused(f"'{program} {operand}' is refused: {program!r} takes no operands")
+        if not any(re.fullmatch(pattern, operand) for pattern in rule.operands):
+            listed = " or ".join(f"'{pattern}'" for pattern in rule.operands)
+            raise CommandRefused(
+                f"'{program} {operand}' is refused: {program!r} takes only operands matching "
+                f"{listed} (an option's value must be attached, as in --option=VALUE)"
+            )
+
+
+def _refused_option(word: str, rule: ArgumentRule) -> str | None:
+    """The refused option ``word`` names or holds, if any."""
+    if word.startswith("--") and word != "--":
+        name = word.partition("=")[0]
+        return next((option for option in rule.refuse if option.startswith(name)), None)
+    if word.startswith("-"):
+        for letter in word[1:]:  # a bundle: -uf is -u -f
+            if f"-{letter}" in rule.refuse:
+                return f"-{letter}"
+            if f"-{letter}" in rule.takes_value:
+                return None  # the rest of the word is its value
+    return None
+
+
+def _operands(args: list[str]) -> list[str]:
+    """The words that are not options: plain words, ``-``, and all after ``--``."""
+    if "--" in args:
+        end = args.index("--")
+        return [w for w in args[:end] if w == "-" or not w.startswith("-")] + args[end + 1:]
+    return [w for w in args if w == "-" or not w.startswith("-")]
 
 
 def _scrubbed_env() -> dict[str, str]:

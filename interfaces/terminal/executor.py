@@ -23,7 +23,8 @@ class TerminalExecutor(TypedActor):
         try:
             if not self.settings.enabled:
                 raise CommandRefused("the terminal executor is off")
-            argv = parse_command(command, self.settings.allowed_commands)
+            argv = parse_command(command, self.settings.allowed_commands,
+                                 self.settings.arguments)
         except CommandRefused as exc:
             refused = ActionResult(action_type="terminal", command=command,
                                    output=f"refused: {exc}", ok=False)

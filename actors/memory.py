@@ -1,0 +1,207 @@
+"""Conversation memory: what each chat said, what the bot answered, what it ran.
+
+One SQLite file in the data directory, keyed by the chat (interface, chat id,
+thread): the user's messages, the replies confirmed delivered, and a compact
+record of each action (the command, its exit status and the first lines of its
+output, never whole megabytes). Each chat is bounded by a token budget; the
+oldest entries are dropped first. Tokens are counted approximately: four
+characters to a token, plus four for each message's framing, which is close to
+what OpenAI-style tokenizers give for English and errs long for code.
+
+>>> store = ConversationStore(Path("memory.sqlite3"), max_tokens=2000)   # doctest: +SKIP
+>>> store.append("telegram:42:", "user", "run df -h")                     # doctest: +SKIP
+>>> store.recent("telegram:42:")                                           # doctest: +SKIP
+[Turn(role='user', content='run df -h')]
+
+It also remembers the chats it has seen (their titles and usernames), so a
+message can name its target chat instead of giving its id.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from autoresponse.actors.limits import (
+    MEMORY_MAX_TOKENS,
+    MEMORY_OUTPUT_CHARS,
+    MEMORY_OUTPUT_LINES,
+    MEMORY_RETENTION_SECONDS,
+)
+from autoresponse.messages import ActionResult, OriginalContext, Turn
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memory (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat TEXT NOT NULL,
+    role TEXT NOT NULL,                 -- user | assistant
+    kind TEXT NOT NULL,                 -- message | reply | action
+    content TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memory_chat ON memory (chat, id);
+CREATE TABLE IF NOT EXISTS chats (
+    interface TEXT NOT NULL,
+    chat_id TEXT NOT NULL,
+    title TEXT,
+    username TEXT,
+    seen REAL NOT NULL,
+    PRIMARY KEY (interface, chat_id)
+);
+"""
+
+Role = Literal["user", "assistant"]
+Kind = Literal["message", "reply", "action"]
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters to a token, plus the message's framing."""
+    return 4 + (len(text) + 3) // 4
+
+
+class Entry(BaseModel):
+    """One remembered message."""
+
+    id: int
+    chat: str
+    role: Role
+    kind: Kind
+    content: str
+    tokens: int
+    time: float
+
+
+class KnownChat(BaseModel):
+    """A chat this daemon has seen, to find it by name."""
+
+    interface: str
+    chat_id: str
+    title: str | None = None
+    username: str | None = None
+
+    def describe(self) -> str:
+        names = [f"'{self.title}'" if self.title else None, f"@{self.username}" if self.username else None]
+        return f"{' '.join(n for n in names if n) or 'a chat'} (id {self.chat_id})"
+
+
+def action_record(result: ActionResult) -> str:
+    """A compact, bounded record of what an action did, for the memory."""
+    what = result.command or result.action_type
+    status = f"exit {result.exit_code}" if result.exit_code is not None else ("ok" if result.ok else "failed")
+    lines = result.output.strip().splitlines()
+    shown = "\n".join(lines[:MEMORY_OUTPUT_LINES])[:MEMORY_OUTPUT_CHARS]
+    more = f"\n[{len(lines) - MEMORY_OUTPUT_LINES} more lines]" if len(lines) > MEMORY_OUTPUT_LINES else ""
+    return f"[ran `{what}`: {status}]\n{shown}{more}".rstrip()
+
+
+class ConversationStore:
+    """Thread-safe; each write commits before it returns (they are small and few)."""
+
+    def __init__(self, path: Path, *, max_tokens: int = MEMORY_MAX_TOKENS,
+                 retention_seconds: float = MEMORY_RETENTION_SECONDS) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.max_tokens = max_tokens
+        self.retention_seconds = retention_seconds
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---------------------------------------------------------------- memory
+
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
+        """Remember one message; the chat's oldest entries go once it is over its budget."""
+        content = content[: self.max_tokens * 4]  # no single entry may exceed the whole budget
+        tokens = estimate_tokens(content)
+        with self._lock:
+            self._db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", (chat, role, kind, content, tokens, time.time()))
+            self._trim(chat)
+
+    def _trim(self, chat: str) -> None:
+        total, cutoff = 0, None
+        for row_id, tokens in self._db.execute(
+                "SELECT id, tokens FROM memory WHERE chat = ? ORDER BY id DESC", (chat,)):
+            total += tokens
+            if total > self.max_tokens:
+                cutoff = row_id
+                break
+        if cutoff is not None:
+            self._db.execute("DELETE FROM memory WHERE chat = ? AND id <= ?", (chat, cutoff))
+
+    def recent(self, chat: str, budget: int | None = None) -> list[Turn]:
+        """The newest entries that fit ``budget`` tokens (default: the whole budget), oldest
+        first, as chat messages."""
+        return [Turn(role=e.role, content=e.content) for e in self.history(chat, budget)]
+
+    def history(self, chat: str, budget: int | None = None) -> list[Entry]:
+        limit = self.max_tokens if budget is None else budget
+        with self._lock:
+            rows = self._db.execute("SELECT id, chat, role, kind, content, tokens, time FROM memory "
+                                    "WHERE chat = ? ORDER BY id DESC", (chat,)).fetchall()
+        kept, total = [], 0
+        for row in rows:
+            total += row[5]
+            if total > limit:
+                break
+            kept.append(Entry(id=row[0], chat=row[1], role=row[2], kind=row[3], content=row[4],
+                              tokens=row[5], time=row[6]))
+        return kept[::-1]
+
+    def forget(self, chat: str) -> int:
+        """Forget a chat's memory (a user's ``/forget``); how many entries went."""
+        with self._lock:
+            return self._db.execute("DELETE FROM memory WHERE chat = ?", (chat,)).rowcount
+
+    def compact(self, now: float | None = None) -> int:
+        """Forget what is older than the retention; how many entries went."""
+        before = (now or time.time()) - self.retention_seconds
+        with self._lock:
+            gone = self._db.execute("DELETE FROM memory WHERE time < ?", (before,)).rowcount
+            self._db.execute("DELETE FROM chats WHERE seen < ?", (before,))
+        return gone
+
+    def chats_with_memory(self) -> list[tuple[str, int]]:
+        """Every chat key with memory, and its number of entries."""
+        with self._lock:
+            return self._db.execute("SELECT chat, COUNT(*) FROM memory GROUP BY chat ORDER BY chat").fetchall()
+
+    # ---------------------------------------------------------------- known chats
+
+    def seen(self, context: OriginalContext) -> None:
+        """Remember the chat a message came from, with its names, to find it by name later."""
+        username = context.user_name if context.chat_type in (None, "private") else None
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO chats (interface, chat_id, title, username, seen) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (interface, chat_id) DO UPDATE SET title = COALESCE(excluded.title, title), "
+                "username = COALESCE(excluded.username, username), seen = excluded.seen",
+                (context.interface_name, str(context.chat_id), context.chat_title, username, time.time()))
+
+    def find_chats(self, interface: str, name: str) -> list[KnownChat]:
+        """Chats of ``interface`` whose title or username is ``name`` (case folded, a leading
+        @ ignored); if none matches whole, those whose title contains it."""
+        wanted = name.strip().lstrip("@").casefold()
+        with self._lock:
+            rows = self._db.execute("SELECT interface, chat_id, title, username FROM chats WHERE interface = ?",
+                                    (interface,)).fetchall()
+        known = [KnownChat(interface=r[0], chat_id=r[1], title=r[2], username=r[3]) for r in rows]
+        exact = [c for c in known if wanted in _names(c)]
+        return exact or [c for c in known if c.title and wanted in c.title.casefold()]
+
+
+def _names(chat: KnownChat) -> Iterable[str]:
+    return [n.casefold() for n in (chat.title, chat.username) if n]

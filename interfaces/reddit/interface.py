@@ -1,0 +1,156 @@
+"""The Reddit interface: the account's inbox (private messages, comment and post
+replies, username mentions) becomes user requests.
+
+A polling task this actor owns reads the unread inbox with asyncpraw, journals each
+item (``runtime.accept``, one correlation per fullname), and only then marks the items
+read: a kill between the two finds them unread again, and the journal recognises them.
+Authorization happens here, in the actor, when the journaled item is handled.
+
+>>> parse_item(comment)                                              # doctest: +SKIP
+RedditItem(fullname='t1_3e9', kind='comment_reply', author='ada', body='run df -h', ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import asyncpraw
+from asyncpraw.exceptions import AsyncPRAWException
+from asyncprawcore.exceptions import AsyncPrawcoreException
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.backoff import Backoff, BackoffPolicy
+from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
+from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
+from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+
+log = logging.getLogger("autoresponse.reddit")
+
+#: Wait after a failed look at the inbox: 1 s, doubling, at most 5 minutes.
+POLL_BACKOFF = BackoffPolicy(min=1.0, max=300.0, jitter=0.1)
+
+
+class RedditItem(BaseModel):
+    """An inbox item: a private message (``t4_``) or a comment (``t1_``) that answers or
+    mentions the account."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fullname: str
+    #: "message", "comment_reply", "post_reply" or "username_mention".
+    kind: str
+    author: str | None = None
+    body: str
+    subject: str | None = None
+    subreddit: str | None = None
+    #: For a comment: the submission it belongs to, and the thing it answers.
+    link_id: str | None = None
+    parent_id: str | None = None
+    #: For a message: the first message of its conversation.
+    first_message: str | None = None
+    #: A link to the comment in its context.
+    context: str | None = None
+
+    @property
+    def is_message(self) -> bool:
+        return self.fullname.startswith("t4_")
+
+    @property
+    def conversation(self) -> str:
+        """What the item belongs to: its submission, or its message thread."""
+        return (self.first_message or self.fullname) if self.is_message else (self.link_id or self.fullname)
+
+
+def _name(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def parse_item(item: Any) -> RedditItem:
+    """A journaled ``RedditItem`` from an asyncpraw ``Comment`` or ``Message``."""
+    is_comment = bool(getattr(item, "was_comment", False)) or item.fullname.startswith("t1_")
+    return RedditItem(
+        fullname=item.fullname,
+        kind=(getattr(item, "type", None) or "comment_reply") if is_comment else "message",
+        author=_name(getattr(item, "author", None)),
+        body=item.body or "",
+        subject=getattr(item, "subject", None),
+        subreddit=_name(getattr(item, "subreddit", None)),
+        link_id=getattr(item, "link_id", None) if is_comment else None,
+        parent_id=getattr(item, "parent_id", None),
+        first_message=None if is_comment else getattr(item, "first_message_name", None),
+        context=getattr(item, "context", None) or None,
+    )
+
+
+class RedditInterface(TypedActor):
+    """Reads the inbox in a task this incarnation owns; a crash or stop cancels it."""
+
+    def __init__(self, settings: RedditSettings, reddit: asyncpraw.Reddit, username: str) -> None:
+        super().__init__()
+        self.settings = settings
+        self._reddit = reddit  # shared with the sender; the platform closes it
+        self._mention = re.compile(rf"(?<![\w/])/?u/{re.escape(username)}\b", re.I)
+
+    def setup(self) -> None:
+        self.start_task(self._poll(), "inbox")
+        log.info("reading the Reddit inbox every %gs", self.settings.poll_interval)
+
+    async def _poll(self) -> None:
+        failures = Backoff(POLL_BACKOFF)
+        while True:
+            try:
+                await self._take_unread()
+            except (AsyncPrawcoreException, AsyncPRAWException) as exc:
+                delay = failures.next_delay()
+                log.warning("reading the Reddit inbox failed (%s: %s); retrying in %.1fs",
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures.reset()
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def _take_unread(self) -> None:
+        """Journal every unread item, oldest first, then mark them read."""
+        intake = self.runtime.intake
+        await intake.room()  # backpressure: take nothing while the runtime is full
+        limit = max(1, min(REDDIT_UNREAD_PER_POLL, intake.free()))
+        items = [item async for item in self._reddit.inbox.unread(limit=limit, mark_read=False)]
+        for item in reversed(items):  # the listing is newest first
+            await self._journal(parse_item(item))
+        if items:
+            await self._reddit.inbox.mark_read(items)
+
+    async def _journal(self, item: RedditItem) -> None:
+        """Accept ``item`` durably; while the runtime is full, wait for room on the loop."""
+        # One correlation per fullname: an item seen again after a crash is recognised.
+        await self.runtime.intake.accept_async(self.name, item, f"reddit-{item.fullname}")
+
+    @handles
+    def on_item(self, item: RedditItem, env: Envelope) -> None:
+        context = OriginalContext(
+            chat_id=item.conversation,
+            message_id=item.fullname,
+            interface_name=INTERFACE_NAME,
+            original_command=item.body,
+            user_id=item.author,
+            user_name=item.author,
+            chat_type="private" if item.is_message else "public",
+            fullname=item.fullname,
+            item_kind=item.kind,
+            subreddit=item.subreddit,
+            subject=item.subject,
+            permalink=item.context,
+        )
+        if not self.settings.allows(item.author):
+            log.info("a request from u/%s (%s) is not on the allowlist", item.author, item.fullname)
+            if self.settings.strangers == "refuse":
+                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
+                                                                        notice=True), cause=env)
+            return
+        text = self._mention.sub("", item.body).strip() or item.body
+        self.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)

@@ -1,0 +1,72 @@
+"""Reddit's settings, and the limits of its API.
+
+>>> RedditSettings(client_id="abc", client_secret="s", username="bot", password="pw").enabled
+True
+>>> RedditSettings().strangers
+'silent'
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+
+#: Longest comment or private message body Reddit accepts. Counted in UTF-16 units,
+#: which are never fewer than the characters Reddit counts, so a chunk always fits.
+REDDIT_REPLY_UTF16 = 10_000
+#: Seconds between two looks at the inbox.
+REDDIT_POLL_SECONDS = 15.0
+#: Unread inbox items taken per look (one listing page).
+REDDIT_UNREAD_PER_POLL = 100
+#: Attempts per chunk on network errors and 5xx (after asyncprawcore's own retries).
+REDDIT_SEND_ATTEMPTS = 3
+#: RATELIMIT errors waited out per chunk, and the longest such wait; beyond either the
+#: reply is a dead letter.
+REDDIT_MAX_RATELIMITS = 3
+REDDIT_MAX_RATELIMIT_WAIT_SECONDS = 600.0
+#: Seconds asyncprawcore waits for Reddit to answer one request.
+REDDIT_TIMEOUT_SECONDS = 16.0
+
+REFUSAL = "Sorry, I only take requests from people on my allowlist."
+
+#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
+#: Either way nothing runs.
+StrangerPolicy = Literal["silent", "refuse"]
+
+
+class RedditSettings(BaseModel):
+    """On when an app (``client_id``, ``client_secret``) and an account (``username`` and
+    ``password``, or a ``refresh_token``) are set. Only ``allowed_users`` cause actions."""
+
+    client_id: str | None = None
+    client_secret: SecretStr | None = None
+    username: str | None = None
+    password: SecretStr | None = None
+    #: Instead of username and password: an OAuth refresh token of the account.
+    refresh_token: SecretStr | None = None
+    user_agent: str = "autoresponse:replies:v1 (an autonomous assistant)"
+    #: Reddit's API hosts; a fake Reddit for tests is one base URL for both.
+    oauth_url: str = "https://oauth.reddit.com"
+    reddit_url: str = "https://www.reddit.com"
+    #: Reddit usernames (without ``u/``), compared without regard to case.
+    allowed_users: list[str] = Field(default_factory=list)
+    strangers: StrangerPolicy = "silent"
+    refusal: str = REFUSAL
+    poll_interval: float = Field(default=REDDIT_POLL_SECONDS, gt=0)
+    timeout: float = Field(default=REDDIT_TIMEOUT_SECONDS, gt=0)
+
+    @property
+    def enabled(self) -> bool:
+        has_app = bool(self.client_id) and _set(self.client_secret)
+        has_account = (bool(self.username) and _set(self.password)) or _set(self.refresh_token)
+        return has_app and has_account
+
+    def allows(self, username: str | None) -> bool:
+        """Whether ``username`` is on the allowlist (Reddit names ignore case)."""
+        return username is not None and username.lower() in {u.lower().removeprefix("u/")
+                                                             for u in self.allowed_users}
+
+
+def _set(secret: SecretStr | None) -> bool:
+    return secret is not None and bool(secret.get_secret_value())

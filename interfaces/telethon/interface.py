@@ -1,0 +1,122 @@
+"""The userbot's interface: new messages to the Telegram user account become requests.
+
+A task this actor owns takes Telethon's ``NewMessage`` events through the adapter
+boundary (``client.UserbotClient.new_messages``) and journals each text message
+(``runtime.accept``, one correlation per chat and message id) before handling it.
+Telethon acknowledges updates to Telegram itself, so a message that arrives while the
+daemon is down is not replayed (a string session keeps no update state); one that was
+journaled survives a crash or a kill. The account's own messages are never requests,
+and authorization happens here, in the actor.
+
+>>> parse_event(event, me=500)                                       # doctest: +SKIP
+UserbotText(chat_id=7, message_id=11, sender_id=7, user_name='ada', chat_type='private', ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
+from autoresponse.interfaces.telethon.client import UserbotClient
+from autoresponse.interfaces.telethon.settings import TelethonSettings
+from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+
+log = logging.getLogger("autoresponse.telethon")
+
+
+class UserbotText(BaseModel):
+    """A text message someone else sent in a chat the account is in."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat_id: int
+    message_id: int
+    sender_id: int | None = None
+    user_name: str | None = None
+    #: "private", "group" (basic groups and supergroups) or "channel".
+    chat_type: str
+    chat_title: str | None = None
+    #: The forum topic the message is in, if any.
+    thread_id: int | None = None
+    text: str
+
+
+def _name(entity: Any) -> str | None:
+    if entity is None:
+        return None
+    for attribute in ("username", "first_name", "title"):  # a user's handle or name, a chat's title
+        if getattr(entity, attribute, None):
+            return str(getattr(entity, attribute))
+    return None
+
+
+def parse_event(event: Any, *, me: int) -> UserbotText | None:
+    """A ``UserbotText`` from Telethon's ``NewMessage.Event``; None when it is the account's
+    own (outgoing, or sent by the account from elsewhere) or carries no text."""
+    message = event.message
+    if message.out or event.sender_id == me or not message.message:
+        return None
+    reply = message.reply_to
+    topic = getattr(reply, "reply_to_top_id", None) or getattr(reply, "reply_to_msg_id", None)
+    return UserbotText(
+        chat_id=event.chat_id,
+        message_id=message.id,
+        sender_id=event.sender_id,
+        user_name=_name(message.sender),  # the entities came with the update: no request
+        chat_type="private" if event.is_private else "group" if event.is_group else "channel",
+        chat_title=None if event.is_private else _name(message.chat),
+        thread_id=topic if getattr(reply, "forum_topic", False) else None,
+        text=message.message,
+    )
+
+
+class TelethonInterface(TypedActor):
+    """Takes new messages in a task this incarnation owns; a crash or stop cancels it."""
+
+    def __init__(self, settings: TelethonSettings, userbot: UserbotClient, me: Any) -> None:
+        super().__init__()
+        self.settings = settings
+        self._userbot = userbot  # shared with the sender; the platform disconnects it
+        self._me = me
+
+    def setup(self) -> None:
+        self.start_task(self._receive(), "new messages")
+        log.info("listening as the Telegram user %s", self._me.username or self._me.id)
+
+    async def _receive(self) -> None:
+        async for event in self._userbot.new_messages():
+            text = parse_event(event, me=self._me.id)
+            if text is not None:
+                await self._journal(text)
+
+    async def _journal(self, text: UserbotText) -> None:
+        """Accept ``text`` durably; while the runtime is full, wait for room on the loop."""
+        # One correlation per message: one delivered twice is recognised.
+        await self.runtime.intake.accept_async(self.name, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
+
+    @handles
+    def on_text(self, text: UserbotText, env: Envelope) -> None:
+        context = OriginalContext(
+            chat_id=text.chat_id,
+            message_id=text.message_id,
+            interface_name=INTERFACE_NAME,
+            original_command=text.text,
+            thread_id=text.thread_id,
+            user_id=text.sender_id,
+            user_name=text.user_name,
+            chat_type=text.chat_type,
+            chat_title=text.chat_title,
+        )
+        if not self.settings.allows(text.sender_id, text.chat_id):
+            log.info("a message from user %s in chat %s is not on the allowlist", text.sender_id, text.chat_id)
+            if self.settings.strangers == "refuse":
+                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
+                                                                        notice=True), cause=env)
+            return
+        self.send(CONVERSATIONS, UserRequest(text=text.text, context=context), cause=env)

@@ -1,0 +1,62 @@
+"""The Telegram userbot's settings, and its limits.
+
+A message is at most 4096 UTF-16 units, as for the bot (``TELEGRAM_MESSAGE_UTF16``);
+the userbot cuts its replies with the bot's own ``split_message``.
+
+>>> TelethonSettings(api_id=12345, api_hash="0123abcd", session="1AbC...").enabled
+True
+>>> TelethonSettings().strangers
+'silent'
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+
+#: FloodWaitErrors waited out per chunk, and the longest such wait; beyond either the
+#: reply is a dead letter. A flood wait holds back only its own chat.
+TELETHON_MAX_FLOOD_WAITS = 3
+TELETHON_MAX_FLOOD_WAIT_SECONDS = 300.0
+#: Attempts per chunk on connection errors.
+TELETHON_SEND_ATTEMPTS = 3
+#: Times Telethon tries to connect (at the start, and after a disconnection) before giving up.
+TELETHON_CONNECT_RETRIES = 3
+#: New messages held between Telethon and the interface; Telethon waits when it is full.
+TELETHON_EVENT_QUEUE = 1_000
+
+REFUSAL = "Sorry, I only take requests from people on my allowlist."
+
+#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
+#: Either way nothing runs. On a personal account, silence is the polite default.
+StrangerPolicy = Literal["silent", "refuse"]
+
+
+class TelethonSettings(BaseModel):
+    """On when an app (``api_id``, ``api_hash`` from my.telegram.org) and a logged-in
+    ``session`` string are set. Only ``allowed_users``, or anyone in ``allowed_chats``,
+    cause actions; the account's own messages never do."""
+
+    api_id: int | None = None
+    api_hash: SecretStr | None = None
+    #: A Telethon ``StringSession`` of the logged-in account: it is the account's key.
+    session: SecretStr | None = None
+    #: Telegram user ids whose messages, in any chat, are requests.
+    allowed_users: list[int] = Field(default_factory=list)
+    #: Chat ids (Telethon's "marked" ids: groups are negative) in which every message is a request.
+    allowed_chats: list[int] = Field(default_factory=list)
+    strangers: StrangerPolicy = "silent"
+    refusal: str = REFUSAL
+    #: Telethon's parse mode for replies ("md", "html"), or None for plain text.
+    parse_mode: str | None = "md"
+    connect_retries: int = Field(default=TELETHON_CONNECT_RETRIES, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        return (self.api_id is not None and self.api_hash is not None
+                and bool(self.api_hash.get_secret_value())
+                and self.session is not None and bool(self.session.get_secret_value()))
+
+    def allows(self, user_id: int | None, chat_id: int) -> bool:
+        return (user_id is not None and user_id in self.allowed_users) or chat_id in self.allowed_chats

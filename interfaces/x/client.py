@@ -1,0 +1,146 @@
+"""The one place tweepy's ``AsyncClient`` is built from the settings, and the few calls
+the interface and the sender make with it.
+
+tweepy's client fixes its host (``https://api.twitter.com``) but takes the aiohttp
+session it sends through. Ours may carry a resolver that maps X's API hosts to
+``api_address`` and trust an extra certificate authority (``ca_file``): then real,
+unpatched tweepy talks to a proxy or to a fake X (``fake_server``) while its URLs,
+TLS names and OAuth 1.0a signatures stay X's own. Nothing else resolves through it.
+
+>>> x = await open_x(settings)                                      # doctest: +SKIP
+>>> [m.text for m in await x.mentions_since(since_id=None, start_time=started)]   # doctest: +SKIP
+['@synth run df -h']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from tweepy.asynchronous import AsyncClient
+
+from autoresponse.interfaces.x.settings import (
+    X_MAX_RATE_LIMIT_WAIT_SECONDS,
+    X_MENTION_PAGES,
+    X_MENTIONS_PER_PAGE,
+    XSettings,
+)
+
+#: The host names tweepy sends requests to.
+X_API_HOSTS = ("api.twitter.com", "api.x.com")
+_TWEET_FIELDS = ["author_id", "conversation_id", "created_at", "in_reply_to_user_id"]
+
+
+def seconds_until(reset: int | None) -> float:
+    """How long a 429 asks us to wait: until ``x-rate-limit-reset`` (epoch seconds), at
+    least a second, at most ``X_MAX_RATE_LIMIT_WAIT_SECONDS``; a minute if X named no time."""
+    if reset is None:
+        return 60.0
+    return min(X_MAX_RATE_LIMIT_WAIT_SECONDS, max(1.0, reset - time.time() + 1.0))
+
+
+class PinnedResolver(AbstractResolver):
+    """Resolves X's API host names to one ``host:port``; refuses every other name.
+
+    >>> import asyncio
+    >>> [r["port"] for r in asyncio.run(PinnedResolver(["api.twitter.com"], "127.0.0.1:8443")
+    ...                                 .resolve("api.twitter.com", 443))]
+    [8443]
+    """
+
+    def __init__(self, names: Iterable[str], address: str) -> None:
+        host, _, port = address.rpartition(":")
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            ip = None
+        if ip is None or not port.isdigit():
+            raise ValueError(f"api_address must be an IP address and a port, not {address!r}")
+        self._names = set(names)
+        self._host, self._port = str(ip), int(port)
+        self._family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[dict[str, Any]]:
+        if host not in self._names:
+            raise OSError(f"{host} is not X's API; this session only reaches {self._host}:{self._port}")
+        # aiohttp connects to the port named here, whatever the URL's: 443 becomes the proxy's.
+        return [{"hostname": host, "host": self._host, "port": self._port, "family": self._family,
+                 "proto": 0, "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self) -> None:
+        return None
+
+
+def _secret(value: Any) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
+class XApi:
+    """tweepy's client with its session, used the same way by the interface and the sender."""
+
+    def __init__(self, client: AsyncClient, session: aiohttp.ClientSession, *, user_auth: bool) -> None:
+        self.client = client
+        self.session = session
+        #: OAuth 1.0a (True), or an OAuth 2.0 user-context token as the bearer (False).
+        self.user_auth = user_auth
+
+    async def me(self) -> Any:
+        """The account: ``.id`` and ``.username``."""
+        return (await self.client.get_me(user_auth=self.user_auth)).data
+
+    async def mentions_since(self, *, user_id: int, since_id: int | None,
+                             start_time: dt.datetime | None) -> list[tuple[Any, Any]]:
+        """Every mention newer than ``since_id`` (or, before any, since ``start_time``),
+        oldest first, each with its author (or None)."""
+        found: list[tuple[Any, Any]] = []
+        token = None
+        for _ in range(X_MENTION_PAGES):  # X keeps the newest 800 anyway
+            page = await self.client.get_users_mentions(
+                user_id, since_id=since_id, start_time=None if since_id else start_time,
+                max_results=X_MENTIONS_PER_PAGE, pagination_token=token, expansions=["author_id"],
+                tweet_fields=_TWEET_FIELDS, user_fields=["username"], user_auth=self.user_auth)
+            authors = {u.id: u for u in (page.includes or {}).get("users", [])}
+            found += [(tweet, authors.get(tweet.author_id)) for tweet in page.data or []]
+            token = (page.meta or {}).get("next_token")
+            if token is None:
+                break
+        return sorted(found, key=lambda pair: pair[0].id)
+
+    async def reply(self, text: str, in_reply_to: int) -> int:
+        """Post ``text`` in reply to ``in_reply_to``; the new post's id."""
+        response = await self.client.create_tweet(text=text, in_reply_to_tweet_id=in_reply_to,
+                                                  user_auth=self.user_auth)
+        return int(response.data["id"])
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+
+async def open_x(settings: XSettings) -> XApi:
+    """tweepy's client on our session; call it on the loop that will use it."""
+    if not settings.enabled:
+        raise ValueError("X needs AUTORESPONSE_X__CONSUMER_KEY, __CONSUMER_SECRET, __ACCESS_TOKEN and "
+                         "__ACCESS_TOKEN_SECRET, or an OAuth 2.0 user token in __BEARER_TOKEN")
+    context = ssl.create_default_context()
+    if settings.ca_file is not None:
+        context.load_verify_locations(cafile=str(settings.ca_file))
+    resolver = PinnedResolver(X_API_HOSTS, settings.api_address) if settings.api_address else None
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, resolver=resolver),
+                                    timeout=aiohttp.ClientTimeout(total=settings.timeout))
+    if settings.oauth1:
+        client = AsyncClient(consumer_key=_secret(settings.consumer_key),
+                             consumer_secret=_secret(settings.consumer_secret),
+                             access_token=_secret(settings.access_token),
+                             access_token_secret=_secret(settings.access_token_secret))
+    else:
+        client = AsyncClient(bearer_token=_secret(settings.bearer_token))
+    client.session = session  # tweepy's documented attribute: every request goes through it
+    return XApi(client, session, user_auth=settings.oauth1)

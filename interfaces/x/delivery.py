@@ -1,0 +1,95 @@
+"""Posting replies on X, by its rules.
+
+* A reply answers the post that mentioned the account (``in_reply_to_tweet_id``); no
+  other target is written to.
+* A reply heavier than 280 weighted characters (see ``counting``) is cut between words
+  into posts, each answering the one before it: a thread, in order.
+* A 429 waits for ``x-rate-limit-reset`` (that reply only; others go on), a bounded
+  number of times; network errors and 5xx are retried a bounded number of times;
+  anything else X refuses (a duplicate, a deleted post, no permission) is final: a dead
+  letter with X's words.
+
+>>> delivery = XDelivery(api, journal)                               # doctest: +SKIP
+>>> await delivery.deliver(OutboundMessage.reply(ctx, "Your disks are fine."))   # doctest: +SKIP
+[1800000000000000002]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from tweepy import HTTPException, TooManyRequests, TwitterServerError
+
+from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.interfaces.x.client import XApi, seconds_until
+from autoresponse.interfaces.x.counting import split_post
+from autoresponse.interfaces.x.settings import X_MAX_RATE_LIMIT_WAIT_SECONDS, X_MAX_RATE_LIMITS, X_SEND_ATTEMPTS
+from autoresponse.messages import OutboundMessage
+
+log = logging.getLogger("autoresponse.x")
+
+#: Wait after a failed post before the next attempt: 1 s, doubling.
+SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
+
+
+class Undeliverable(Exception):
+    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _post_id(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class XDelivery:
+    def __init__(self, api: XApi, journal: DeliveryJournal | None = None, *,
+                 sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+        self.api = api
+        self.ledger = SendLedger(journal)
+        self._sleep = sleep
+
+    async def deliver(self, message: OutboundMessage) -> list[int]:
+        """Post every chunk of ``message``; the ids X gave them. Raises Undeliverable."""
+        parent = _post_id(message.reply_to_message_id)
+        if parent is None:
+            raise Undeliverable("no thread", f"a reply on X answers a post; {message.chat_id!r} is not one")
+        posted: list[int] = []
+        for n, chunk in enumerate(split_post(message.text)):
+            if self.ledger.already_sent(message, n):
+                continue  # confirmed before a restart: never twice (the next answers the mention)
+            parent = await self._post(chunk, parent)
+            posted.append(parent)
+            await asyncio.wrap_future(self.ledger.confirm(message, n))
+        return posted
+
+    async def _post(self, text: str, in_reply_to: int) -> int:
+        rate_limits = failures = 0
+        while True:
+            try:
+                return await self.api.reply(text, in_reply_to)
+            except TooManyRequests as exc:
+                rate_limits += 1
+                wait = seconds_until(exc.reset_time)
+                if rate_limits > X_MAX_RATE_LIMITS or wait >= X_MAX_RATE_LIMIT_WAIT_SECONDS:
+                    raise Undeliverable("rate limited", str(exc)) from None
+                log.info("X rate-limited the reply to %s; it waits %.0fs", in_reply_to, wait)
+                await self._sleep(wait)
+            except (TimeoutError, TwitterServerError, aiohttp.ClientError) as exc:
+                failures += 1
+                if failures >= X_SEND_ATTEMPTS:
+                    raise Undeliverable("network", f"{type(exc).__name__}: {exc}") from None
+                await self._sleep(SEND_BACKOFF.delay(failures))
+            except HTTPException as exc:  # 400, 401, 403 (a duplicate, no permission), 404
+                raise Undeliverable("rejected by X", f"{type(exc).__name__}: {exc}") from None

@@ -1,0 +1,137 @@
+"""The X interface: posts that mention the account become user requests.
+
+A polling task this actor owns reads the mentions timeline with tweepy, journals each
+new mention (``runtime.accept``, one correlation per post id), and only then moves
+``since_id`` past it (``cursor``): a kill between the two asks X for it again, and the
+journal recognises it. A 429 waits for ``x-rate-limit-reset``. Authorization happens
+here, in the actor, when the journaled mention is handled.
+
+>>> parse_mention(tweet, author, me=1000)                            # doctest: +SKIP
+XMention(post_id=1800000000000000000, author_id=7, username='ada', text='@synth run df -h', ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+from tweepy import TooManyRequests, TweepyException
+
+from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.backoff import Backoff, BackoffPolicy
+from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.interfaces.x.actions import INTERFACE_NAME
+from autoresponse.interfaces.x.client import XApi, seconds_until
+from autoresponse.interfaces.x.cursor import MentionCursor
+from autoresponse.interfaces.x.settings import XSettings
+from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+
+log = logging.getLogger("autoresponse.x")
+
+#: Wait after a failed look at the mentions: 1 s, doubling, at most 5 minutes.
+POLL_BACKOFF = BackoffPolicy(min=1.0, max=300.0, jitter=0.1)
+
+
+class XMention(BaseModel):
+    """A post that mentions the account."""
+
+    model_config = ConfigDict(frozen=True)
+
+    post_id: int
+    conversation_id: int | None = None
+    author_id: int | None = None
+    username: str | None = None
+    text: str
+    created_at: str | None = None
+
+
+def parse_mention(tweet: Any, author: Any, *, me: int) -> XMention | None:
+    """An ``XMention`` from tweepy's ``Tweet`` and ``User``; None for the account's own posts
+    (it never answers itself)."""
+    if tweet.author_id == me:
+        return None
+    return XMention(
+        post_id=tweet.id,
+        conversation_id=tweet.conversation_id,
+        author_id=tweet.author_id,
+        username=None if author is None else author.username,
+        text=tweet.text,
+        created_at=None if tweet.created_at is None else tweet.created_at.isoformat(),
+    )
+
+
+class XInterface(TypedActor):
+    """Reads the mentions timeline in a task this incarnation owns; a crash or stop cancels it."""
+
+    def __init__(self, settings: XSettings, api: XApi, me: Any, cursor: MentionCursor) -> None:
+        super().__init__()
+        self.settings = settings
+        self._api = api  # shared with the sender; the platform closes it
+        self._me = me
+        self._cursor = cursor
+        self._mention = re.compile(rf"(?<!\w)@{re.escape(me.username)}\b", re.I)
+
+    def setup(self) -> None:
+        self.start_task(self._poll(), "mentions")
+        log.info("reading the mentions of @%s every %gs", self._me.username, self.settings.poll_interval)
+
+    async def _poll(self) -> None:
+        failures = Backoff(POLL_BACKOFF)
+        while True:
+            try:
+                await self._take_new()
+            except TooManyRequests as exc:
+                wait = seconds_until(exc.reset_time)
+                log.warning("X rate-limited the mentions timeline; looking again in %.0fs", wait)
+                await asyncio.sleep(wait)
+                continue
+            except (TimeoutError, TweepyException, aiohttp.ClientError) as exc:
+                delay = failures.next_delay()
+                log.warning("reading the mentions failed (%s: %s); retrying in %.1fs",
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures.reset()
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def _take_new(self) -> None:
+        """Journal every new mention, oldest first, moving ``since_id`` past each."""
+        cursor = self._cursor
+        found = await self._api.mentions_since(user_id=self._me.id, since_id=cursor.since_id,
+                                               start_time=cursor.start_time)
+        for tweet, author in found:
+            mention = parse_mention(tweet, author, me=self._me.id)
+            if mention is not None:
+                await self._journal(mention)
+            await asyncio.to_thread(cursor.advance, tweet.id)
+
+    async def _journal(self, mention: XMention) -> None:
+        """Accept ``mention`` durably; while the runtime is full, wait for room on the loop."""
+        # One correlation per post: a mention seen again after a crash is recognised.
+        await self.runtime.intake.accept_async(self.name, mention, f"x-{mention.post_id}")
+
+    @handles
+    def on_mention(self, mention: XMention, env: Envelope) -> None:
+        context = OriginalContext(
+            chat_id=mention.conversation_id or mention.post_id,
+            message_id=mention.post_id,
+            interface_name=INTERFACE_NAME,
+            original_command=mention.text,
+            user_id=mention.author_id,
+            user_name=mention.username,
+            chat_type="public",
+            post_id=mention.post_id,
+            conversation_id=mention.conversation_id,
+        )
+        if mention.author_id not in self.settings.allowed_users:
+            log.info("a mention by user %s (@%s) is not on the allowlist", mention.author_id, mention.username)
+            if self.settings.strangers == "refuse":
+                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
+                                                                        notice=True), cause=env)
+            return
+        text = self._mention.sub("", mention.text).strip() or mention.text
+        self.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)

@@ -1,0 +1,264 @@
+"""Reddit end to end: real asyncpraw against a fake Reddit API served by aiohttp on 127.0.0.1."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Daemon, system_messages, wait_for
+
+import autoresponse.interfaces
+from autoresponse import Application, Settings
+from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.actors.routes import executor, sender
+from autoresponse.app import StartError
+from autoresponse.cli import RedactSecrets
+from autoresponse.interfaces.reddit import PLATFORM, REFUSAL
+from autoresponse.interfaces.reddit.fake_server import FakeRedditServer
+from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.supervisors import platforms, registered
+from autoresponse.supervisors.status import snapshot
+
+CLIENT_ID = "reddit-app-id"
+CLIENT_SECRET = "reddit-client-secret-8c1f2a"
+PASSWORD = "reddit-password-5e7d0b"
+RATELIMIT = ("RATELIMIT", "Looks like you've been doing that a lot. Take a break for 2 seconds before "
+                          "trying again.", "ratelimit")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def reddit_platform() -> Iterator[None]:
+    """Registered for these tests, unless it already is a built-in."""
+    if PLATFORM in platforms():
+        yield
+        return
+    with registered(PLATFORM):
+        yield
+
+
+@pytest.fixture
+def fake_reddit() -> Iterator[FakeRedditServer]:
+    with FakeRedditServer(username="synth_bot", client_id=CLIENT_ID, client_secret=CLIENT_SECRET,
+                          password=PASSWORD) as server:
+        yield server
+
+
+def reddit_settings(fake: FakeRedditServer, **extra: Any) -> dict[str, Any]:
+    return {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "username": "synth_bot",
+            "password": PASSWORD, "oauth_url": fake.base_url, "reddit_url": fake.base_url,
+            "allowed_users": ["Ada"], "poll_interval": 0.1, **extra}
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer,
+        make_app: Callable[..., Application]) -> Application:
+    # The servers come first so that they outlive the app: it stops before they do.
+    return make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit))
+
+
+def tell(app: Application, text: str, thing: str) -> None:
+    """A reply for the sender, as the dispatcher would make it, to the inbox item ``thing``."""
+    ctx = OriginalContext(chat_id="t3_post", message_id=thing, interface_name="reddit")
+    app.runtime.send(sender("reddit"), OutboundMessage.reply(ctx, text))
+
+
+def polls(fake: FakeRedditServer) -> int:
+    return len(fake.calls_to("message/unread"))
+
+
+def test_a_comment_reply_and_a_direct_message_are_each_answered_once_threaded(
+    fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    journaled_when_read: list[tuple[list[str], set[str]]] = []
+    with FakeLLMServer(delay=0.3) as llm:  # slow enough that the work is open when Reddit hears "read"
+        app = make_app(base_url=llm.base_url, reddit=reddit_settings(fake_reddit))
+        assert app.journal is not None
+        journal = app.journal
+        fake_reddit.on_read = lambda names: journaled_when_read.append(
+            (names, {item.correlation for item in journal.unfinished()}))
+        comment = fake_reddit.push_comment("u/synth_bot run df -h", author="ada", subreddit="selfhosted")
+        message = fake_reddit.push_message("run uptime", author="ada", subject="my server")
+        wait_for(lambda: len(fake_reddit.replies()) == 2, timeout=30)
+        assert app.runtime.wait_idle(timeout=15)
+        seen = polls(fake_reddit)
+        wait_for(lambda: polls(fake_reddit) >= seen + 5)  # later looks at the inbox change nothing
+        app.stop()
+    replies = {r.thing_id: r for r in fake_reddit.replies()}
+    assert sorted(replies) == sorted([comment, message])  # each answered once, threaded under it
+    assert "`df -h` finished" in replies[comment].text and "`uptime` finished" in replies[message].text
+    assert fake_reddit.is_read(comment) and fake_reddit.is_read(message)
+    # Marked read only once journaled: at that moment both were open work in the journal.
+    assert journaled_when_read
+    for names, journaled in journaled_when_read:
+        assert {f"reddit-{name}" for name in names} <= journaled
+    # The whole loop: a chat turn and a delivery turn each, the command's real output in
+    # between, and the item's text, author, subreddit and fullname as the original context.
+    chats = [r.messages[-1]["content"] for r in llm.requests if not r.messages[-1]["content"].startswith("{")]
+    assert sorted(chats) == ["run df -h", "run uptime"]  # the mention is not part of the request
+    deliveries = {m["original_context"]["fullname"]: m for m in system_messages(llm, "output")}
+    assert deliveries[comment]["original_context"].items() >= {
+        "interface_name": "reddit", "original_command": "u/synth_bot run df -h", "user_name": "ada",
+        "subreddit": "selfhosted", "item_kind": "comment_reply", "message_id": comment}.items()
+    assert deliveries[message]["original_context"]["subject"] == "my server"
+    assert "Filesystem" in deliveries[comment]["outputs"][0]["output"]
+    assert "message_reddit" in deliveries[message]["full_json_instructions"]
+
+
+def test_a_long_reply_is_cut_at_paragraphs_and_threaded_in_order(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    paragraphs = [f"**Part {n}.** " + ("Lorem ipsum dolor sit amet. " * 30).strip() for n in range(30)]
+    paragraphs.insert(10, "```\n" + "code line\n" * 50 + "```")
+    text = "\n\n".join(paragraphs)
+    assert len(text) > 20_000
+    tell(bot, text, "t1_ask")
+    wait_for(lambda: len(fake_reddit.replies()) == 3, timeout=30)
+    assert bot.runtime.wait_idle(timeout=10)
+    chunks = fake_reddit.replies()
+    assert all(len(c.text) <= 10_000 for c in chunks)
+    assert "\n\n".join(c.text for c in chunks) == text  # cut only between paragraphs, Markdown kept
+    # The first answers the item, each next one the chunk before it: one thread, in order.
+    assert [c.thing_id for c in chunks] == ["t1_ask", chunks[0].fullname, chunks[1].fullname]
+
+
+def test_a_ratelimit_error_parks_only_that_reply(bot: Application, fake_reddit: FakeRedditServer) -> None:
+    fake_reddit.fail_next("api/comment", error=RATELIMIT, thing_id="t1_a")
+    tell(bot, "to A", "t1_a")
+    wait_for(lambda: [c for c in fake_reddit.calls_to("api/comment") if not c.ok])
+    tell(bot, "to B", "t4_b")
+    wait_for(lambda: fake_reddit.replies("t1_a") and fake_reddit.replies("t4_b"))
+    assert bot.runtime.wait_idle(timeout=10)
+    [refused] = [c for c in fake_reddit.calls_to("api/comment") if not c.ok]
+    [to_a], [to_b] = fake_reddit.replies("t1_a"), fake_reddit.replies("t4_b")
+    assert to_a.time - refused.time >= 2.0  # the wait Reddit named was kept ...
+    assert to_b.time < to_a.time  # ... by that reply alone
+    assert bot.runtime.dead_letters.letters() == []
+
+
+def test_a_spent_rate_limit_budget_holds_back_the_next_request(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    wait_for(lambda: polls(fake_reddit) >= 2)
+    fake_reddit.spend_budget(reset=2)  # the next answer says: nothing left for 2 seconds
+    spent = wait_for(lambda: [c for c in fake_reddit.calls if c.remaining == 0])[0]
+    time.sleep(0.3)  # let the client read that answer before the reply is due
+    tell(bot, "a reply while the budget is spent", "t1_a")
+    [reply] = wait_for(lambda: fake_reddit.replies("t1_a"))
+    calls = list(fake_reddit.calls)
+    following = calls[calls.index(spent) + 1]
+    assert following.time - spent.time >= 2.0  # X-Ratelimit-Reset was honoured ...
+    assert reply.time - spent.time >= 2.0  # ... by the inbox poller and the sender alike
+
+
+def test_reddit_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    fake_reddit.fail_next("api/comment", error=("DELETED_COMMENT", "that comment has been deleted", "parent"))
+    tell(bot, "too late", "t1_gone")
+    [letter] = wait_for(lambda: bot.runtime.dead_letters.letters())
+    assert bot.runtime.wait_idle(timeout=10)
+    assert letter.reason == "rejected by Reddit" and "DELETED_COMMENT" in letter.detail
+    assert len(fake_reddit.calls_to("api/comment")) == 1
+
+
+def test_strangers_get_no_action_and_by_default_no_answer(
+    bot: Application, fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer
+) -> None:
+    with bot.runtime.probe(executor("terminal")) as ran:
+        item = fake_reddit.push_message("run df -h", author="mallory")
+        wait_for(lambda: fake_reddit.is_read(item))
+        seen = polls(fake_reddit)
+        wait_for(lambda: polls(fake_reddit) >= seen + 3)
+        assert bot.runtime.wait_idle(timeout=10)
+        assert ran.envelopes == []
+    assert fake_llm.requests == [] and fake_reddit.replies() == []
+
+
+def test_the_refusal_policy_can_answer_strangers_politely(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, strangers="refuse"))
+    item = fake_reddit.push_comment("run df -h", author="mallory")
+    [refusal] = wait_for(lambda: fake_reddit.replies())
+    assert app.runtime.wait_idle(timeout=10)
+    assert (refusal.thing_id, refusal.text) == (item, REFUSAL)
+    assert fake_llm.requests == []
+
+
+def test_wrong_credentials_stop_the_start_with_a_reason_and_no_secret(
+    fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    wrong = "not-the-password-3f9a"
+    with pytest.raises(StartError) as failed:
+        make_app(reddit=reddit_settings(fake_reddit, password=wrong))
+    assert "cannot sign in to Reddit" in str(failed.value) and "invalid_grant" in str(failed.value)
+    assert wrong not in str(failed.value)
+
+
+def test_no_secret_appears_in_logs_status_or_dead_letters(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    settings = reddit_settings(fake_reddit)
+    assert {CLIENT_SECRET, PASSWORD} <= set(Settings.load(reddit=settings).secrets())  # so redacted
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RedactSecrets(Settings.load(reddit=settings).secrets()))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        app = make_app(base_url=fake_llm.base_url, reddit=settings)
+        fake_reddit.fail_next("api/comment", status=403)
+        fake_reddit.push_message("run df -h", author="ada")
+        wait_for(lambda: app.runtime.dead_letters.letters(), timeout=30)
+        assert app.runtime.wait_idle(timeout=10)
+        status = snapshot(app.runtime).model_dump_json()
+        letters = json.dumps([d.summary() for d in app.runtime.dead_letters.letters()], default=str)
+        app.stop()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    log = out.getvalue()
+    assert "message/unread" in log  # it did log its work
+    access_tokens = [c.params.get("access_token") for c in fake_reddit.calls]  # never sent as a param
+    assert access_tokens == [None] * len(access_tokens)
+    for secret in (CLIENT_SECRET, PASSWORD, "fake-access-token-"):
+        assert secret not in log and secret not in status and secret not in letters
+
+
+@pytest.mark.skipif("reddit" not in autoresponse.interfaces.BUILTIN_PLATFORMS,
+                    reason="the daemon knows Reddit only once it is a built-in platform")
+def test_a_kill_9_before_the_reply_loses_neither_and_answers_neither_twice(tmp_path: Path) -> None:
+    with FakeLLMServer(delay=1.0) as llm, FakeRedditServer(password=PASSWORD) as reddit:
+        daemon = Daemon(
+            tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url, AUTORESPONSE_CONSOLE__ENABLED="false",
+            AUTORESPONSE_EVENTS__ENABLED="false", AUTORESPONSE_TERMINAL__ENABLED="true",
+            AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["df", "uptime"]',
+            AUTORESPONSE_REDDIT__CLIENT_ID=CLIENT_ID, AUTORESPONSE_REDDIT__CLIENT_SECRET=CLIENT_SECRET,
+            AUTORESPONSE_REDDIT__USERNAME="synth_bot", AUTORESPONSE_REDDIT__PASSWORD=PASSWORD,
+            AUTORESPONSE_REDDIT__OAUTH_URL=reddit.base_url, AUTORESPONSE_REDDIT__REDDIT_URL=reddit.base_url,
+            AUTORESPONSE_REDDIT__ALLOWED_USERS='["ada"]', AUTORESPONSE_REDDIT__POLL_INTERVAL="0.2",
+        ).start()
+        try:
+            comment = reddit.push_comment("run df -h", author="ada")
+            message = reddit.push_message("run uptime", author="ada")
+            wait_for(lambda: reddit.is_read(comment) and reddit.is_read(message), timeout=30)
+            assert reddit.replies() == []  # journaled and acknowledged, not yet answered
+            daemon.kill()
+            daemon.start()
+            wait_for(lambda: len(reddit.replies()) >= 2, timeout=60)
+            seen = polls(reddit)
+            wait_for(lambda: polls(reddit) >= seen + 5, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert sorted(r.thing_id for r in reddit.replies()) == sorted([comment, message])
+    assert code == 0
+    log = daemon.log()
+    assert CLIENT_SECRET not in log and PASSWORD not in log

@@ -1,0 +1,250 @@
+"""X end to end: real, unpatched tweepy against a fake X API v2 on 127.0.0.1.
+
+tweepy only knows https://api.twitter.com; our session resolves that name to the fake
+and trusts the fake's test certificate authority, so the requests, their TLS and their
+OAuth 1.0a signatures are the ones X would get (the fake checks the signatures).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import system_messages, wait_for
+
+from autoresponse import Application, Settings
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.routes import executor, sender
+from autoresponse.app import StartError
+from autoresponse.cli import RedactSecrets
+from autoresponse.interfaces.x import PLATFORM, REFUSAL
+from autoresponse.interfaces.x.counting import split_post, weighted_length
+from autoresponse.interfaces.x.fake_server import FakeXServer
+from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.supervisors import platforms, registered
+from autoresponse.supervisors.status import snapshot
+
+ME, ADA, STRANGER = 1000, 7, 99
+KEYS = ("x-consumer-key-0a1b2c", "x-consumer-secret-3d4e5f", "x-access-token-6a7b8c", "x-token-secret-9d0e1f")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def x_platform() -> Iterator[None]:
+    """Registered for these tests, unless it already is a built-in."""
+    if PLATFORM in platforms():
+        yield
+        return
+    with registered(PLATFORM):
+        yield
+
+
+@pytest.fixture
+def fake_x() -> Iterator[FakeXServer]:
+    with FakeXServer(user_id=ME, username="synth", oauth1=KEYS) as server:
+        yield server
+
+
+def x_settings(fake: FakeXServer, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    consumer_key, consumer_secret, access_token, access_token_secret = KEYS
+    return {"consumer_key": consumer_key, "consumer_secret": consumer_secret, "access_token": access_token,
+            "access_token_secret": access_token_secret, "api_address": fake.api_address,
+            "ca_file": str(fake.write_ca(tmp_path / "x-ca.pem")), "allowed_users": [ADA],
+            "poll_interval": 0.1, **extra}
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application],
+        tmp_path: Path) -> Application:
+    # The servers come first so that they outlive the app: it stops before they do.
+    return make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path))
+
+
+def actions(*items: dict[str, Any]) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(items)}))
+
+
+def tell(app: Application, text: str, post_id: str) -> None:
+    """A reply for the sender, as the dispatcher would make it, to the post ``post_id``."""
+    ctx = OriginalContext(chat_id=post_id, message_id=int(post_id), interface_name="x")
+    app.runtime.send(sender("x"), OutboundMessage.reply(ctx, text))
+
+
+def looks(fake: FakeXServer) -> int:
+    return len(fake.calls_to("GET mentions"))
+
+
+def test_a_mention_gets_one_threaded_reply_through_the_whole_loop(
+    bot: Application, fake_llm: FakeLLMServer, fake_x: FakeXServer
+) -> None:
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": "df -h"}}),
+                    actions({"type": "message_x", "payload": {"text": "Your disks are fine."}}))
+    mention = fake_x.push_mention("@synth run df -h", author_id=ADA, username="ada")
+    [post] = wait_for(lambda: fake_x.posts())
+    assert bot.runtime.wait_idle(timeout=10)
+    seen = looks(fake_x)
+    wait_for(lambda: looks(fake_x) >= seen + 5)  # later looks at the mentions change nothing
+    assert fake_x.posts() == [post]
+    assert (post.text, post.in_reply_to) == ("Your disks are fine.", mention)
+    # The LLM got the request without the mention, and the command's real output.
+    assert fake_llm.requests[0].messages[-1]["content"] == "run df -h"
+    [delivery] = system_messages(fake_llm, "output")
+    assert delivery["original_context"]["user_name"] == "ada"
+    assert delivery["original_context"]["original_command"] == "@synth run df -h"
+    assert str(delivery["original_context"]["post_id"]) == mention
+    assert "Filesystem" in delivery["outputs"][0]["output"]
+    # Every request was tweepy's own, signed for api.twitter.com.
+    assert {c.auth for c in fake_x.calls} == {"oauth1"}
+
+
+def test_a_600_character_reply_becomes_three_threaded_posts_in_order(
+    bot: Application, fake_x: FakeXServer
+) -> None:
+    mention = fake_x.push_mention("@synth tell me a story", author_id=STRANGER, username="someone")
+    words = [f"word{n:03d}" for n in range(75)]  # 75 words of 7 letters and spaces: 599 characters
+    text = " ".join(words) + "!"
+    assert len(text) == 600
+    tell(bot, text, mention)
+    posts = wait_for(lambda: len(fake_x.posts()) == 3 and fake_x.posts())
+    assert bot.runtime.wait_idle(timeout=10)
+    assert all(weighted_length(p.text) <= 280 for p in posts)
+    assert " ".join(p.text for p in posts) == text  # cut between words, nothing lost, in order
+    assert [p.in_reply_to for p in posts] == [mention, posts[0].id, posts[1].id]  # one thread
+
+
+def test_links_cjk_and_emoji_are_counted_the_way_x_counts_them(
+    bot: Application, fake_x: FakeXServer
+) -> None:
+    assert weighted_length("https://example.com/" + "a" * 200) == 23
+    assert weighted_length("こんにちは") == 10 and weighted_length("👩‍💻 ok") == 5
+    # A long link costs 23, so this fits in one post; 300 CJK characters need three.
+    one = "Read https://example.com/" + "very-long-path/" * 20 + " before you upgrade."
+    assert len(one) > 280
+    assert split_post(one) == [one]
+    three = "漢字" * 150
+    assert [len(p) for p in split_post(three)] == [140, 140, 20]
+    mention = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    tell(bot, one, mention)
+    [post] = wait_for(lambda: fake_x.posts(mention))
+    assert post.text == one
+
+
+def test_since_id_survives_a_restart_neither_repeating_nor_skipping(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    old = fake_x.push_mention("@synth hello from before", author_id=ADA, username="ada", ago=60)
+    settings = x_settings(fake_x, tmp_path)
+    first = make_app(base_url=fake_llm.base_url, x=settings)
+    one = fake_x.push_mention("@synth hello", author_id=ADA, username="ada")
+    wait_for(lambda: fake_x.posts(one))
+    assert first.runtime.wait_idle(timeout=10)
+    first.stop()
+    looked_before_restart = looks(fake_x)
+    two = fake_x.push_mention("@synth hello again", author_id=ADA, username="ada")  # while it is down
+    second = make_app(base_url=fake_llm.base_url, x=settings)
+    wait_for(lambda: fake_x.posts(two))
+    assert second.runtime.wait_idle(timeout=10)
+    seen = looks(fake_x)
+    wait_for(lambda: looks(fake_x) >= seen + 5)
+    assert [p.in_reply_to for p in fake_x.posts()] == [one, two]  # each once; none from before the start
+    assert old not in {p.in_reply_to for p in fake_x.posts()}
+    # After the restart X was asked only for what came after the last mention taken.
+    [first_look_after, *_] = fake_x.calls_to("GET mentions")[looked_before_restart:]
+    assert first_look_after.params["since_id"] == one
+
+
+def test_a_429_on_a_reply_waits_for_x_rate_limit_reset(bot: Application, fake_x: FakeXServer) -> None:
+    mention = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    fake_x.fail_next("POST /2/tweets", 429, reset_in=3)
+    tell(bot, "eventually", mention)
+    [post] = wait_for(lambda: fake_x.posts())
+    [refused, accepted] = fake_x.calls_to("POST /2/tweets")
+    assert not refused.ok and accepted.ok
+    assert accepted.time - refused.time >= 2.0  # not before the reset X named
+    assert post.text == "eventually" and bot.runtime.dead_letters.letters() == []
+
+
+def test_a_429_on_the_mentions_waits_for_x_rate_limit_reset(bot: Application, fake_x: FakeXServer) -> None:
+    wait_for(lambda: looks(fake_x) >= 2)
+    fake_x.fail_next("GET mentions", 429, reset_in=3)
+    refused = wait_for(lambda: [c for c in fake_x.calls_to("GET mentions") if not c.ok])[0]
+    after = wait_for(lambda: [c for c in fake_x.calls_to("GET mentions") if c.time > refused.time])[0]
+    assert after.time - refused.time >= 2.0
+
+
+def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
+    bot: Application, fake_x: FakeXServer
+) -> None:
+    fake_x.fail_next("POST /2/tweets", 403)
+    tell(bot, "a duplicate, say", "1800000000000000777")
+    [letter] = wait_for(lambda: bot.runtime.dead_letters.letters())
+    assert bot.runtime.wait_idle(timeout=10)
+    assert letter.reason == "rejected by X" and "403" in letter.detail
+    assert len(fake_x.calls_to("POST /2/tweets")) == 1
+
+
+def test_strangers_and_the_account_itself_get_no_action(
+    bot: Application, fake_llm: FakeLLMServer, fake_x: FakeXServer
+) -> None:
+    with bot.runtime.probe(executor("terminal")) as ran:
+        fake_x.push_mention("@synth run df -h", author_id=STRANGER, username="mallory")
+        mine = fake_x.push_mention("@synth run df -h", author_id=ME, username="synth")
+        wait_for(lambda: any(c.params.get("since_id") == mine for c in fake_x.calls_to("GET mentions")))
+        assert bot.runtime.wait_idle(timeout=10)
+        assert ran.envelopes == []
+    assert fake_llm.requests == [] and fake_x.posts() == []
+
+
+def test_the_refusal_policy_can_answer_strangers_politely(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"))
+    mention = fake_x.push_mention("@synth run df -h", author_id=STRANGER, username="mallory")
+    [refusal] = wait_for(lambda: fake_x.posts())
+    assert app.runtime.wait_idle(timeout=10)
+    assert (refusal.in_reply_to, refusal.text) == (mention, REFUSAL)
+    assert fake_llm.requests == []
+
+
+def test_wrong_keys_stop_the_start_with_a_reason_and_no_secret(
+    fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    wrong = "not-the-consumer-secret-77"
+    with pytest.raises(StartError) as failed:
+        make_app(x=x_settings(fake_x, tmp_path, consumer_secret=wrong))
+    assert "cannot sign in to X: Unauthorized" in str(failed.value)
+    assert wrong not in str(failed.value)
+
+
+def test_no_secret_appears_in_logs_status_or_dead_letters(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    settings = x_settings(fake_x, tmp_path)
+    assert set(KEYS) <= set(Settings.load(x=settings).secrets())  # so redacted
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(RedactSecrets(Settings.load(x=settings).secrets()))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)  # tweepy logs each request's headers at DEBUG
+    try:
+        app = make_app(base_url=fake_llm.base_url, x=settings)
+        fake_x.fail_next("POST /2/tweets", 403)
+        fake_x.push_mention("@synth run df -h", author_id=ADA, username="ada")
+        wait_for(lambda: app.runtime.dead_letters.letters(), timeout=30)
+        assert app.runtime.wait_idle(timeout=10)
+        status = snapshot(app.runtime).model_dump_json()
+        letters = json.dumps([d.summary() for d in app.runtime.dead_letters.letters()], default=str)
+        app.stop()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    log = out.getvalue()
+    assert "Making API request" in log and "[secret]" in log  # tweepy logged, and was redacted
+    for secret in KEYS:
+        assert secret not in log and secret not in status and secret not in letters
