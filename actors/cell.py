@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
-from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
 from autoresponse.actors._mailbox import Mailbox
+from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
 from autoresponse.actors.limits import START_SECONDS
 from autoresponse.messages.control import Exit, Failure
 from autoresponse.messages.envelope import Envelope

@@ -10,12 +10,12 @@ from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
 from autoresponse.actors.routes import route_of
 from autoresponse.messages import (
     ActionRequest,
-    PromptRequest,
     BaseAction,
     Envelope,
     LLMReply,
     OriginalContext,
     OutboundMessage,
+    PromptRequest,
     Rejection,
     action_key,
 )

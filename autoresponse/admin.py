@@ -37,8 +37,8 @@ from pydantic import BaseModel, ValidationError
 from autoresponse.actors import Cell, IntakeFull, Runtime
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS
 from autoresponse.actors.routes import SENDER_PREFIX
-from autoresponse.messages import Crash
 from autoresponse.config import AdminSettings
+from autoresponse.messages import Crash
 from autoresponse.supervisors.status import snapshot
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

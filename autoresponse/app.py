@@ -33,14 +33,14 @@ from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
 from autoresponse.admin import AdminServer
 from autoresponse.config import LLMSettings, Settings
-from autoresponse.redaction import Redactor
 from autoresponse.messages import Envelope
-from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
+from autoresponse.redaction import Redactor
 from autoresponse.supervisors import (
     ChildSpec,
     Mount,

@@ -28,12 +28,12 @@ from rich.tree import Tree
 
 from autoresponse.actors.journal import JournalCorrupt, check_journal
 from autoresponse.actors.routes import interface, sender
-from autoresponse.interfaces.console import ConsoleInput
-from autoresponse.interfaces.terminal import DEMO_COMMANDS
 from autoresponse.admin import unsafe_bind
 from autoresponse.app import Application, StartError
-from autoresponse.redaction import Redactor
 from autoresponse.config import ConfigError, Settings
+from autoresponse.interfaces.console import ConsoleInput
+from autoresponse.interfaces.terminal import DEMO_COMMANDS
+from autoresponse.redaction import Redactor
 
 log = logging.getLogger("autoresponse")
 

@@ -17,9 +17,9 @@ from typing import Any
 import pykka
 
 from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.llm.fake_server import FakeLLMServer
-from autoresponse.actors.journal import SqliteJournal
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
 from autoresponse.messages import OriginalContext, UserRequest
 from benchmarks.harness import Run, Tally, drive, pipeline, rss_kib
@@ -196,7 +196,12 @@ def _telegram_context(n: int) -> OriginalContext:
 
 def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
     from autoresponse.actors.routes import sender
-    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender, TelegramSettings, make_bot
+    from autoresponse.interfaces.telegram import (
+        TelegramDelivery,
+        TelegramSender,
+        TelegramSettings,
+        make_bot,
+    )
 
     tally = Tally(expected=requests)
     engine = HttpEngine(llm_url, model="fake", max_in_flight=concurrency)
@@ -222,6 +227,7 @@ def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) 
     """The same two HTTP calls per request, written by hand: aiohttp to the LLM, then
     python-telegram-bot's send_message, with the same concurrency."""
     import aiohttp
+
     from autoresponse.actors.prompts import build_chat_request, render_openai_messages
     from autoresponse.interfaces.telegram import TelegramSettings, make_bot
 

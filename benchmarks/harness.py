@@ -13,9 +13,9 @@ import autoresponse.interfaces  # noqa: F401  (registers the platforms' actions)
 from autoresponse.actors import Runtime, TypedActor, handles
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
+from autoresponse.actors.journal import SendLedger, SqliteJournal
 from autoresponse.actors.llm import LLMClient, LLMEngine
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, sender
-from autoresponse.actors.journal import SendLedger, SqliteJournal
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
 

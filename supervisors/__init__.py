@@ -14,7 +14,14 @@ from autoresponse.supervisors.platform import (
     registered,
     unregister_platform,
 )
-from autoresponse.supervisors.spec import ChildSpec, Restart, RestartIntensity, Spec, Strategy, SupervisorSpec
+from autoresponse.supervisors.spec import (
+    ChildSpec,
+    Restart,
+    RestartIntensity,
+    Spec,
+    Strategy,
+    SupervisorSpec,
+)
 from autoresponse.supervisors.status import ActorStatus, Status, snapshot
 from autoresponse.supervisors.supervisor import Escalation, StartChild, Supervisor
 

@@ -22,8 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import ActorGaveUp, TypedActor, handles
-from autoresponse.messages import Envelope, Exit
 from autoresponse.actors.backoff import Backoff
+from autoresponse.messages import Envelope, Exit
 from autoresponse.supervisors.spec import ChildSpec, Restart, Spec, Strategy, SupervisorSpec
 
 

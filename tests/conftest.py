@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
+from autoresponse import Application, Settings
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
 from autoresponse.messages import Envelope
-from autoresponse import Application, Settings
 
 
 @pytest.fixture(autouse=True)

@@ -13,12 +13,12 @@ import pytest
 from conftest import ask, console_text
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoresponse.actors import Runtime
 from autoresponse import Application
-from autoresponse.supervisors import snapshot
+from autoresponse.actors import Runtime
 from autoresponse.admin import MAX_BODY_DEPTH, AdminServer
 from autoresponse.app import names_in
 from autoresponse.config import AdminSettings
+from autoresponse.supervisors import snapshot
 
 MakeApp = Callable[..., Application]
 ADMIN = {"enabled": True, "host": "127.0.0.1", "port": 0}

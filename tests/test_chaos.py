@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from conftest import console_text
 
+from autoresponse import Application
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.routes import interface, sender
 from autoresponse.actors.testkit import FaultInjector
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import OutboundMessage
-from autoresponse import Application
 
 REQUESTS = 2000
 PIPELINE = ["interface.console", "llm", "dispatcher", "executor.terminal", "builder", "sender.console"]

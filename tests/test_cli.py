@@ -144,9 +144,9 @@ def test_the_daemon_refuses_an_admin_bind_outside_loopback_without_a_token(token
 def test_an_actor_that_cannot_set_up_stops_the_start_and_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from autoresponse.interfaces.console import Console, ConsoleInterface
     from autoresponse import Application, Settings
     from autoresponse.app import StartError
+    from autoresponse.interfaces.console import Console, ConsoleInterface
 
     def broken(self: ConsoleInterface) -> None:
         raise OSError("no terminal here")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,13 +12,12 @@ from typing import Any
 import pytest
 from conftest import ask, console_text, system_messages, wait_for
 
+from autoresponse import Application, Settings
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
-from autoresponse.interfaces.events import EventStore, due_in, next_due
+from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 from autoresponse.messages import OriginalContext
-from autoresponse.interfaces.events import EventPayload
-from autoresponse import Application, Settings
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
                           original_command="remind me to stretch")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import Daemon
 
+from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
-from autoresponse.actors.journal import SqliteJournal
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 
 CTX = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from conftest import ask, console_text
 
-from autoresponse import request_llm_delivery
+from autoresponse import Application, request_llm_delivery
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
 from autoresponse.actors.testkit import FaultInjector
+from autoresponse.app import RETRY
 from autoresponse.messages import (
     ActionRequest,
     LLMRequest,
@@ -22,8 +23,6 @@ from autoresponse.messages import (
     Rejection,
     UserRequest,
 )
-from autoresponse import Application
-from autoresponse.app import RETRY
 
 MakeApp = Callable[..., Application]
 

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from conftest import ask, system_message
 
+from autoresponse import Application
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.prompts import ERROR_RETRY_POLICY
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, sender
-from autoresponse.actors.prompts import ERROR_RETRY_POLICY
 from autoresponse.messages import (
     OriginalContext,
     OutboundMessage,
     UserRequest,
 )
-from autoresponse import Application
 
 MakeApp = Callable[..., Application]
 FAST = {"backoff_min": 0.05, "backoff_max": 0.2}

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from conftest import system_messages, wait_for
 
+from autoresponse import Application
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
 from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
 from autoresponse.messages import OriginalContext, OutboundMessage
-from autoresponse import Application
 
 ALLOWED = 7
 CHAT = 42

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ask, system_messages
 
+from autoresponse import Application
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.routes import BUILDER, executor
 from autoresponse.interfaces.terminal import (
@@ -20,14 +21,13 @@ from autoresponse.interfaces.terminal import (
     DEMO_COMMANDS,
     ArgumentRule,
     CommandRefused,
+    TerminalAction,
     TerminalExecutor,
     TerminalSettings,
     parse_command,
     run_command,
 )
-from autoresponse.interfaces.terminal import TerminalAction
 from autoresponse.messages import ActionOutput, ActionRequest, OriginalContext
-from autoresponse import Application
 
 MakeApp = Callable[..., Application]
 CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")

@@ -7,8 +7,8 @@ import logging
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
-from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import DISPATCHER, chat_actions, sender
 from autoresponse.messages import (
     Envelope,

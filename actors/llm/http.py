@@ -27,7 +27,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from yarl import URL
 
 from autoresponse.actors.backoff import BackoffPolicy
-from autoresponse.actors.llm.engine import LLMError
 from autoresponse.actors.limits import (
     LLM_CONNECT_TIMEOUT_SECONDS,
     LLM_DEADLINE_SECONDS,
@@ -38,6 +37,7 @@ from autoresponse.actors.limits import (
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
 )
+from autoresponse.actors.llm.engine import LLMError
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: Wait between attempts when the server does not say (Retry-After): 0.5 s, doubling.

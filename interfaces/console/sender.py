@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.interfaces.console.console import Console
-from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.messages import Envelope, OutboundMessage
 
 

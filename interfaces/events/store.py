@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from autoresponse.messages import OriginalContext
 from autoresponse.interfaces.events.actions import EventPayload
+from autoresponse.messages import OriginalContext
 
 #: When a reminder gives a day but no time.
 DEFAULT_TIME = dt.time(9, 0)

@@ -14,8 +14,9 @@ import importlib
 from typing import Any
 
 from autoresponse.actors import routes
+from autoresponse.actors.inbound import REFUSAL
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME, MessageRedditAction
-from autoresponse.interfaces.reddit.settings import REFUSAL, RedditSettings
+from autoresponse.interfaces.reddit.settings import RedditSettings
 from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
 
 

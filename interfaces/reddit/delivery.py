@@ -28,10 +28,16 @@ from typing import Any
 import asyncpraw
 from asyncpraw.exceptions import RedditAPIException
 from asyncpraw.models import Message
-from asyncprawcore.exceptions import RequestException, ResponseException, ServerError, TooManyRequests
+from asyncprawcore.exceptions import (
+    RequestException,
+    ResponseException,
+    ServerError,
+    TooManyRequests,
+)
 
 from autoresponse.actors.backoff import BackoffPolicy
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.reddit.settings import (
     REDDIT_MAX_RATELIMIT_WAIT_SECONDS,
     REDDIT_MAX_RATELIMITS,
@@ -49,15 +55,6 @@ SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
 _REPLYABLE = re.compile(r"^t[134]_[0-9a-z]+$")
 #: How Reddit says how long to wait: "... Take a break for 3 minutes before trying again."
 _WAIT = re.compile(r"(\d+) (milliseconds?|seconds?|minutes?)")
-
-
-class Undeliverable(Exception):
-    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def ratelimit_wait(error: RedditAPIException) -> float | None:

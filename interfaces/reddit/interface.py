@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.actors.inbound import take_request
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.reddit")
 
@@ -146,11 +146,5 @@ class RedditInterface(TypedActor):
             subject=item.subject,
             permalink=item.context,
         )
-        if not self.settings.allows(item.author):
-            log.info("a request from u/%s (%s) is not on the allowlist", item.author, item.fullname)
-            if self.settings.strangers == "refuse":
-                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
-                                                                        notice=True), cause=env)
-            return
         text = self._mention.sub("", item.body).strip() or item.body
-        self.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)
+        take_request(self, text, context, env, allowed=self.settings.allows(item.author), policy=self.settings)

@@ -8,9 +8,9 @@ True
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import Field, SecretStr
 
-from pydantic import BaseModel, Field, SecretStr
+from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
 
 #: Longest comment or private message body Reddit accepts. Counted in UTF-16 units,
 #: which are never fewer than the characters Reddit counts, so a chunk always fits.
@@ -28,14 +28,7 @@ REDDIT_MAX_RATELIMIT_WAIT_SECONDS = 600.0
 #: Seconds asyncprawcore waits for Reddit to answer one request.
 REDDIT_TIMEOUT_SECONDS = 16.0
 
-REFUSAL = "Sorry, I only take requests from people on my allowlist."
-
-#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
-#: Either way nothing runs.
-StrangerPolicy = Literal["silent", "refuse"]
-
-
-class RedditSettings(BaseModel):
+class RedditSettings(StrangerSettings):
     """On when an app (``client_id``, ``client_secret``) and an account (``username`` and
     ``password``, or a ``refresh_token``) are set. Only ``allowed_users`` cause actions."""
 
@@ -51,8 +44,7 @@ class RedditSettings(BaseModel):
     reddit_url: str = "https://www.reddit.com"
     #: Reddit usernames (without ``u/``), compared without regard to case.
     allowed_users: list[str] = Field(default_factory=list)
-    strangers: StrangerPolicy = "silent"
-    refusal: str = REFUSAL
+    strangers: StrangerPolicy = "silent"  # public platforms: strangers get no answer
     poll_interval: float = Field(default=REDDIT_POLL_SECONDS, gt=0)
     timeout: float = Field(default=REDDIT_TIMEOUT_SECONDS, gt=0)
 

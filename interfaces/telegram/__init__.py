@@ -11,13 +11,13 @@ import importlib
 from typing import Any
 
 from autoresponse.actors import routes
+from autoresponse.actors.inbound import REFUSAL
 from autoresponse.interfaces.telegram.actions import MessageTelegramBotAction
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
 from autoresponse.interfaces.telegram.settings import TelegramSettings
 from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
 
 INTERFACE_NAME = "telegram"
-REFUSAL = "Sorry, I only take requests from people on my allowlist."
 
 
 def _mount(m: Mount) -> None:

@@ -29,8 +29,9 @@ from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, Re
 from telegram.warnings import PTBDeprecationWarning
 
 from autoresponse.actors.backoff import BackoffPolicy
-from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.actors.sender import Undeliverable
+from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
 from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_CHAT_INTERVAL_SECONDS,
     TELEGRAM_GLOBAL_PER_SECOND,
@@ -46,15 +47,6 @@ from autoresponse.messages import ChatId, OutboundMessage
 SEND_BACKOFF = BackoffPolicy(min=0.5, max=8.0, jitter=0.1)
 #: Per-chat pacing state is dropped for chats idle this long.
 _IDLE_SECONDS = 120.0
-
-
-class Undeliverable(Exception):
-    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class _ChatLane:

@@ -25,11 +25,11 @@ from telegram.error import TelegramError
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.routes import CONVERSATIONS, sender
-from autoresponse.interfaces.telegram import INTERFACE_NAME, REFUSAL
+from autoresponse.actors.inbound import take_request
+from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_UPDATES, TelegramSettings
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.telegram")
 
@@ -197,11 +197,8 @@ class TelegramInterface(TypedActor):
         if context.is_group and not text.addressed:
             return  # group chatter not meant for the bot
         self.delivery.reachable(text.chat_id)  # whoever blocked us writes again: they unblocked us
-        if text.user_id not in self.settings.allowed_users:
-            log.info("refused a request from user %s in chat %s", text.user_id, text.chat_id)
-            self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, REFUSAL, notice=True), cause=env)
-            return
         request = text.text
         for mention in text.mentions:
             request = request.replace(mention, "")
-        self.send(CONVERSATIONS, UserRequest(text=request.strip() or text.text, context=context), cause=env)
+        take_request(self, request.strip() or text.text, context, env,
+                     allowed=text.user_id in self.settings.allowed_users, policy=self.settings)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import Field, SecretStr
+
+from autoresponse.actors.inbound import StrangerSettings
 
 #: Longest message, in UTF-16 code units as Telegram counts them.
 TELEGRAM_MESSAGE_UTF16 = 4096
@@ -25,8 +27,9 @@ TELEGRAM_MAX_RETRY_AFTER_SECONDS = 60.0
 TELEGRAM_MAX_CONCURRENT_SENDS = 32
 
 
-class TelegramSettings(BaseModel):
-    """On when a token is set. Only ``allowed_users`` can cause actions."""
+class TelegramSettings(StrangerSettings):
+    """On when a token is set. Only ``allowed_users`` can cause actions; strangers get a
+    short refusal (``strangers = "silent"``: nothing)."""
 
     token: SecretStr | None = None
     #: python-telegram-bot's base_url: a local Bot API server or a fake ends in "/bot".

@@ -32,10 +32,10 @@ import importlib
 from typing import Any
 
 from autoresponse.actors import routes
+from autoresponse.actors.inbound import REFUSAL
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME, MessageTelethonAction
-from autoresponse.interfaces.telethon.settings import REFUSAL, TelethonSettings
+from autoresponse.interfaces.telethon.settings import TelethonSettings
 from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
-
 
 #: The name under which an embedding program may hand the platform its own
 #: ``UserbotClient`` (``Application(provided={USERBOT: ...})``): then no Telethon client is opened.

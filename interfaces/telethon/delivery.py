@@ -27,6 +27,7 @@ from telethon import errors
 
 from autoresponse.actors.backoff import BackoffPolicy
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.telegram.chunking import split_message
 from autoresponse.interfaces.telethon.client import UserbotClient
 from autoresponse.interfaces.telethon.settings import (
@@ -44,15 +45,6 @@ SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
 _UNREACHABLE = (errors.UserIsBlockedError, errors.ChatWriteForbiddenError, errors.PeerIdInvalidError,
                 errors.ChannelPrivateError, errors.InputUserDeactivatedError,
                 errors.UserBannedInChannelError, errors.ChatAdminRequiredError)
-
-
-class Undeliverable(Exception):
-    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class UserbotDelivery:

@@ -14,18 +14,17 @@ UserbotText(chat_id=7, message_id=11, sender_id=7, user_name='ada', chat_type='p
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.actors.inbound import take_request
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient
 from autoresponse.interfaces.telethon.settings import TelethonSettings
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.telethon")
 
@@ -113,10 +112,5 @@ class TelethonInterface(TypedActor):
             chat_type=text.chat_type,
             chat_title=text.chat_title,
         )
-        if not self.settings.allows(text.sender_id, text.chat_id):
-            log.info("a message from user %s in chat %s is not on the allowlist", text.sender_id, text.chat_id)
-            if self.settings.strangers == "refuse":
-                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
-                                                                        notice=True), cause=env)
-            return
-        self.send(CONVERSATIONS, UserRequest(text=text.text, context=context), cause=env)
+        take_request(self, text.text, context, env, allowed=self.settings.allows(text.sender_id, text.chat_id),
+                     policy=self.settings)

@@ -11,9 +11,9 @@ True
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import Field, SecretStr
 
-from pydantic import BaseModel, Field, SecretStr
+from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
 
 #: FloodWaitErrors waited out per chunk, and the longest such wait; beyond either the
 #: reply is a dead letter. A flood wait holds back only its own chat.
@@ -26,14 +26,7 @@ TELETHON_CONNECT_RETRIES = 3
 #: New messages held between Telethon and the interface; Telethon waits when it is full.
 TELETHON_EVENT_QUEUE = 1_000
 
-REFUSAL = "Sorry, I only take requests from people on my allowlist."
-
-#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
-#: Either way nothing runs. On a personal account, silence is the polite default.
-StrangerPolicy = Literal["silent", "refuse"]
-
-
-class TelethonSettings(BaseModel):
+class TelethonSettings(StrangerSettings):
     """On when an app (``api_id``, ``api_hash`` from my.telegram.org) and a logged-in
     ``session`` string are set. Only ``allowed_users``, or anyone in ``allowed_chats``,
     cause actions; the account's own messages never do."""
@@ -46,8 +39,7 @@ class TelethonSettings(BaseModel):
     allowed_users: list[int] = Field(default_factory=list)
     #: Chat ids (Telethon's "marked" ids: groups are negative) in which every message is a request.
     allowed_chats: list[int] = Field(default_factory=list)
-    strangers: StrangerPolicy = "silent"
-    refusal: str = REFUSAL
+    strangers: StrangerPolicy = "silent"  # on a personal account, silence is the polite default
     #: Telethon's parse mode for replies ("md", "html"), or None for plain text.
     parse_mode: str | None = "md"
     connect_retries: int = Field(default=TELETHON_CONNECT_RETRIES, ge=0)

@@ -17,8 +17,9 @@ import importlib
 from typing import Any
 
 from autoresponse.actors import routes
+from autoresponse.actors.inbound import REFUSAL
 from autoresponse.interfaces.x.actions import INTERFACE_NAME, MessageXAction
-from autoresponse.interfaces.x.settings import REFUSAL, XSettings
+from autoresponse.interfaces.x.settings import XSettings
 from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
 
 #: Where ``since_id`` is kept, under the data directory, unless ``cursor_file`` says otherwise.

@@ -26,24 +26,20 @@ from tweepy import HTTPException, TooManyRequests, TwitterServerError
 
 from autoresponse.actors.backoff import BackoffPolicy
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
+from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.counting import split_post
-from autoresponse.interfaces.x.settings import X_MAX_RATE_LIMIT_WAIT_SECONDS, X_MAX_RATE_LIMITS, X_SEND_ATTEMPTS
+from autoresponse.interfaces.x.settings import (
+    X_MAX_RATE_LIMIT_WAIT_SECONDS,
+    X_MAX_RATE_LIMITS,
+    X_SEND_ATTEMPTS,
+)
 from autoresponse.messages import OutboundMessage
 
 log = logging.getLogger("autoresponse.x")
 
 #: Wait after a failed post before the next attempt: 1 s, doubling.
 SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
-
-
-class Undeliverable(Exception):
-    """The reply cannot be delivered; ``reason`` is the dead-letter reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def _post_id(value: Any) -> int | None:

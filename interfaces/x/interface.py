@@ -23,12 +23,12 @@ from tweepy import TooManyRequests, TweepyException
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.actors.inbound import take_request
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
 from autoresponse.interfaces.x.settings import XSettings
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.x")
 
@@ -127,11 +127,6 @@ class XInterface(TypedActor):
             post_id=mention.post_id,
             conversation_id=mention.conversation_id,
         )
-        if mention.author_id not in self.settings.allowed_users:
-            log.info("a mention by user %s (@%s) is not on the allowlist", mention.author_id, mention.username)
-            if self.settings.strangers == "refuse":
-                self.send(sender(INTERFACE_NAME), OutboundMessage.reply(context, self.settings.refusal,
-                                                                        notice=True), cause=env)
-            return
         text = self._mention.sub("", mention.text).strip() or mention.text
-        self.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)
+        take_request(self, text, context, env, allowed=mention.author_id in self.settings.allowed_users,
+                     policy=self.settings)

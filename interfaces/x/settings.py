@@ -9,9 +9,10 @@ False
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import Field, SecretStr
+
+from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
 
 #: Longest post, in X's weighted characters (see ``counting``).
 X_POST_WEIGHT = 280
@@ -31,14 +32,7 @@ X_MAX_RATE_LIMIT_WAIT_SECONDS = 900.0
 #: Seconds to wait for X to answer one request.
 X_TIMEOUT_SECONDS = 30.0
 
-REFUSAL = "Sorry, I only take requests from people on my allowlist."
-
-#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
-#: Either way nothing runs.
-StrangerPolicy = Literal["silent", "refuse"]
-
-
-class XSettings(BaseModel):
+class XSettings(StrangerSettings):
     """On with the account's OAuth 1.0a keys (all four), or an OAuth 2.0 user-context
     access token in ``bearer_token``. Only ``allowed_users`` cause actions."""
 
@@ -53,8 +47,7 @@ class XSettings(BaseModel):
     user_id: int | None = None
     #: X user ids (numbers: names can change hands).
     allowed_users: list[int] = Field(default_factory=list)
-    strangers: StrangerPolicy = "silent"
-    refusal: str = REFUSAL
+    strangers: StrangerPolicy = "silent"  # public platforms: strangers get no answer
     poll_interval: float = Field(default=X_POLL_SECONDS, gt=0)
     timeout: float = Field(default=X_TIMEOUT_SECONDS, gt=0)
     #: Connect to this ``ip:port`` whenever api.twitter.com is asked for (a proxy in

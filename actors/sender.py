@@ -1,0 +1,82 @@
+"""The outbound sender: one actor over a platform's delivery, for every platform that sends
+over the network.
+
+A platform writes the delivery (how to send one reply by its rules: chunking,
+pacing, flood waits, threading) and gets the actor for free::
+
+    class PagerDelivery:
+        async def deliver(self, message: OutboundMessage) -> list[str]:
+            ...                                    # the ids the platform gave the chunks
+            raise Undeliverable("chat unreachable", "the pager is off")
+
+    m.pipeline(ChildSpec("sender.pager", DeliverySender, (PagerDelivery(),)))
+
+Each reply is handed to the event loop, so many go out at once; how it ended
+comes back as a message. A reply that cannot be delivered is a dead letter with
+its reason, never a crash, and whoever asked for a receipt hears either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.receipts import send_receipt
+from autoresponse.messages import Envelope, OutboundMessage
+
+
+class Undeliverable(Exception):
+    """A reply cannot be delivered; ``reason`` is the dead-letter reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class Delivery(Protocol):
+    async def deliver(self, message: OutboundMessage) -> list[Any]:
+        """Send every chunk of ``message``; the platform's ids for them. Raises Undeliverable."""
+        ...
+
+
+class Delivered(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ids: tuple[str, ...]
+
+
+class NotDelivered(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    reason: str
+    detail: str
+
+
+class DeliverySender(TypedActor):
+    """Hands each reply to the delivery on the event loop; learns how it ended."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        super().__init__()
+        self.delivery = delivery
+
+    @handles
+    def on_message(self, message: OutboundMessage, env: Envelope) -> None:
+        self.run_io(self._deliver(message), cause=env)
+
+    async def _deliver(self, message: OutboundMessage) -> Delivered | NotDelivered:
+        try:
+            return Delivered(ids=tuple(str(i) for i in await self.delivery.deliver(message)))
+        except Undeliverable as exc:
+            return NotDelivered(reason=exc.reason, detail=exc.detail)
+
+    @handles
+    def on_delivered(self, done: Delivered, env: Envelope) -> None:
+        send_receipt(self, env.body, env, ok=True)
+
+    @handles
+    def on_not_delivered(self, failed: NotDelivered, env: Envelope) -> None:
+        self.runtime.dead_letters.post(env, failed.reason, actor=self.name, detail=failed.detail)
+        send_receipt(self, env.body, env, ok=False, detail=f"{failed.reason}: {failed.detail}")
