@@ -3,6 +3,7 @@
 >>> from autoresponse.actors import Runtime, TypedActor, handles
 """
 
+from autoresponse.actors._loop import IoTask
 from autoresponse.actors._mailbox import Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.cell import Cell, restart_and_dead_letter
@@ -18,6 +19,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterOffice",
     "InFlight",
+    "IoTask",
     "Intake",
     "IntakeFull",
     "Mailbox",

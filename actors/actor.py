@@ -176,7 +176,7 @@ class TypedActor(pykka.ThreadingActor):
         """Send ``body`` to the actor named ``to``, as a consequence of ``cause``."""
         return self.runtime.deliver(to, cause.child(body))
 
-    def run_io(self, coro: Coroutine[Any, Any, Any], *, cause: Envelope) -> None:
+    def run_io(self, coro: Coroutine[Any, Any, Any], *, cause: Envelope) -> IoTask | None:
         """Run ``coro`` on the runtime's event loop, owned by this incarnation.
 
         When it finishes, the message it returns is handled by this actor as a
@@ -186,22 +186,36 @@ class TypedActor(pykka.ThreadingActor):
         """
         self.runtime.inflight.add(cause.correlation_id)
         self._running_io += 1
-        self._own(coro, cause)
+        return self._own(coro, cause)
 
     def _may_take_work(self) -> bool:
         return self.io_limit is None or self._running_io < self.io_limit
 
-    def schedule(self, delay: float, message: Any, *, cause: Envelope | None = None) -> None:
-        """Hand ``message`` to this actor after ``delay`` seconds.
+    def schedule(self, delay: float, message: Any, *, cause: Envelope | None = None) -> IoTask | None:
+        """Hand ``message`` to this actor after ``delay`` seconds; ``cancel`` the handle to
+        call it off.
 
         With ``cause`` it is part of that work (in flight, as after ``run_io``);
         without, it starts a new correlation and is not work in flight (a periodic
         tick does not hold up a drain). Either way the timer dies with this incarnation.
         """
         if cause is not None:
-            self.run_io(_after(delay, message), cause=cause)
-        else:
-            self._own(self._tick_after(delay, message), None)
+            return self.run_io(_after(delay, message), cause=cause)
+        return self._own(self._tick_after(delay, message), None)
+
+    def cancel(self, task: IoTask | None) -> None:
+        """Call off a timer or task of this incarnation; the work it was part of stops
+        waiting for it. A task that already ended is handled as usual."""
+        if task is None:
+            return
+        with self._owned_lock:
+            owner = self._owned.pop(task, task)
+        if owner is task:
+            return
+        task.cancel()
+        if isinstance(owner, Envelope):
+            self._running_io -= 1
+            self.runtime.inflight.done(owner.correlation_id)
 
     def start_task(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         """Run ``coro`` on the loop for as long as this incarnation lives (a polling loop).
@@ -216,14 +230,16 @@ class TypedActor(pykka.ThreadingActor):
         await asyncio.sleep(delay)
         self.runtime.send(self.name, message)
 
-    def _own(self, coro: Coroutine[Any, Any, Any], owner: Envelope | str | None) -> None:
+    def _own(self, coro: Coroutine[Any, Any, Any], owner: Envelope | str | None) -> IoTask | None:
         with self._owned_lock:
             if self._released:  # this incarnation has ended; it starts nothing new
                 coro.close()
                 if isinstance(owner, Envelope):
                     self.runtime.inflight.done(owner.correlation_id)
-                return
-            self._owned[self.runtime.io.submit(coro, self._task_ended)] = owner
+                return None
+            task = self.runtime.io.submit(coro, self._task_ended)
+            self._owned[task] = owner
+            return task
 
     def _task_ended(self, task: IoTask) -> None:
         """In the loop thread: pass the outcome to the mailbox, unless the task was disowned."""

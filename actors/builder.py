@@ -1,5 +1,11 @@
 """The auto-response builder: action results go back to the LLM, never straight to the user.
 
+It turns an action's output, or a reminder that fell due, into a delivery turn:
+a system message for the LLM, after the chat's memory. The outputs of the
+commands of one LLM reply are gathered into ONE delivery turn (one reply): it
+waits for all of them up to ``batch_wait`` seconds, then delivers what is done
+and says what is still running (whatever finishes later comes in a turn of its own).
+
 From a thread, or awaited from a coroutine (the seed's interfaces do the latter)::
 
     >>> request_llm_delivery("Filesystem  Use%\\n/dev/sda1  42%", {"chat_id": 42,
@@ -11,12 +17,18 @@ From a thread, or awaited from a coroutine (the seed's interfaces do the latter)
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from autoresponse.actors import IoTask
 from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.limits import BATCH_WAIT_SECONDS
+from autoresponse.actors.memory import ConversationStore, action_record
 from autoresponse.actors.prompts import build_delivery_request, full_json_instructions
-from autoresponse.actors.routes import BUILDER, LLM, delivery_actions
+from autoresponse.actors.routes import BUILDER, LLM, autonomous_actions, delivery_actions
 from autoresponse.actors.runtime import Runtime
 from autoresponse.messages import (
     ActionOutput,
@@ -28,27 +40,111 @@ from autoresponse.messages import (
     SystemMessage,
 )
 
+#: Batches whose wait ran out, remembered so that their late outputs go out on their own.
+_LATE_KEPT = 1_000
+
+
+class BatchDue(BaseModel):
+    """The wait for the rest of a batch's outputs is over."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+
+
+class _Gathering:
+    """The outputs of one batch so far, and the envelopes they came in (held)."""
+
+    __slots__ = ("commands", "results", "held", "timer")
+
+    def __init__(self, commands: tuple[str, ...]) -> None:
+        self.commands = commands
+        self.results: dict[int, tuple[ActionResult, ...]] = {}
+        self.held: list[Envelope] = []
+        self.timer: IoTask | None = None
+
 
 class AutoResponseBuilder(TypedActor):
     """Turns action output and due events into a delivery turn for the LLM."""
 
+    def __init__(self, store: ConversationStore | None = None, *, batch_wait: float = BATCH_WAIT_SECONDS,
+                 autonomous: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.store = store
+        self.batch_wait = batch_wait
+        #: Command action types a reminder's turn may use besides replying.
+        self.autonomous = tuple(autonomous)
+        self._gathering: dict[str, _Gathering] = {}
+        self._late: OrderedDict[str, None] = OrderedDict()
+
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
-        self._deliver(output.original_context, env, type="output", outputs=output.results)
+        batch = output.batch
+        if batch is None or batch.key in self._late:
+            self._deliver_output(output.original_context, output.results, env)
+            return
+        gathering = self._gathering.get(batch.key)
+        if gathering is None:
+            gathering = self._gathering[batch.key] = _Gathering(batch.commands)
+            gathering.timer = self.schedule(self.batch_wait, BatchDue(key=batch.key), cause=env)
+        gathering.results[batch.index] = output.results
+        self.hold(env)
+        gathering.held.append(env)
+        if len(gathering.results) >= len(gathering.commands):
+            self._complete(batch.key, output.original_context)
+
+    @handles
+    def on_batch_due(self, due: BatchDue, env: Envelope) -> None:
+        gathering = self._gathering.get(due.key)
+        if gathering is not None:
+            self._complete(due.key, gathering.held[0].body.original_context, timed_out=True)
+
+    def _complete(self, key: str, ctx: OriginalContext, *, timed_out: bool = False) -> None:
+        gathering = self._gathering.pop(key)
+        results = [r for index in sorted(gathering.results) for r in gathering.results[index]]
+        if timed_out:
+            self._late[key] = None
+            while len(self._late) > _LATE_KEPT:
+                self._late.popitem(last=False)
+            running = [c for n, c in enumerate(gathering.commands) if n not in gathering.results]
+            results.append(ActionResult(action_type="note", output=(
+                f"still running after {self.batch_wait:g}s: {', '.join(running)}; "
+                "its output will come in a message of its own")))
+        else:
+            self.cancel(gathering.timer)
+        self._deliver_output(ctx, results, gathering.held[-1])
+        for held in gathering.held:
+            self.release(held)
 
     @handles
     def on_event(self, due: EventDue, env: Envelope) -> None:
-        self._deliver(due.context, env, type="event", event=due.event)
+        ctx = due.context
+        allowed = autonomous_actions(self.runtime, ctx.interface_name, self.autonomous)
+        self._deliver(ctx, env, allowed, self._turns(ctx), may_stay_silent=True, type="event", event=due.event)
 
-    def _deliver(self, ctx: OriginalContext, env: Envelope, **content: Any) -> None:
+    def _deliver_output(self, ctx: OriginalContext, results: Iterable[ActionResult], env: Envelope) -> None:
+        results = tuple(results)
+        turns = self._turns(ctx)  # what came before; this output travels in the system message
+        if self.store is not None:
+            for result in results:
+                if result.action_type != "note":
+                    self.store.append(ctx.chat_key, "user", action_record(result), kind="action")
         allowed = delivery_actions(self.runtime, ctx.interface_name)
+        self._deliver(ctx, env, allowed, turns, type="output", outputs=results)
+
+    def _turns(self, ctx: OriginalContext) -> list[Any]:
+        return self.store.recent(ctx.chat_key) if self.store is not None else []
+
+    def _deliver(self, ctx: OriginalContext, env: Envelope, allowed: tuple[str, ...], turns: list[Any],
+                 *, may_stay_silent: bool = False, **content: Any) -> None:
         if not allowed:
             self.runtime.dead_letters.post(env, "no sender", actor=self.name,
                                            detail=f"nothing can reply on {ctx.interface_name!r}")
             return
         message = SystemMessage(original_context=ctx, full_json_instructions=full_json_instructions(allowed),
                                 **content)
-        prompt = build_delivery_request(message, allowed_actions=allowed)
+        prompt = build_delivery_request(message, allowed_actions=allowed, turns=turns,
+                                        may_stay_silent=may_stay_silent)
         self.send(LLM, LLMRequest(prompt=prompt), cause=env)
 
 

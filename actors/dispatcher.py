@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
+from difflib import SequenceMatcher
 
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.extractor import extract_actions, rejection
 from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
+from autoresponse.actors.memory import ConversationStore
+from autoresponse.actors.receipts import settle_receipt
 from autoresponse.actors.routes import route_of
 from autoresponse.messages import (
     ActionRequest,
     BaseAction,
+    Batch,
+    ChatId,
     Envelope,
     LLMReply,
     OriginalContext,
@@ -37,48 +43,119 @@ def turn_key(correlation_id: str, prompt: PromptRequest) -> str:
     return f"{correlation_id}:{prompt.mode}:{prompt.reask}:{digest}"
 
 
+#: Two messages to one chat whose texts are at least this similar (difflib's ratio, after
+#: folding case and spaces) say the same thing: a re-ask does not send the second.
+SAME_MESSAGE_RATIO = 0.8
+
+
+def _folded(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def says_again(target: str, text: str, sent: Iterable[tuple[str, str]]) -> bool:
+    """True when ``text`` to ``target`` repeats, even reworded, a message already sent there."""
+    mine = _folded(text)
+    return any(where == target and SequenceMatcher(None, mine, _folded(said)).ratio() >= SAME_MESSAGE_RATIO
+               for where, said in sent)
+
+
+def describe(action: BaseAction) -> str:
+    """A short description of a command, to say it is still running."""
+    command = getattr(action.payload, "command", None)
+    return f"`{command}`" if command else f"{action.type} {action.payload.model_dump_json()[:80]}"
+
+
 class ActionDispatcher(TypedActor):
     """Extracts the actions of each reply, sends the valid ones on, reports the rest.
 
     Message actions go to their interface's sender as a reply to the original
-    message; other actions go to their executor. An action a re-ask repeats
-    after it was carried out is skipped: nothing runs or is delivered twice.
+    message; other actions go to their executor, several of one reply as a batch
+    whose outputs come back in one delivery turn. An action a re-ask repeats after
+    it was carried out is skipped, and so is a message that says again what this
+    turn already sent to that chat (see ``says_again``): nothing runs or is
+    delivered twice. A message may name its chat by title or @username in a chat
+    turn; an unknown or ambiguous name is an error that lists the candidates.
     """
 
-    def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY) -> None:
+    def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None) -> None:
         super().__init__()
         self.max_actions = max_actions
+        self.store = store
 
     @handles
     def on_reply(self, reply: LLMReply, env: Envelope) -> None:
         prompt = reply.prompt
-        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions)
+        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
+                                may_stay_silent=prompt.may_stay_silent)
+        if not found.actions and not found.errors:  # a turn that may stay silent did
+            settle_receipt(self, prompt.original_context, env, ok=True, detail="nothing to say")
+            return
         errors = list(found.errors)
         carried_out = list(prompt.carried_out)
+        sent = list(prompt.sent)
         turn = turn_key(env.correlation_id, prompt)
-        for index, action in enumerate(found.actions):
-            key = action_key(action)
-            if key in prompt.carried_out:
+        fresh = [a for a in found.actions if action_key(a) not in prompt.carried_out]
+        commands = tuple(describe(a) for a in fresh if a.kind != "message")
+        run = 0  # commands sent so far: each one's place in the batch
+        for index, action in enumerate(fresh):
+            problem = action.check(prompt.original_context)
+            if problem:
+                errors.append(problem)
                 continue
-            problem = self._dispatch(action, prompt.original_context, prompt.mode, env, f"{turn}:{index}")
+            if action.kind == "message":
+                problem = self._message(action, prompt, env, f"{turn}:{index}", sent)
+            else:
+                batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
+                self.send(route_of(action), ActionRequest(action=action, context=prompt.original_context,
+                                                          batch=batch), cause=env)
+                run += 1
+                problem = ""
             if problem:
                 errors.append(problem)
             else:
-                carried_out.append(key)
+                carried_out.append(action_key(action))
         if errors:
             message = rejection(prompt, reply.text, errors)
-            self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out)),
+            self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),
+                                        sent=tuple(sent)),
                               cause=env, detail="; ".join(message.errors))
 
-    def _dispatch(self, action: BaseAction, ctx: OriginalContext, mode: str, env: Envelope,
-                  key: str) -> str:
-        if action.kind == "message":
-            target = action.payload.target
-            if mode == "delivery" and target is not None and str(target) != str(ctx.chat_id):
-                # Output of the user's action goes back to the user's chat, nowhere else.
-                return f"{action.type}: a delivery answers the original chat; omit \"target\""
-            body: object = OutboundMessage.reply(ctx, action.payload.text, chat_id=target, key=key)
-        else:
-            body = ActionRequest(action=action, context=ctx)
-        self.send(route_of(action), body, cause=env)
+    def _message(self, action: BaseAction, prompt: PromptRequest, env: Envelope, key: str,
+                 sent: list[tuple[str, str]]) -> str:
+        """Send one message action, or say what is wrong with it."""
+        ctx = prompt.original_context
+        target = action.payload.target
+        if prompt.mode == "delivery" and target is not None and str(target) != str(ctx.chat_id):
+            # Output of the user's action goes back to the user's chat, nowhere else.
+            return f"{action.type}: a delivery answers the original chat; omit \"target\""
+        if target is not None and str(target) != str(ctx.chat_id):
+            target, problem = self._resolve(action, ctx, target)
+            if problem:
+                return problem
+        where = str(ctx.chat_id if target is None else target)
+        text = action.payload.text
+        if prompt.reask and says_again(where, text, sent):
+            return ""  # delivered already in this turn, in other words: not twice
+        thread = getattr(action.payload, "message_thread_id", None)
+        message = OutboundMessage.reply(ctx, text, chat_id=target, key=key)
+        if thread is not None:
+            message = message.model_copy(update={"thread_id": thread})
+        self.send(route_of(action), message, cause=env)
+        sent.append((where, text))
         return ""
+
+    def _resolve(self, action: BaseAction, ctx: OriginalContext, target: ChatId) -> tuple[ChatId, str]:
+        """A chat named by id stays as it is; one named by title or @username is looked up
+        among the chats this daemon has seen on the same interface."""
+        if isinstance(target, int) or str(target).lstrip("-").isdigit() or self.store is None:
+            return target, ""
+        found = self.store.find_chats(ctx.interface_name, str(target))
+        if len(found) == 1:
+            chat_id = found[0].chat_id
+            return (int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id), ""
+        if not found:
+            return target, (f"{action.type}: no chat named {target!r} is known on {ctx.interface_name}; "
+                            "give the chat's id, or a title or @username this bot has seen")
+        candidates = "; ".join(c.describe() for c in found)
+        return target, (f"{action.type}: the chat name {target!r} is ambiguous: it could be {candidates}. "
+                        "Send the message again with the chosen chat's id as \"target\"")

@@ -32,7 +32,7 @@ from autoresponse.actors.limits import (
     MAX_REPLY_CHARS,
     MAX_YOUR_REPLY_CHARS,
 )
-from autoresponse.actors.prompts import ERROR_RETRY_POLICY
+from autoresponse.actors.prompts import error_retry_policy
 from autoresponse.messages import (
     BaseAction,
     PromptRequest,
@@ -354,11 +354,13 @@ def _compact(exc: ValidationError) -> str:
 
 def extract_actions(text: str, allowed: Collection[str], *,
                     max_actions: int = MAX_ACTIONS_PER_REPLY,
-                    max_chars: int = MAX_REPLY_CHARS) -> Extraction:
+                    max_chars: int = MAX_REPLY_CHARS,
+                    may_stay_silent: bool = False) -> Extraction:
     """The valid actions in ``text`` that this turn allows, and the errors of the rest.
 
     A reply longer than ``max_chars`` is not read; one with more than
-    ``max_actions`` actions has none carried out.
+    ``max_actions`` actions has none carried out. ``{"actions": []}`` is an error,
+    unless the turn ``may_stay_silent`` (then it is a valid answer: nothing to do).
     """
     if len(text) > max_chars:
         return Extraction((), (
@@ -380,6 +382,8 @@ def extract_actions(text: str, allowed: Collection[str], *,
     errors: list[str] = [f"part of your reply was not read: {_TOO_DEEP}"] if found.too_deep else []
     raws = _raw_actions(found.values)
     if not raws:
+        if may_stay_silent and not errors:
+            return Extraction((), ())
         return Extraction((), (*errors, "your reply holds no action"))
     if len(raws) > max_actions:
         return Extraction((), (*errors, (
@@ -418,5 +422,5 @@ def rejection(prompt: PromptRequest, reply: str, errors: Collection[str]) -> Sys
         full_json_instructions=prompt.full_json_instructions,
         errors=tuple(errors),
         your_reply=reply[:MAX_YOUR_REPLY_CHARS],
-        error_retry_policy=ERROR_RETRY_POLICY,
+        error_retry_policy=error_retry_policy(prompt.allowed_actions),
     )

@@ -1,11 +1,13 @@
-"""What every inbound interface does with a message it has read: refuse a stranger,
-or hand the request to its conversation.
+"""What every inbound interface does with a message it has read: hand it to its
+conversation, or answer a stranger as the platform's settings say.
 
 >>> take_request(self, text, context, env, allowed=user in allowlist,
 ...              policy=self.settings)                              # doctest: +SKIP
 
-A platform's settings inherit ``StrangerSettings`` for the two knobs (what a
-stranger gets, and the words of the refusal); nothing runs for a stranger either way.
+A platform's settings inherit ``StrangerSettings`` for the two knobs: what a
+stranger gets, and the words of the refusal. ``converse`` gives a stranger an
+*autonomous* turn: the bot may reply or stay silent, and may use only the actions
+configured for autonomous turns (none but replying, by default).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ log = logging.getLogger("autoresponse.inbound")
 
 REFUSAL = "Sorry, I only take requests from people on my allowlist."
 
-#: What a request from someone not on the allowlist gets: nothing, or a short refusal.
-StrangerPolicy = Literal["silent", "refuse"]
+#: What a request from someone not on the allowlist gets: nothing, a short refusal, or an
+#: autonomous turn (a reply the bot may also leave unsaid; no commands unless configured).
+StrangerPolicy = Literal["silent", "refuse", "converse"]
 
 
 class StrangerSettings(BaseModel):
@@ -36,8 +39,10 @@ class StrangerSettings(BaseModel):
 
 def take_request(actor: TypedActor, text: str, context: OriginalContext, env: Envelope, *,
                  allowed: bool, policy: StrangerSettings) -> None:
-    """Start a turn for ``text`` in its chat's conversation, or turn a stranger away."""
-    if not allowed:
+    """Start a turn for ``text`` in its chat's conversation, or answer a stranger by ``policy``."""
+    if not allowed and policy.strangers == "converse":
+        context = context.model_copy(update={"autonomous": True})
+    elif not allowed:
         log.info("refused a request from %s in %s chat %s: not on the allowlist",
                  context.user_name or context.user_id, context.interface_name, context.chat_id)
         if policy.strangers == "refuse":

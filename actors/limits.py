@@ -97,3 +97,7 @@ MEMORY_MAX_TOKENS = 2_000
 MEMORY_RETENTION_SECONDS = 30 * 24 * 3600.0
 MEMORY_OUTPUT_LINES = 5
 MEMORY_OUTPUT_CHARS = 600
+
+#: How long the outputs of one reply's commands are waited for, to deliver them in one
+#: turn; after that what is done goes out, and the rest follows on its own.
+BATCH_WAIT_SECONDS = 30.0

@@ -43,11 +43,31 @@ DELIVERY_INSTRUCTION = (
     "result. Use only the message actions allowed below."
 )
 
-ERROR_RETRY_POLICY = (
-    "Your previous reply was rejected for the errors listed. Answer again with JSON only, "
-    "following full_json_instructions. Send only the corrected actions: the actions of your "
-    "previous reply that were valid have already been carried out."
+#: How to present an action's output in a delivery turn: part of what the LLM is shown
+#: with every system message of type "output".
+SUGGESTED_RESPONSE_FORMAT = (
+    "Suggested response format: begin with a one-line summary of the result. Show tabular "
+    "or multi-line output in a code block, cut to the lines that matter. If the action "
+    "failed or was refused, say so plainly and suggest what to try next. Keep it short, "
+    "and do not repeat what you already told the user earlier in the conversation."
 )
+
+#: Said in an event turn and in an autonomous turn: staying silent is allowed.
+SILENCE_ALLOWED = 'If nothing needs saying, answer {"actions": []} and nothing is sent.'
+
+
+def error_retry_policy(allowed: Iterable[str]) -> str:
+    """The steps to repeat the previous request while adjusting only its invalid part."""
+    return (
+        "Your previous reply was rejected. To correct it: "
+        "1. Read each error in `errors`; it names the action it is about. "
+        "2. Repeat your previous request, changing only the actions the errors name: fix "
+        "exactly what each error says, and keep their intent. "
+        "3. Leave out the actions that were valid: they have already been carried out, and "
+        "their messages delivered; sending them again, even reworded, sends nothing. "
+        '4. Answer with JSON only, {"actions": [...]}, following full_json_instructions, '
+        f"using only these action types: {', '.join(sorted(set(allowed)))}."
+    )
 
 JSON_RULES = """\
 Reply with JSON only, no prose around it, in this shape:
@@ -102,11 +122,13 @@ def build_chat_request(
     turns: Iterable[Turn] = (),
     instruction: str = DEFAULT_INSTRUCTION,
 ) -> PromptRequest:
-    """The prompt for a user's message: any configured action may answer it."""
+    """The prompt for a user's message, after the chat's earlier ``turns``: any configured
+    action may answer it. An autonomous turn (the bot was not asked) may stay silent."""
     allowed = tuple(sorted(set(allowed_actions)))
     return PromptRequest(
         mode="chat",
-        system_instruction=instruction,
+        may_stay_silent=context.autonomous,
+        system_instruction=instruction + (f"\n\n{SILENCE_ALLOWED}" if context.autonomous else ""),
         allowed_actions=allowed,
         full_json_instructions=full_json_instructions(allowed),
         turns=tuple(turns),
@@ -122,18 +144,27 @@ def build_delivery_request(
     allowed_actions: Iterable[str],
     turns: Iterable[Turn] = (),
     instruction: str = DELIVERY_INSTRUCTION,
+    may_stay_silent: bool = False,
 ) -> PromptRequest:
-    """The prompt that hands a system message (output, event, error) to the LLM.
+    """The prompt that hands a system message (output, event, error) to the LLM, after the
+    chat's earlier ``turns``.
 
     The current text is the system message itself, as JSON, wrapped in a
-    ``system_message`` key so that an echo of it is recognised and never run.
+    ``system_message`` key so that an echo of it is recognised and never run. An
+    output comes with the suggested response format.
     """
     allowed = tuple(sorted(set(allowed_actions)))
     ctx = system_message.original_context
     payload = {"system_message": system_message.model_dump(mode="json", exclude_none=True)}
+    guidance = [instruction]
+    if system_message.type == "output":
+        guidance.append(SUGGESTED_RESPONSE_FORMAT)
+    if may_stay_silent:
+        guidance.append(SILENCE_ALLOWED)
     return PromptRequest(
         mode="delivery",
-        system_instruction=instruction,
+        may_stay_silent=may_stay_silent,
+        system_instruction="\n\n".join(guidance),
         allowed_actions=allowed,
         full_json_instructions=full_json_instructions(allowed),
         turns=tuple(turns),
@@ -149,6 +180,7 @@ def build_reask_request(
     error: SystemMessage,
     *,
     carried_out: Iterable[str] = (),
+    sent: Iterable[tuple[str, str]] = (),
     max_errors: int,
 ) -> PromptRequest:
     """The same turn asked again: the rejected reply and the error system message
@@ -163,6 +195,7 @@ def build_reask_request(
         "system_message": shown,
         "reask": prompt.reask + 1,
         "carried_out": tuple(carried_out),
+        "sent": tuple(sent),
     })
 
 

@@ -50,7 +50,7 @@ class RetryActor(TypedActor):
     def on_rejection(self, rejection: Rejection, env: Envelope) -> None:
         prompt = rejection.prompt
         reask = build_reask_request(prompt, rejection.message, carried_out=rejection.carried_out,
-                                    max_errors=self.settings.max_errors)
+                                    sent=rejection.sent, max_errors=self.settings.max_errors)
         if prompt.reask >= self.settings.max_attempts:
             self._give_up(rejection, reask.model_copy(update={"reask": 0}), env)
             return

@@ -7,9 +7,10 @@ to, never the name. Platform code registers under ``interface.<name>`` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from autoresponse.messages import BaseAction, action_models, message_action_for
+from autoresponse.messages import BaseAction, action_model, action_models, message_action_for
 
 if TYPE_CHECKING:
     from autoresponse.actors.runtime import Runtime
@@ -50,6 +51,13 @@ def delivery_actions(runtime: Runtime, interface_name: str) -> tuple[str, ...]:
     if model is None or not runtime.has(route_of(model)):
         return ()
     return (model.action_type(),)
+
+
+def autonomous_actions(runtime: Runtime, interface_name: str, commands: Iterable[str]) -> tuple[str, ...]:
+    """A turn the bot starts on its own (a reminder, a public mention) may reply, and use
+    the command actions configured for such turns whose executors run (none by default)."""
+    running = tuple(c for c in commands if (m := action_model(c)) is not None and runtime.has(route_of(m)))
+    return delivery_actions(runtime, interface_name) + running
 
 
 def chat_actions(runtime: Runtime, interface_name: str) -> tuple[str, ...]:

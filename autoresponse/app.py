@@ -35,6 +35,7 @@ from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
+from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
 from autoresponse.admin import AdminServer
@@ -114,6 +115,8 @@ class Application:
         )
         self.admin: AdminServer | None = None
         self.journal: SqliteJournal | None = None
+        #: Each chat's memory (None when memory is off).
+        self.memory: ConversationStore | None = None
         self.mounts: dict[str, Mount] = {}
         self._closers: list[Callable[[], None]] = []
         #: Set when the root supervisor gave up; ``failure`` says why.
@@ -138,15 +141,18 @@ class Application:
         """The supervision tree of the mounted platforms and the core pipeline."""
         s = self.settings
         pipeline: list[Spec] = [spec for m in self.mounts.values() for spec in m.pipeline_specs]
+        autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
-            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions,)),
-            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight)),
-            ChildSpec(BUILDER, AutoResponseBuilder),
+            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory)),
+            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous)),
+            ChildSpec(BUILDER, AutoResponseBuilder, (self.memory,),
+                      {"batch_wait": s.runtime.batch_wait, "autonomous": autonomous}),
         ]
         retry = self._supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
                                  pool_size=s.retry.pool_size)
         conversations = self._supervisor(
-            CONVERSATIONS, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(CONVERSATIONS, ConversationActor)],
+            CONVERSATIONS, Strategy.SIMPLE_ONE_FOR_ONE,
+            [ChildSpec(CONVERSATIONS, ConversationActor, (self.memory,))],
             pool_size=CONVERSATION_POOL_SIZE, route_key=chat_of)
         inbound: list[Spec] = [spec for m in self.mounts.values() for spec in m.inbound_specs]
         return self._supervisor(ROOT, Strategy.ONE_FOR_ONE, [
@@ -163,6 +169,7 @@ class Application:
         try:
             rt.io.add_closer(self.engine.aclose)
             self._open_journal()
+            self._open_memory()
             self._mount_platforms()
             rt.crash_policy = self._root_failed
             rt.error_route = RETRY
@@ -200,6 +207,14 @@ class Application:
             self.runtime.journal = self.journal
             forgotten = self.journal.compact(time.time() - s.journal.retention_seconds)
             log.debug("journal: compacted %d finished items", forgotten)
+
+    def _open_memory(self) -> None:
+        s = self.settings.memory
+        if s.enabled:
+            self.memory = ConversationStore(self.settings.data_path / "memory.sqlite3",
+                                            max_tokens=s.max_tokens, retention_seconds=s.retention_seconds)
+            self._closers.append(self.memory.close)
+            self.memory.compact()
 
     def _mount_platforms(self) -> None:
         """Each enabled platform opens what it needs and names its actors, in registry order."""

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from autoresponse.actors.journal import JournalCorrupt, check_journal
+from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.routes import interface, sender
 from autoresponse.admin import unsafe_bind
 from autoresponse.app import Application, StartError
@@ -268,6 +269,42 @@ def demo(args: argparse.Namespace) -> int:
     return 1 if unanswered else 0
 
 
+def history(args: argparse.Namespace) -> int:
+    """``history CHAT``: what a chat's memory holds, oldest first (read from the data dir).
+
+    CHAT is a chat key (``telegram:42:``, as ``history`` without one lists them) or a chat id.
+    """
+    settings = Settings.load(args.config)
+    path = settings.data_path / "memory.sqlite3"
+    if not path.exists():
+        print(f"no conversation memory at {path}")
+        return 0
+    store = ConversationStore(path, max_tokens=settings.memory.max_tokens)
+    try:
+        known = store.chats_with_memory()
+        if args.chat is None:
+            for chat, count in known:
+                print(f"{chat}  ({count} entries)")
+            return 0
+        chats = [c for c, _ in known if c == args.chat or c.split(":")[1] == args.chat]
+        if not chats:
+            print(f"autoresponse: no memory of chat {args.chat!r}; `autoresponse history` lists the chats",
+                  file=sys.stderr)
+            return 1
+        entries = [e for chat in chats for e in store.history(chat)]
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps([e.model_dump() for e in entries], indent=2, ensure_ascii=False))
+        return 0
+    table = Table("time", "chat", "who", "kind", "text")
+    for e in entries:
+        when = dt.datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(when, e.chat, e.role, e.kind, e.content if len(e.content) < 300 else e.content[:297] + "...")
+    RichConsole().print(table)
+    return 0
+
+
 def journal(args: argparse.Namespace) -> int:
     """``journal check``: SQLite's integrity check of the configured journal, read only.
 
@@ -300,6 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--config", help="a TOML settings file")
     p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
     p_demo.set_defaults(func=demo)
+
+    p_history = commands.add_parser("history", help="show a chat's conversation memory")
+    p_history.add_argument("chat", nargs="?", help="a chat key or chat id (default: list the chats)")
+    p_history.add_argument("--json", action="store_true", help="print the entries as JSON")
+    p_history.add_argument("--config", help="a TOML settings file")
+    p_history.set_defaults(func=history)
 
     p_journal = commands.add_parser("journal", help="check the delivery journal")
     p_journal.add_argument("action", choices=["check"], help="check: SQLite's integrity check, read only")

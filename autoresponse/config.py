@@ -58,6 +58,7 @@ from pydantic_settings import (
 import autoresponse.interfaces  # noqa: F401  (registers the built-in platforms)
 from autoresponse.actors.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
+    BATCH_WAIT_SECONDS,
     DRAIN_SECONDS,
     JOURNAL_RETENTION_SECONDS,
     LLM_CONNECT_TIMEOUT_SECONDS,
@@ -119,6 +120,11 @@ class RuntimeSettings(BaseModel):
     max_open: int = Field(default=MAX_OPEN_ITEMS, ge=1)
     #: Actions one LLM reply may hold; more is an error the LLM is asked to fix.
     max_actions: int = Field(default=MAX_ACTIONS_PER_REPLY, ge=1)
+    #: Seconds the outputs of one reply's commands are waited for, to deliver them together.
+    batch_wait: float = Field(default=BATCH_WAIT_SECONDS, gt=0)
+    #: Command actions a turn the bot starts on its own may use (a reminder, a public
+    #: mention), e.g. ["terminal"]; by default such a turn may only reply, or stay silent.
+    autonomous_actions: list[str] = Field(default_factory=list)
 
 
 class MemorySettings(BaseModel):

@@ -40,11 +40,12 @@ from autoresponse.messages.pipeline import (
     LLMRequest,
     OutboundMessage,
     Rejection,
+    ReplyDelivered,
     SendReceipt,
     UserRequest,
 )
 from autoresponse.messages.prompt import PromptRequest, Turn
-from autoresponse.messages.system import ActionOutput, ActionResult, DueEvent, SystemMessage
+from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, SystemMessage
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -52,6 +53,7 @@ __all__ = [
     "ActionRequest",
     "ActionResult",
     "BaseAction",
+    "Batch",
     "ChatId",
     "CommandAction",
     "Crash",
@@ -69,6 +71,7 @@ __all__ = [
     "OutboundMessage",
     "PromptRequest",
     "Rejection",
+    "ReplyDelivered",
     "SendReceipt",
     "SystemMessage",
     "Turn",

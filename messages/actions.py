@@ -48,6 +48,11 @@ class BaseAction(BaseModel):
         """The canonical type name (the first of the ``type`` literal's values)."""
         return cls.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
 
+    def check(self, context: Any) -> str:
+        """Override: what is wrong with this action in the chat of ``context`` (an
+        ``OriginalContext``), as an error for the LLM; "" when nothing is."""
+        return ""
+
 
 class CommandAction(BaseAction):
     """An action an executor carries out; its output comes back through the LLM."""

@@ -70,6 +70,9 @@ class OriginalContext(BaseModel):
     chat_type: str | None = None
     #: A title or name of the chat, when the platform gives one (to find it by name).
     chat_title: str | None = None
+    #: The bot was not asked directly (a mention on a public platform): it may stay silent,
+    #: and may only use the actions configured for autonomous turns.
+    autonomous: bool = False
     #: An actor to tell (with ``receipt_key``) once the final reply is confirmed sent,
     #: or has failed for good; e.g. the event scheduler, which marks a reminder
     #: delivered only then.

@@ -6,17 +6,19 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.messages.actions import BaseAction
 from autoresponse.messages.context import ChatId, OriginalContext
-from autoresponse.messages.prompt import PromptRequest
-from autoresponse.messages.system import DueEvent, SystemMessage
+from autoresponse.messages.prompt import PromptRequest, Turn
+from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, SystemMessage
 
 
 class UserRequest(BaseModel):
-    """A user's message, from an inbound interface to the LLM client."""
+    """A user's message, from an inbound interface (through its conversation) to the LLM
+    client. The conversation adds the chat's recent ``turns``."""
 
     model_config = ConfigDict(frozen=True)
 
     text: str
     context: OriginalContext
+    turns: tuple[Turn, ...] = ()
 
 
 class LLMRequest(BaseModel):
@@ -53,6 +55,12 @@ class ActionRequest(BaseModel):
 
     action: BaseAction
     context: OriginalContext
+    #: Set when the reply held several actions, so their outputs are delivered together.
+    batch: Batch | None = None
+
+    def output(self, *results: ActionResult) -> ActionOutput:
+        """The output of this action, for the auto-response builder."""
+        return ActionOutput(original_context=self.context, results=results, batch=self.batch)
 
 
 class OutboundMessage(BaseModel):
@@ -74,13 +82,15 @@ class OutboundMessage(BaseModel):
     @classmethod
     def reply(cls, context: OriginalContext, text: str, *, notice: bool = False,
               chat_id: ChatId | None = None, key: str | None = None) -> OutboundMessage:
-        """A reply to ``context``'s message, in its chat unless ``chat_id`` says otherwise."""
+        """A reply to ``context``'s message, in its chat and topic unless ``chat_id`` says
+        otherwise (then it is a new message there)."""
+        same_chat = chat_id is None or str(chat_id) == str(context.chat_id)
         return cls(
             context=context,
             chat_id=context.chat_id if chat_id is None else chat_id,
             text=text,
-            reply_to_message_id=context.message_id if chat_id in (None, context.chat_id) else None,
-            thread_id=context.thread_id,
+            reply_to_message_id=context.message_id if same_chat else None,
+            thread_id=context.thread_id if same_chat else None,
             notice=notice,
             key=key,
         )
@@ -88,14 +98,24 @@ class OutboundMessage(BaseModel):
 
 class Rejection(BaseModel):
     """An LLM reply was (partly) invalid: the error system message, the prompt it
-    answered, and the actions of this turn already carried out. Routed through
-    the supervisor to a retry actor."""
+    answered, the actions of this turn already carried out, and the messages already
+    sent in it (``target`` and text). Routed through the supervisor to a retry actor."""
 
     model_config = ConfigDict(frozen=True)
 
     prompt: PromptRequest
     message: SystemMessage
     carried_out: tuple[str, ...] = ()
+    sent: tuple[tuple[str, str], ...] = ()
+
+
+class ReplyDelivered(BaseModel):
+    """A reply (not a notice) was confirmed sent: its conversation remembers it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    context: OriginalContext
+    text: str
 
 
 class SendReceipt(BaseModel):

@@ -44,3 +44,8 @@ class PromptRequest(BaseModel):
     #: Keys (``action_key``) of the actions already carried out for this turn, so a
     #: re-ask that repeats one never runs or delivers it twice.
     carried_out: tuple[str, ...] = ()
+    #: The messages already sent in this turn (target, text): a re-ask that says one
+    #: again, even reworded, does not send it twice.
+    sent: tuple[tuple[str, str], ...] = ()
+    #: The LLM may answer with no action at all (an event or autonomous turn).
+    may_stay_silent: bool = False

@@ -36,6 +36,17 @@ class ActionResult(BaseModel):
         return self
 
 
+class Batch(BaseModel):
+    """The actions of one LLM reply that run together; their outputs come back in one
+    delivery turn. ``commands`` describes each, to say which are still running."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    index: int
+    commands: tuple[str, ...]
+
+
 class ActionOutput(BaseModel):
     """One or more action results to deliver to one chat in one LLM turn."""
 
@@ -43,6 +54,8 @@ class ActionOutput(BaseModel):
 
     original_context: OriginalContext
     results: tuple[ActionResult, ...] = Field(min_length=1)
+    #: The batch the action was part of, when its reply held several.
+    batch: Batch | None = None
 
 
 class DueEvent(BaseModel):

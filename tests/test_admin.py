@@ -221,7 +221,7 @@ def test_a_flood_is_backpressure_not_loss(make_app: MakeApp, fake_llm: Any) -> N
     busy: list[str] = []
 
     def push(n: int) -> None:
-        body = {"text": f"request {n}", "user_name": "flood"}
+        body = {"text": f"request {n}", "user_name": "flood", "chat_id": f"flood-{n}"}
         for _ in range(600):
             status, text = call(f"{url}/inject/interface.console?correlation=flood-{n}", "POST", body)
             if status == 202:

@@ -36,7 +36,8 @@ def test_two_thousand_deliveries_under_random_faults_are_each_delivered_once_or_
     sent = []
     with app.runtime.probe(sender("console")) as out:
         for n in range(REQUESTS):
-            envelope = app.runtime.send(interface("console"), ConsoleInput(text=f"run echo chaos-{n}"))
+            envelope = app.runtime.send(interface("console"),  # each its own chat: no turns merged
+                                        ConsoleInput(text=f"run echo chaos-{n}", chat_id=f"chaos-{n}"))
             assert envelope is not None
             sent.append(envelope.correlation_id)
         assert app.runtime.wait_idle(timeout=240), f"{app.runtime.inflight.count()} still in flight"

@@ -62,6 +62,7 @@ def test_the_delivery_request_carries_output_context_and_only_message_actions(
         "chat_id": "console", "message_id": 1, "interface_name": "console",
         "original_command": "run echo hello-from-the-terminal",
         "user_name": message["original_context"]["user_name"], "chat_type": "private",
+        "autonomous": False,
     }
     instructions = message["full_json_instructions"]
     assert "Allowed action types in this turn: message_console." in instructions
@@ -167,7 +168,7 @@ def test_bad_llm_output_becomes_an_error_system_message(
     assert message.type == "error"
     assert error in message.errors[0]
     assert message.your_reply == bad
-    assert message.error_retry_policy and "corrected actions" in message.error_retry_policy
+    assert message.error_retry_policy and "changing only the actions the errors name" in message.error_retry_policy
     assert message.original_context.original_command == "run df -h"
     assert "Allowed action types in this turn" in message.full_json_instructions
 

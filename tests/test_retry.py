@@ -12,7 +12,7 @@ from conftest import ask, system_message
 
 from autoresponse import Application
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
-from autoresponse.actors.prompts import ERROR_RETRY_POLICY
+from autoresponse.actors.prompts import error_retry_policy
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.messages import (
@@ -42,7 +42,8 @@ def test_one_bad_reply_is_re_asked_once_and_answered_once(make_app: MakeApp, fak
     first, reask = fake_llm.requests
     error = system_message(reask)
     assert error["type"] == "error"
-    assert error["error_retry_policy"] == ERROR_RETRY_POLICY
+    assert error["error_retry_policy"] == error_retry_policy(["message_console", "terminal"])
+    assert "changing only the actions the errors name" in error["error_retry_policy"]
     assert error["your_reply"] == "Sure thing! {not json"
     assert error["errors"] and "invalid JSON" in error["errors"][0]
     # The conversation so far is kept: the user's text and the rejected reply.

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.actors.receipts import receipt_failed
-from autoresponse.actors.routes import DISPATCHER, chat_actions, sender
+from autoresponse.actors.routes import DISPATCHER, autonomous_actions, chat_actions, sender
 from autoresponse.messages import (
     Envelope,
     LLMFailure,
@@ -32,19 +33,24 @@ class LLMClient(TypedActor):
     the engine bounds how many.
     """
 
-    def __init__(self, engine: LLMEngine, max_in_flight: int = LLM_MAX_IN_FLIGHT) -> None:
+    def __init__(self, engine: LLMEngine, max_in_flight: int = LLM_MAX_IN_FLIGHT,
+                 autonomous: Iterable[str] = ()) -> None:
         super().__init__()
         self.engine = engine
         self.io_limit = max_in_flight
+        #: Command action types an autonomous turn (a public mention) may use besides replying.
+        self.autonomous = tuple(autonomous)
 
     @handles
     def on_user_request(self, request: UserRequest, env: Envelope) -> None:
-        allowed = chat_actions(self.runtime, request.context.interface_name)
+        ctx = request.context
+        allowed = (autonomous_actions(self.runtime, ctx.interface_name, self.autonomous) if ctx.autonomous
+                   else chat_actions(self.runtime, ctx.interface_name))
         if not allowed:
             self.runtime.dead_letters.post(env, "no sender", actor=self.name,
-                                           detail=f"nothing can reply on {request.context.interface_name!r}")
+                                           detail=f"nothing can reply on {ctx.interface_name!r}")
             return
-        self._ask(build_chat_request(request.text, request.context, allowed_actions=allowed), env)
+        self._ask(build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns), env)
 
     @handles
     def on_llm_request(self, request: LLMRequest, env: Envelope) -> None:

@@ -17,6 +17,9 @@ class ConsoleInput(BaseModel):
 
     text: str
     user_name: str | None = None
+    #: The console is one chat; an injected line may name another, as a second console
+    #: session would (each chat has its own turns and memory).
+    chat_id: str | None = None
 
 
 class Console:

@@ -98,7 +98,7 @@ class ConsoleInterface(TypedActor):
     def on_input(self, line: ConsoleInput, env: Envelope) -> None:
         message_id = self.console.next_message_id()
         context = OriginalContext(
-            chat_id=Console.CHAT_ID,
+            chat_id=line.chat_id or Console.CHAT_ID,
             message_id=message_id,
             interface_name=INTERFACE_NAME,
             original_command=line.text,

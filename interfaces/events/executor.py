@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
 from autoresponse.interfaces.events.store import EventStore
-from autoresponse.messages import ActionOutput, ActionRequest, ActionResult, Envelope
+from autoresponse.messages import ActionRequest, ActionResult, Envelope
 
 
 class EventExecutor(TypedActor):
@@ -22,4 +22,4 @@ class EventExecutor(TypedActor):
             action_type="event", command=f"remind: {event.description}",
             output=f"reminder #{event.id} scheduled for {event.due_text}{repeat}",
         )
-        self.send(BUILDER, ActionOutput(original_context=request.context, results=(result,)), cause=env)
+        self.send(BUILDER, request.output(result), cause=env)

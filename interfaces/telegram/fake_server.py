@@ -82,14 +82,18 @@ class FakeTelegramServer(LoopbackServer):
     def push_text(self, text: str, *, chat_id: int, user_id: int, chat_type: str = "private",
                   message_id: int | None = None, thread_id: int | None = None,
                   first_name: str = "Ada", reply_to_bot: bool = False, edited: bool = False,
-                  title: str = "a group") -> dict[str, Any]:
+                  title: str = "a group", username: str | None = None,
+                  forum: bool = False) -> dict[str, Any]:
         """Queue an update carrying a text message (or an edit of one); returns the message."""
         message: dict[str, Any] = {
             "message_id": message_id or next(self._message_ids),
             "date": int(time.time()),
             "chat": {"id": chat_id, "type": chat_type,
-                     **({"title": title} if chat_type != "private" else {"first_name": first_name})},
-            "from": {"id": user_id, "is_bot": False, "first_name": first_name},
+                     **({"title": title} if chat_type != "private" else {"first_name": first_name}),
+                     **({"username": username} if username and chat_type == "private" else {}),
+                     **({"is_forum": True} if forum else {})},
+            "from": {"id": user_id, "is_bot": False, "first_name": first_name,
+                     **({"username": username} if username else {})},
             "text": text,
         }
         # Telegram marks every @username as a mention entity, in UTF-16 units.

@@ -6,7 +6,7 @@ from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
 from autoresponse.interfaces.terminal.command import CommandRefused, parse_command, run_command
 from autoresponse.interfaces.terminal.settings import TerminalSettings
-from autoresponse.messages import ActionOutput, ActionRequest, ActionResult, Envelope
+from autoresponse.messages import ActionRequest, ActionResult, Envelope
 
 
 class TerminalExecutor(TypedActor):
@@ -41,5 +41,4 @@ class TerminalExecutor(TypedActor):
         self._deliver(env.body, result, env)
 
     def _deliver(self, request: ActionRequest, result: ActionResult, env: Envelope) -> None:
-        self.send(BUILDER, ActionOutput(original_context=request.context, results=(result,)),
-                  cause=env)
+        self.send(BUILDER, request.output(result), cause=env)

@@ -1,0 +1,308 @@
+"""Conversation context: memory in every turn, one delivery turn per reply, no repeats,
+chats by name, merged bursts, topics, silent turns."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ask, console_text, system_message, system_messages, wait_for
+
+from autoresponse import Application, Settings
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.memory import ConversationStore, estimate_tokens
+from autoresponse.actors.prompts import SUGGESTED_RESPONSE_FORMAT
+from autoresponse.actors.routes import CONVERSATIONS, sender
+from autoresponse.interfaces.console import Console, ConsoleInput
+from autoresponse.interfaces.events import EventStore, due_in
+from autoresponse.interfaces.events.actions import EventPayload
+from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.messages import OriginalContext, OutboundMessage, UserRequest, parse_action
+
+MakeApp = Callable[..., Application]
+
+
+def actions(*items: dict[str, Any]) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(items)}))
+
+
+def say(text: str, **payload: Any) -> dict[str, Any]:
+    return {"type": "message_console", "payload": {"text": text, **payload}}
+
+
+def chat_turns(llm: FakeLLMServer) -> list[Any]:
+    """The LLM requests of chat turns (a user's text last, not a system message)."""
+    return [r for r in llm.requests if system_message(r) is None]
+
+
+def test_a_follow_up_sees_the_first_exchange_even_after_a_restart(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    def start() -> Application:
+        settings = Settings.load(llm={"base_url": fake_llm.base_url}, admin={"enabled": False},
+                                 events={"enabled": False}, console={"read_stdin": False},
+                                 terminal={"enabled": True, "allowed_commands": ["df"]}, data_dir=tmp_path)
+        return Application(settings, console=Console(io.StringIO())).start()
+
+    first = start()
+    ask(first, "run df -h")
+    reply = console_text(first).split("bot    ↳#1 │ ")[1].split("\n")[0]
+    first.stop()
+
+    second = start()  # the memory is on disk: a restart loses none of it
+    try:
+        ask(second, "and in MB?")
+    finally:
+        second.stop()
+    follow_up = chat_turns(fake_llm)[-1].messages
+    assert [m["role"] for m in follow_up] == ["system", "user", "user", "assistant", "user"]
+    assert follow_up[1]["content"] == "run df -h"
+    assert follow_up[2]["content"].startswith("[ran `df -h`: exit 0]")  # a compact record, not the output
+    assert follow_up[3]["content"].startswith(reply)  # the reply as delivered
+    assert follow_up[4]["content"] == "and in MB?"
+
+
+def test_a_delivery_turn_sees_the_earlier_turns_and_the_suggested_format(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    app = make_app(base_url=fake_llm.base_url)
+    ask(app, "hello")
+    ask(app, "run uptime")
+    delivery = [r for r in fake_llm.requests if system_message(r) is not None][-1]
+    roles = [m["role"] for m in delivery.messages]
+    assert roles == ["system", "user", "assistant", "user", "user"]
+    assert delivery.messages[1]["content"] == "hello"
+    assert "Hello! I'm synth" in delivery.messages[2]["content"]
+    assert delivery.messages[3]["content"] == "run uptime"
+    assert SUGGESTED_RESPONSE_FORMAT in delivery.messages[0]["content"]
+    assert system_message(delivery)["type"] == "output"
+
+
+def test_two_commands_of_one_reply_come_back_in_one_delivery_turn_and_one_reply(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": "echo one"}},
+                            {"type": "terminal", "payload": {"command": "echo two"}}))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run both")
+        replies = out.bodies(OutboundMessage)
+    [delivery] = system_messages(fake_llm, "output")
+    assert [o["command"] for o in delivery["outputs"]] == ["echo one", "echo two"]
+    assert len(replies) == 1
+    assert "echo one" in replies[0].text and "echo two" in replies[0].text
+
+
+def test_a_command_still_running_at_the_wait_is_named_and_follows_on_its_own(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": "echo quick"}},
+                            {"type": "terminal", "payload": {"command": "sleep 2"}}))
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": 0.5})
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run both")
+        replies = out.bodies(OutboundMessage)
+    first, late = system_messages(fake_llm, "output")
+    assert [o.get("command") for o in first["outputs"]] == ["echo quick", None]
+    assert "still running after 0.5s: `sleep 2`" in first["outputs"][1]["output"]
+    assert [o["command"] for o in late["outputs"]] == ["sleep 2"]
+    assert len(replies) == 2
+
+
+def test_a_re_ask_that_rewords_a_delivered_message_sends_nothing_twice(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions(say("part one"), {"type": "teleport", "payload": {}}),
+                    actions(say("Part one."), say("part two")))
+    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "two parts please")
+        sent = [m.text for m in out.bodies(OutboundMessage)]
+    assert sent == ["part one", "part two"]
+
+
+def test_a_different_message_in_a_re_ask_is_still_sent(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(actions(say("Your disk is fine"), {"type": "teleport", "payload": {}}),
+                    actions(say("And the backup ran at noon")))
+    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "status")
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["Your disk is fine", "And the backup ran at noon"]
+
+
+@pytest.fixture
+def fake_telegram() -> Iterator[FakeTelegramServer]:
+    with FakeTelegramServer() as server:
+        yield server
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: MakeApp) -> Application:
+    return make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01}, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
+        "allowed_users": [7], "poll_timeout": 1})
+
+
+def tg(text: str, **payload: Any) -> dict[str, Any]:
+    return {"type": "message_telegram_bot", "payload": {"text": text, **payload}}
+
+
+def test_a_chat_named_by_title_or_username_is_found_and_an_ambiguous_name_is_asked_back(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    # The bot has seen a group titled "Ops" and private chats with @ops and @maintainers.
+    fake_telegram.push_text("@synth_bot hi", chat_id=-100, user_id=7, chat_type="supergroup", title="Ops")
+    fake_telegram.push_text("hi", chat_id=55, user_id=7, username="ops")
+    fake_telegram.push_text("hi", chat_id=56, user_id=7, username="maintainers")
+    wait_for(lambda: len(fake_telegram.sent()) == 3)
+    assert bot.runtime.wait_idle(timeout=10)
+
+    # A unique name resolves.
+    fake_llm.script(actions(tg("the build is green", target="@maintainers")))
+    fake_telegram.push_text("tell the maintainers", chat_id=42, user_id=7)
+    wait_for(lambda: fake_telegram.sent(56) and len(fake_telegram.sent(56)) == 2)
+
+    # An ambiguous one yields one error turn listing both; the LLM picks, that chat gets it.
+    fake_llm.script(actions(tg("deploy at 5", target="ops")), actions(tg("deploy at 5", target=-100)))
+    fake_telegram.push_text("tell ops", chat_id=42, user_id=7)
+    wait_for(lambda: len(fake_telegram.sent(-100)) == 2)
+    assert bot.runtime.wait_idle(timeout=10)
+    [error] = system_messages(fake_llm, "error")
+    assert "'Ops' (id -100)" in error["errors"][0] and "@ops (id 55)" in error["errors"][0]
+    assert fake_telegram.sent(-100)[-1].params["text"] == "deploy at 5"
+    assert len(fake_telegram.sent(55)) == 1  # only the first "hi"
+
+
+@pytest.mark.parametrize("target", [-100, "-100", None])
+def test_a_topic_payload_validates_and_the_reply_lands_in_that_topic(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, target: Any
+) -> None:
+    payload = {"text": "in the topic", "message_thread_id": 7, **({"target": target} if target else {})}
+    assert parse_action({"type": "message_telegram_bot", "payload": payload}).payload.message_thread_id == 7
+    fake_llm.script(actions(tg(**payload)))
+    fake_telegram.push_text("@synth_bot post it", chat_id=-100, user_id=7, chat_type="supergroup",
+                            forum=True, thread_id=3)
+    [sent] = wait_for(lambda: fake_telegram.sent(-100))
+    assert sent.params["message_thread_id"] == 7
+
+
+def test_a_topic_in_a_private_chat_is_an_error_the_llm_fixes(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_llm.script(actions(tg("hi", message_thread_id=7)), actions(tg("hi")))
+    fake_telegram.push_text("hello", chat_id=42, user_id=7)
+    [sent] = wait_for(lambda: fake_telegram.sent(42))
+    assert "message_thread_id" not in sent.params
+    [error] = system_messages(fake_llm, "error")
+    assert "forum topic" in error["errors"][0]
+
+
+def test_a_burst_that_arrives_during_a_turn_is_answered_together(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(delay=1.5, content=json.dumps({"actions": [say("first answer")]})))
+    app = make_app(base_url=fake_llm.base_url)
+    first = app.runtime.send("interface.console", ConsoleInput(text="slow one"))
+    time.sleep(0.3)
+    for text in ("and also", "one more thing", "last bit"):
+        app.runtime.send("interface.console", ConsoleInput(text=text))
+    assert first is not None and app.runtime.wait_idle(timeout=20)
+    turns = chat_turns(fake_llm)
+    assert [t.messages[-1]["content"] for t in turns] == ["slow one", "and also\none more thing\nlast bit"]
+    printed = console_text(app)
+    assert printed.count("bot    ↳#") == 2
+    assert "bot    ↳#4 │" in printed  # threaded to the last of the three
+
+
+def test_a_silent_event_sends_nothing_and_is_handled(
+    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    store = EventStore(data / "events.sqlite3")
+    owner = OriginalContext(chat_id="console", message_id=3, interface_name="console", user_name="ada",
+                            original_command="remind me")
+    date, at = due_in(-5)
+    event = store.add(EventPayload(date=date, time=at, description="nothing to say"), owner)
+    store.close()
+    fake_llm.script(FakeResponse(content='{"actions": []}'))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, events={"check_seconds": 0.1})
+
+    def state() -> str:
+        events = EventStore(data / "events.sqlite3")
+        try:
+            return events.get(event.id).state  # type: ignore[union-attr]
+        finally:
+            events.close()
+
+    wait_for(lambda: state() == "delivered")
+    assert "bot " not in console_text(app) and "note" not in console_text(app)
+    [message] = system_messages(fake_llm, "event")
+    assert message["original_context"]["user_name"] == "ada"  # the event's owner, never None
+    assert len(fake_llm.requests) == 1  # no re-ask: silence was a valid answer
+
+
+def test_an_autonomous_turn_may_stay_silent_and_may_not_run_commands(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(content='{"actions": []}'))
+    app = make_app(base_url=fake_llm.base_url)
+    ctx = OriginalContext(chat_id="public", message_id=1, interface_name="console", autonomous=True)
+    with app.runtime.probe(sender("console")) as out:
+        envelope = app.runtime.send(CONVERSATIONS, UserRequest(text="nice bot", context=ctx))
+        assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, 10)
+        assert out.bodies(OutboundMessage) == []
+    [request] = fake_llm.requests
+    assert "Allowed action types in this turn: message_console." in request.messages[0]["content"]
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_forget_clears_the_chats_memory(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    app = make_app(base_url=fake_llm.base_url)
+    ask(app, "my name is Ada")
+    ask(app, "/forget")
+    assert "I have forgotten our conversation" in console_text(app)
+    ask(app, "what is my name?")
+    last = chat_turns(fake_llm)[-1].messages
+    assert [m["role"] for m in last] == ["system", "user"]  # nothing remembered before it
+
+
+def test_memory_stays_within_its_budget_dropping_the_oldest_first(tmp_path: Path) -> None:
+    store = ConversationStore(tmp_path / "memory.sqlite3", max_tokens=500)
+    try:
+        for n in range(1000):
+            store.append("console:console:", "user" if n % 2 == 0 else "assistant", f"turn number {n}")
+        kept = store.history("console:console:")
+        assert sum(e.tokens for e in kept) <= 500
+        assert kept[-1].content == "turn number 999"
+        numbers = [int(e.content.split()[-1]) for e in kept]
+        assert numbers == list(range(numbers[0], 1000))  # the newest, contiguous: the oldest went
+        assert numbers[0] > 900
+        assert estimate_tokens("abcd" * 100) == 104
+    finally:
+        store.close()
+
+
+def test_history_shows_a_chats_memory(make_app: MakeApp, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import environment
+
+    app = make_app(data_dir=tmp_path / "data")
+    ask(app, "hello there")
+    app.stop()
+    env = environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    listing = subprocess.run([sys.executable, "-m", "autoresponse", "history"], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert listing.returncode == 0 and "console:console:  (2 entries)" in listing.stdout
+    shown = subprocess.run([sys.executable, "-m", "autoresponse", "history", "console", "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    entries = json.loads(shown.stdout)
+    assert [(e["role"], e["kind"]) for e in entries] == [("user", "message"), ("assistant", "reply")]
+    assert entries[0]["content"] == "hello there"
+    missing = subprocess.run([sys.executable, "-m", "autoresponse", "history", "nobody"], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert missing.returncode == 1 and "no memory of chat 'nobody'" in missing.stderr
