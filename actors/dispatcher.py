@@ -94,10 +94,11 @@ class ActionDispatcher(TypedActor):
         carried_out = list(prompt.carried_out)
         sent = list(prompt.sent)
         turn = turn_key(env.correlation_id, prompt)
-        fresh = [a for a in found.actions if action_key(a) not in prompt.carried_out]
-        commands = tuple(describe(a) for a in fresh if a.kind != "message")
+        keyed = [(a, action_key(a)) for a in found.actions]
+        fresh = [(a, key) for a, key in keyed if key not in prompt.carried_out]
+        commands = tuple(describe(a) for a, _ in fresh if a.kind != "message")
         run = 0  # commands sent so far: each one's place in the batch
-        for index, action in enumerate(fresh):
+        for index, (action, key) in enumerate(fresh):
             problem = action.check(prompt.original_context)
             if problem:
                 errors.append(problem)
@@ -113,7 +114,7 @@ class ActionDispatcher(TypedActor):
             if problem:
                 errors.append(problem)
             else:
-                carried_out.append(action_key(action))
+                carried_out.append(key)
         if errors:
             message = rejection(prompt, reply.text, errors)
             self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),

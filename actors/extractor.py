@@ -259,8 +259,32 @@ def _decode_group(text: str, group: _Group, levels: int, found: _Decoded) -> Non
     found.values.append(value)
 
 
+def _within_depth(value: Any) -> bool:
+    """True when ``value`` nests no deeper than MAX_JSON_DEPTH (walked with a stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return False
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return True
+
+
 def _json_values(text: str) -> _Decoded:
     """Every JSON object or list in ``text``, left to right, each in one piece."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+        # The usual answer is one JSON value and nothing else: the C decoder reads it in one
+        # go. Anything else (prose, fences, breakage, nesting too deep) takes the scan below.
+        try:
+            whole = _decoder.decode(stripped)
+        except (ValueError, RecursionError):
+            pass
+        else:
+            # no walk needed when there are fewer brackets than the limit could be passed with
+            if stripped.count("{") + stripped.count("[") <= MAX_JSON_DEPTH or _within_depth(whole):
+                return _Decoded(too_deep=False, values=[whole])
     layout = _layout(text)
     found = _Decoded(too_deep=layout.too_deep)
     for group in layout.groups:

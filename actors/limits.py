@@ -83,6 +83,8 @@ START_SECONDS = 30.0
 
 #: Finished work items stay in the journal this long before compaction.
 JOURNAL_RETENTION_SECONDS = 24 * 3600.0
+#: How often a running journal forgets what its retention has passed.
+JOURNAL_COMPACT_SECONDS = 600.0
 #: Dead letters stay in the journal this long (and at most DEAD_LETTERS_KEPT of them).
 DEAD_LETTER_RETENTION_SECONDS = 7 * 24 * 3600.0
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Annotated, Union
@@ -110,8 +111,13 @@ def truncate_errors(errors: Sequence[str], limit: int) -> tuple[str, ...]:
 
 
 def _runtime_context(ctx: OriginalContext) -> dict[str, str]:
-    now = dt.datetime.now(dt.timezone.utc).astimezone()
-    return {"now": now.isoformat(timespec="seconds"), "interface": ctx.interface_name}
+    return {"now": _now_to_the_minute(int(time.time() // 60)), "interface": ctx.interface_name}
+
+
+@lru_cache(maxsize=2)
+def _now_to_the_minute(minute: int) -> str:
+    """The local time, to the minute (so the system prompt, which shows it, is cached that long)."""
+    return dt.datetime.fromtimestamp(minute * 60).astimezone().isoformat(timespec="minutes")
 
 
 def build_chat_request(
@@ -199,18 +205,24 @@ def build_reask_request(
     })
 
 
+@lru_cache(maxsize=256)
+def _system_prompt(instruction: str, rules: str, context: tuple[tuple[str, str], ...]) -> str:
+    """The system message's text; the same for every turn of a minute, so it is built once."""
+    parts = [instruction, *([rules] if rules else [])]
+    if context:
+        parts.append("Runtime context: " + json.dumps(dict(context)))
+    return "\n\n".join(parts)
+
+
 def render_openai_messages(prompt: PromptRequest) -> list[dict[str, str]]:
     """OpenAI-style chat messages for ``prompt``.
 
     In a chat turn the JSON instructions go in the system prompt; in a delivery
     turn they already travel inside the system message, so they are not repeated.
     """
-    parts = [prompt.system_instruction]
-    if prompt.system_message is None:
-        parts.append(prompt.full_json_instructions)
-    if prompt.runtime_context:
-        parts.append("Runtime context: " + json.dumps(dict(prompt.runtime_context)))
-    messages = [{"role": "system", "content": "\n\n".join(parts)}]
+    rules = prompt.full_json_instructions if prompt.system_message is None else ""
+    context = tuple(prompt.runtime_context.items())
+    messages = [{"role": "system", "content": _system_prompt(prompt.system_instruction, rules, context)}]
     messages.extend({"role": t.role, "content": t.content} for t in prompt.turns)
     messages.append({"role": "user", "content": prompt.current_text})
     return messages

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from autoresponse.messages import BaseAction, action_model, action_models, message_action_for
+from autoresponse.messages import (
+    BaseAction,
+    action_model,
+    action_models,
+    message_action_for,
+    registry_generation,
+)
 
 if TYPE_CHECKING:
     from autoresponse.actors.runtime import Runtime
@@ -61,8 +67,22 @@ def autonomous_actions(runtime: Runtime, interface_name: str, commands: Iterable
 
 
 def chat_actions(runtime: Runtime, interface_name: str) -> tuple[str, ...]:
-    """A chat turn may use every command whose executor runs, plus the reply action."""
-    commands = tuple(
-        m.action_type() for m in action_models() if m.kind == "command" and runtime.has(route_of(m))
-    )
-    return delivery_actions(runtime, interface_name) + commands
+    """A chat turn may use every command whose executor runs, plus the reply action.
+
+    Asked on every turn, answered from a cache that a new action type or a new actor
+    invalidates (actors are added, never removed, while a runtime runs).
+    """
+    key = (id(runtime), interface_name, registry_generation(), runtime.actor_count)
+    found = _chat_actions.get(key)
+    if found is None:
+        commands = tuple(
+            m.action_type() for m in action_models() if m.kind == "command" and runtime.has(route_of(m))
+        )
+        found = delivery_actions(runtime, interface_name) + commands
+        if len(_chat_actions) > 64:
+            _chat_actions.clear()
+        _chat_actions[key] = found
+    return found
+
+
+_chat_actions: dict[tuple[int, str, int, int], tuple[str, ...]] = {}

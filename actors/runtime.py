@@ -404,6 +404,10 @@ class Runtime:
     def has(self, name: str) -> bool:
         return name in self._cells
 
+    @property
+    def actor_count(self) -> int:
+        return len(self._cells)
+
     def cell(self, name: str) -> Cell:
         return self._cells[name]
 

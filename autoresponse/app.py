@@ -33,7 +33,7 @@ from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SqliteJournal
-from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
+from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.retry import RetryActor
@@ -202,10 +202,12 @@ class Application:
     def _open_journal(self) -> None:
         s = self.settings
         if s.journal.enabled:
-            self.journal = SqliteJournal(s.journal_path)
+            self.journal = SqliteJournal(s.journal_path, retention_seconds=s.journal.retention_seconds)
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
-            forgotten = self.journal.compact(time.time() - s.journal.retention_seconds)
+            now = time.time()
+            forgotten = self.journal.compact(now - s.journal.retention_seconds,
+                                             dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
             log.debug("journal: compacted %d finished items", forgotten)
 
     def _open_memory(self) -> None:

@@ -1,33 +1,77 @@
-"""The benchmark cases. Each comparison runs side by side in the same process run."""
+"""The benchmark cases. Every comparison runs side by side, in the same run, interleaved.
+
+1. in process: the runtime (offline engine, null sender) against raw pykka carrying
+   the same pydantic messages and doing the same work (what the runtime adds), and
+   against raw pykka carrying tuples (the substrate's floor); CPU per delivery; and
+   latency at a fixed offered load (half the measured peak), not in a burst.
+2. loopback HTTP: the LLM client and the Telegram sender against fakes in their own
+   processes, next to a hand-written asyncio client on python-telegram-bot's
+   defaults, and plain aiohttp making the same two calls (the ceiling).
+3. bound by LLM latency: a fake LLM taking 0.5 s, 1..256 chats, each in turn.
+4. scale: a real daemon serving 10,000 Telegram chats once each: its threads and
+   its memory per idle chat, with chat memory and Telegram lanes in play.
+5. the journal: case 1 with the journal on and off.
+6. soak: 200,000 deliveries with the journal, RSS and journal size every 20,000.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import os
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pykka
 
 from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
-from autoresponse.messages import OriginalContext, UserRequest
-from benchmarks.harness import Run, Tally, drive, pipeline, rss_kib
+from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage, UserRequest, action_key
+from benchmarks.harness import (
+    Run,
+    Tally,
+    drive,
+    median_run,
+    offered,
+    pipeline,
+    request,
+    rss_kib,
+    sized,
+    spread,
+    threads_of,
+)
 
 # ---------------------------------------------------------------- 1. in process
 
 
-class _RawHop(pykka.ThreadingActor):
+def _raw_run(first: Any, requests: int, finished: threading.Event, answered: dict[Any, float],
+             message: Callable[[int], Any]) -> Run:
+    sent: dict[int, float] = {}
+    cpu, started = time.process_time(), time.perf_counter()
+    for n in range(requests):
+        sent[n] = time.perf_counter()
+        first.tell(message(n))
+    if not finished.wait(300):
+        raise SystemExit(f"raw pykka: {len(answered)} of {requests} answered")
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return Run(requests, elapsed, [answered[n] - t for n, t in sent.items()], cpu)
+
+
+class _TupleHop(pykka.ThreadingActor):
     """A bare pykka actor that forwards tuples; the first one also crosses the loop once."""
 
     def __init__(self, following: Any, loop: EventLoopThread | None = None, done: Any = None) -> None:
@@ -38,42 +82,100 @@ class _RawHop(pykka.ThreadingActor):
         kind, n = message
         if kind == "request" and self.loop is not None:
             me = self.actor_ref
-            self.loop.submit(asyncio.sleep(0)).add_done_callback(lambda _: me.tell(("io", n)))
+            self.loop.submit(asyncio.sleep(0), lambda _: me.tell(("io", n)))
         elif self.following is not None:
             self.following.tell(("forward", n))
         else:
             self.done(n)
 
 
-def raw_pykka(requests: int) -> Run:
-    """The same hops as the runtime's delivery path (inbound → LLM actor, a loop round trip,
-    → dispatcher → sender), carrying plain tuples and doing nothing else."""
+def raw_pykka_tuples(requests: int) -> Run:
+    """The runtime's hops (inbound → LLM actor with a loop round trip → dispatcher →
+    sender), carrying tuples and doing nothing else: the floor of the substrate."""
     loop = EventLoopThread()
     loop.start()
-    finished = threading.Event()
-    answered: dict[int, float] = {}
+    finished, answered = threading.Event(), {}
 
     def done(n: int) -> None:
         answered[n] = time.perf_counter()
         if len(answered) == requests:
             finished.set()
 
-    last = _RawHop.start(None, done=done)
-    middle = _RawHop.start(last)
-    first = _RawHop.start(middle, loop=loop)
+    last = _TupleHop.start(None, done=done)
+    middle = _TupleHop.start(last)
+    first = _TupleHop.start(middle, loop=loop)
     try:
-        sent: dict[int, float] = {}
-        started = time.perf_counter()
-        for n in range(requests):
-            sent[n] = time.perf_counter()
-            first.tell(("request", n))
-        finished.wait(120)
-        elapsed = time.perf_counter() - started
+        return _raw_run(first, requests, finished, answered, lambda n: ("request", n))
     finally:
         for ref in (first, middle, last):
             ref.stop()
         loop.stop()
-    return Run(requests, elapsed, [answered[n] - t for n, t in sent.items()])
+
+
+class _LlmHop(pykka.ThreadingActor):
+    """Raw pykka doing the LLM client's work: the prompt, the engine on the loop."""
+
+    def __init__(self, dispatcher: Any, loop: EventLoopThread) -> None:
+        super().__init__()
+        self.dispatcher, self.loop, self.engine = dispatcher, loop, OfflineEngine()
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, UserRequest):
+            prompt = build_chat_request(message.text, message.context, allowed_actions=("message_console",))
+            me = self.actor_ref
+            self.loop.submit(self.engine.complete(render_openai_messages(prompt)),
+                             lambda task: me.tell(("reply", prompt, task.outcome())))
+        else:
+            _, prompt, text = message
+            self.dispatcher.tell(LLMReply(prompt=prompt, text=text))
+
+
+class _DispatchHop(pykka.ThreadingActor):
+    """Raw pykka doing the dispatcher's work: extract, validate, key, build the message."""
+
+    def __init__(self, sender: Any) -> None:
+        super().__init__()
+        self.sender = sender
+
+    def on_receive(self, reply: LLMReply) -> None:
+        prompt = reply.prompt
+        found = extract_actions(reply.text, prompt.allowed_actions)
+        for index, action in enumerate(found.actions):
+            key = f"{action_key(action)}:{index}"
+            self.sender.tell(OutboundMessage.reply(prompt.original_context, action.payload.text, key=key))
+
+
+class _SendHop(pykka.ThreadingActor):
+    def __init__(self, done: Callable[[OutboundMessage], None]) -> None:
+        super().__init__()
+        self.done = done
+
+    def on_receive(self, message: OutboundMessage) -> None:
+        self.done(message)
+
+
+def raw_pykka_same_work(requests: int) -> Run:
+    """The same hops with the same pydantic messages and the same work as the runtime
+    (prompt, offline engine, JSON, extraction, validation), written on bare pykka: what
+    the runtime's kernel adds or saves, and nothing else."""
+    loop = EventLoopThread()
+    loop.start()
+    finished, answered = threading.Event(), {}
+
+    def done(message: OutboundMessage) -> None:
+        answered[message.reply_to_message_id] = time.perf_counter()
+        if len(answered) == requests:
+            finished.set()
+
+    send = _SendHop.start(done)
+    dispatch = _DispatchHop.start(send)
+    first = _LlmHop.start(dispatch, loop)
+    try:
+        return _raw_run(first, requests, finished, answered, lambda n: request(n, n))
+    finally:
+        for ref in (first, dispatch, send):
+            ref.stop()
+        loop.stop()
 
 
 def runtime_offline(requests: int, journal_dir: Path | None = None) -> Run:
@@ -88,20 +190,41 @@ def runtime_offline(requests: int, journal_dir: Path | None = None) -> Run:
             journal.close()
 
 
-def in_process(requests: int, repeats: int) -> dict[str, Any]:
-    """Case 1 and case 5: the runtime against raw pykka, and with the journal on and off.
-    Runs are interleaved, and the median of each is kept, so machine noise hits all alike."""
-    runs: dict[str, list[Run]] = {"raw pykka": [], "runtime": [], "runtime + journal": []}
+def _journaled(requests: int) -> Run:
+    with tempfile.TemporaryDirectory() as tmp:
+        return runtime_offline(requests, Path(tmp))
+
+
+def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
+    """Case 1 and case 5, each variant sized to last ``seconds`` and run ``repeats`` times,
+    interleaved; the median of each is kept. Then latency at half the runtime's peak."""
+    variants: dict[str, Callable[[int], Run]] = {
+        "raw pykka, tuples": raw_pykka_tuples,
+        "raw pykka, same work": raw_pykka_same_work,
+        "runtime": runtime_offline,
+        "runtime + journal": _journaled,
+    }
+    sizes = {name: sized(one, seconds=seconds) for name, one in variants.items()}
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
     for _ in range(repeats):
-        runs["raw pykka"].append(raw_pykka(requests))
-        runs["runtime"].append(runtime_offline(requests))
-        with tempfile.TemporaryDirectory() as tmp:
-            runs["runtime + journal"].append(runtime_offline(requests, Path(tmp)))
-    best = {name: sorted(r, key=lambda run: run.rate)[len(r) // 2] for name, r in runs.items()}
+        for name, one in variants.items():
+            runs[name].append(one(sizes[name]))
+    best = {name: median_run(r) for name, r in runs.items()}
+    peak = best["runtime"].rate
+    tally = Tally(expected=int(peak * 0.5 * 3))
+    runtime = pipeline(OfflineEngine(), tally)
+    try:
+        latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
+    finally:
+        runtime.stop(drain=5)
     return {
-        "runs": {name: run.summary() for name, run in best.items()},
-        "runtime_vs_raw": best["runtime"].rate / best["raw pykka"].rate,
+        "runs": {name: {**run.summary(), "spread_per_second": spread(runs[name])} for name, run in best.items()},
+        "runtime_vs_same_work": best["runtime"].rate / best["raw pykka, same work"].rate,
+        "runtime_vs_tuples": best["runtime"].rate / best["raw pykka, tuples"].rate,
         "journal_vs_none": best["runtime + journal"].rate / best["runtime"].rate,
+        "cpu_us_per_delivery": round(best["runtime"].cpu_us, 1),
+        "offered_load": {"per_second": round(peak * 0.5, 1), "p50_ms": round(latency.percentile(0.5) * 1000, 2),
+                         "p99_ms": round(latency.percentile(0.99) * 1000, 2)},
     }
 
 
@@ -126,39 +249,6 @@ def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict
                            "met": run.rate >= target, "order_kept": run.in_order,
                            "one_at_a_time": round(1 / latency, 2), **run.summary()})
     return {"latency_s": latency, "max_in_flight": max_in_flight, "points": points}
-
-
-# ---------------------------------------------------------------- 4. scale
-
-
-def scale(chats: int, wave: int = 1_000) -> dict[str, Any]:
-    """Threads and memory with ``chats`` chats that were each active once and are now idle."""
-    tally = Tally(expected=chats + wave)
-    runtime = pipeline(OfflineEngine(), tally)
-    try:
-        for n in range(wave):  # warm up: first-use allocations are not per-chat state
-            runtime.send("llm", UserRequest(text="hello", context=OriginalContext(
-                chat_id=-1 - n, message_id=1, interface_name="console")))
-        runtime.wait_idle(timeout=120)
-        tally.answered.clear()
-        gc.collect()
-        before = rss_kib()
-        threads_idle = threading.active_count()
-        for start in range(0, chats, wave):  # waves, so the peak is the chats, not one burst
-            for n in range(start, min(chats, start + wave)):
-                runtime.send("llm", UserRequest(text="hello", context=OriginalContext(
-                    chat_id=n, message_id=1, interface_name="console")))
-            runtime.wait_idle(timeout=120)
-        threads_busy = threading.active_count()
-        gc.collect()
-        after = rss_kib()
-    finally:
-        runtime.stop(drain=5)
-    return {"chats": chats, "threads": max(threads_idle, threads_busy), "rss_before_kib": before,
-            "rss_after_kib": after, "kib_per_idle_chat": round((after - before) / chats, 3),
-            "threads_met": max(threads_idle, threads_busy) <= 64,
-            "memory_met": (after - before) / chats <= 4}
-
 
 
 # ---------------------------------------------------------------- 2. loopback HTTP
@@ -194,14 +284,9 @@ def _telegram_context(n: int) -> OriginalContext:
     return OriginalContext(chat_id=100_000 + n, message_id=n, interface_name="telegram", chat_type="private")
 
 
-def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
+def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> Run:
     from autoresponse.actors.routes import sender
-    from autoresponse.interfaces.telegram import (
-        TelegramDelivery,
-        TelegramSender,
-        TelegramSettings,
-        make_bot,
-    )
+    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender, TelegramSettings, make_bot
 
     tally = Tally(expected=requests)
     engine = HttpEngine(llm_url, model="fake", max_in_flight=concurrency)
@@ -213,34 +298,33 @@ def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> f
     runtime.io.add_closer(engine.aclose)
     runtime.spawn(sender("telegram"), TelegramSender, delivery)
     try:
-        started = time.perf_counter()
+        cpu, started = time.process_time(), time.perf_counter()
         for n in range(requests):
             runtime.send("llm", UserRequest(text="hello", context=_telegram_context(n)))
         if not runtime.wait_idle(timeout=300):
             raise SystemExit("case 2: the runtime did not finish")
-        return time.perf_counter() - started
+        return Run(requests, time.perf_counter() - started, [], time.process_time() - cpu)
     finally:
         runtime.stop(drain=5)
 
 
-def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> float:
-    """The same two HTTP calls per request, written by hand: aiohttp to the LLM, then
-    python-telegram-bot's send_message, with the same concurrency."""
-    import aiohttp
-
-    from autoresponse.actors.prompts import build_chat_request, render_openai_messages
-    from autoresponse.interfaces.telegram import TelegramSettings, make_bot
-
+def _llm_body() -> dict[str, Any]:
     prompt = build_chat_request("hello", _telegram_context(0), allowed_actions=["message_telegram_bot"])
-    body = {"model": "fake", "messages": render_openai_messages(prompt)}
+    return {"model": "fake", "messages": render_openai_messages(prompt)}
 
-    async def run() -> float:
-        # The same shape of concurrency as the runtime: `concurrency` LLM calls and as
-        # many Telegram sends (TELEGRAM_MAX_CONCURRENT_SENDS) in flight.
+
+def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> Run:
+    """The same two HTTP calls per request, written by hand on the libraries' defaults:
+    aiohttp to the LLM, then python-telegram-bot's send_message (on httpx)."""
+    import aiohttp
+    from telegram import Bot
+
+    body = _llm_body()
+
+    async def run() -> Run:
         asking, sending = asyncio.Semaphore(concurrency), asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
         connector = aiohttp.TCPConnector(limit=concurrency)
-        async with aiohttp.ClientSession(connector=connector) as session, make_bot(
-                TelegramSettings(token=TOKEN, base_url=telegram_url)) as bot:
+        async with aiohttp.ClientSession(connector=connector) as session, Bot(TOKEN, base_url=telegram_url) as bot:
 
             async def one(n: int) -> None:
                 async with asking, session.post(f"{llm_url}/chat/completions", json=body) as response:
@@ -250,41 +334,167 @@ def _baseline(requests: int, concurrency: int, llm_url: str, telegram_url: str) 
                     await bot.send_message(chat_id=100_000 + n, text=text, reply_to_message_id=n,
                                            allow_sending_without_reply=True)
 
-            started = time.perf_counter()
+            cpu, started = time.process_time(), time.perf_counter()
             await asyncio.gather(*(one(n) for n in range(requests)))
-            return time.perf_counter() - started
+            return Run(requests, time.perf_counter() - started, [], time.process_time() - cpu)
 
     return asyncio.run(run())
 
 
-def loopback_http(requests: int, concurrency: int, repeats: int) -> dict[str, Any]:
-    """Case 2: the LLM client and the Telegram sender against fakes in their own processes,
-    next to a hand-written asyncio client making the same calls; runs interleaved."""
+def _ceiling(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> Run:
+    """The loopback ceiling: plain aiohttp making the same two calls, nothing else."""
+    import aiohttp
+
+    body = json.dumps(_llm_body()).encode()
+
+    async def run() -> Run:
+        asking, sending = asyncio.Semaphore(concurrency), asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
+        connector = aiohttp.TCPConnector(limit=concurrency + TELEGRAM_MAX_CONCURRENT_SENDS)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def one(n: int) -> None:
+                async with asking, session.post(f"{llm_url}/chat/completions", data=body) as response:
+                    content = json.loads(await response.read())["choices"][0]["message"]["content"]
+                text = json.loads(content)["actions"][0]["payload"]["text"]
+                async with sending, session.post(f"{telegram_url}{TOKEN}/sendMessage", json={
+                        "chat_id": 100_000 + n, "text": text,
+                        "reply_parameters": {"message_id": n, "allow_sending_without_reply": True}}) as sent:
+                    json.loads(await sent.read())["result"]["message_id"]
+
+            cpu, started = time.process_time(), time.perf_counter()
+            await asyncio.gather(*(one(n) for n in range(requests)))
+            return Run(requests, time.perf_counter() - started, [], time.process_time() - cpu)
+
+    return asyncio.run(run())
+
+
+def loopback_http(concurrency: int, repeats: int, *, seconds: float) -> dict[str, Any]:
+    """Case 2: against fakes in their own processes, the three clients interleaved."""
     llm, llm_port = _serve("autoresponse.actors.llm.fake_server")
     telegram, telegram_port = _serve("autoresponse.interfaces.telegram.fake_server")
     llm_url, telegram_url = f"http://127.0.0.1:{llm_port}/v1", f"http://127.0.0.1:{telegram_port}/bot"
-    ours, baseline = [], []
+    variants = {"runtime": _ours, "asyncio + PTB defaults": _baseline, "plain aiohttp ceiling": _ceiling}
     try:
+        sizes = {name: sized(lambda n, one=one: one(n, concurrency, llm_url, telegram_url),
+                             seconds=seconds, probe=300) for name, one in variants.items()}
+        runs: dict[str, list[Run]] = {name: [] for name in variants}
         for _ in range(repeats):
-            baseline.append(requests / _baseline(requests, concurrency, llm_url, telegram_url))
-            ours.append(requests / _ours(requests, concurrency, llm_url, telegram_url))
+            for name, one in variants.items():
+                runs[name].append(one(sizes[name], concurrency, llm_url, telegram_url))
     finally:
         for proc in (llm, telegram):
             proc.terminate()
             proc.wait(10)
-    ours.sort()
-    baseline.sort()
-    middle = repeats // 2
-    return {"requests": requests, "concurrency": concurrency,
-            "runtime_per_second": round(ours[middle], 1), "baseline_per_second": round(baseline[middle], 1),
-            "runtime_vs_baseline": ours[middle] / baseline[middle]}
+    best = {name: median_run(r) for name, r in runs.items()}
+    return {
+        "concurrency": concurrency,
+        "runs": {name: {"per_second": round(run.rate, 1), "spread_per_second": spread(runs[name]),
+                        "client_cpu_ms_per_delivery": round(run.cpu_us / 1000, 3)} for name, run in best.items()},
+        "runtime_vs_ceiling": best["runtime"].rate / best["plain aiohttp ceiling"].rate,
+        "runtime_vs_baseline": best["runtime"].rate / best["asyncio + PTB defaults"].rate,
+    }
 
 
-def scale_in_fresh_process(chats: int) -> dict[str, Any]:
-    """Case 4 in a process of its own, so earlier cases' memory does not blur the figure."""
-    code = f"import json; from benchmarks.cases import scale; print(json.dumps(scale({chats})))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).parent.parent)
-    if done.returncode != 0:
-        raise SystemExit(f"case 4 failed: {done.stderr[-500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+# ---------------------------------------------------------------- 4. scale, on the real daemon
+
+
+def daemon_scale(chats: int, warm_up: int = 1_000) -> dict[str, Any]:
+    """A real ``autoresponse run`` serving ``chats`` Telegram chats once each (fake Bot API,
+    offline LLM), with its journal, chat memory and Telegram lanes: its threads, read from
+    /proc, and its memory per idle chat once they are done."""
+    from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+
+    with tempfile.TemporaryDirectory() as tmp, FakeTelegramServer() as telegram:
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
+        env.update({"AUTORESPONSE_TELEGRAM__TOKEN": TOKEN, "AUTORESPONSE_TELEGRAM__BASE_URL": telegram.base_url,
+                    "AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[7]", "AUTORESPONSE_TELEGRAM__POLL_TIMEOUT": "1",
+                    "AUTORESPONSE_CONSOLE__ENABLED": "false",
+                    "AUTORESPONSE_ADMIN__PORT": str(port), "AUTORESPONSE_DATA_DIR": tmp,
+                    "AUTORESPONSE_LOG_LEVEL": "WARNING"})
+        daemon = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_healthy(port, daemon)
+
+            def serve(first: int, count: int) -> float:
+                started = time.perf_counter()
+                for n in range(first, first + count):
+                    telegram.push_text("hello", chat_id=n, user_id=7)
+                until = time.monotonic() + 600
+                while len(telegram.sent()) < first + count - 1_000_000:
+                    if time.monotonic() > until:
+                        raise SystemExit(f"case 4: only {len(telegram.sent())} answered")
+                    time.sleep(0.2)
+                return time.perf_counter() - started
+
+            serve(1_000_000, warm_up)  # first-use allocations are not per-chat state
+            time.sleep(1.0)
+            before, threads_before = rss_kib(daemon.pid), threads_of(daemon.pid)
+            peak_threads = threads_before
+            seconds = 0.0
+            for start in range(0, chats, 1_000):  # waves: the peak is the chats, not one burst
+                seconds += serve(1_000_000 + warm_up + start, min(1_000, chats - start))
+                peak_threads = max(peak_threads, threads_of(daemon.pid))
+            time.sleep(1.0)
+            after = rss_kib(daemon.pid)
+        finally:
+            daemon.terminate()
+            daemon.wait(60)
+    per_chat = (after - before) / chats
+    return {"chats": chats, "threads": peak_threads, "rss_before_kib": before, "rss_after_kib": after,
+            "kib_per_idle_chat": round(per_chat, 3), "per_second": round(chats / seconds, 1),
+            "threads_met": peak_threads <= 64, "memory_met": per_chat <= 4}
+
+
+def _wait_healthy(port: int, daemon: subprocess.Popen[bytes]) -> None:
+    until = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return
+        except OSError:
+            if daemon.poll() is not None or time.monotonic() > until:
+                raise SystemExit("case 4: the daemon did not come up") from None
+            time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- 6. soak
+
+
+def soak(deliveries: int, every: int, retention: float = 5.0) -> dict[str, Any]:
+    """``deliveries`` through the journaled runtime, with a short retention so that the
+    journal's periodic compaction is in play: RSS and journal size every ``every``."""
+    samples = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "journal.sqlite3"
+        journal = SqliteJournal(path, retention_seconds=retention, compact_every=retention / 2)
+        tally = Tally(expected=deliveries, keep=False)  # a count: the harness must not grow either
+        runtime = pipeline(OfflineEngine(), tally, journal)
+        try:
+            started, done = time.perf_counter(), 0
+            while done < deliveries:
+                wave = min(every, deliveries - done)
+                for n in range(done, done + wave):
+                    runtime.accept("llm", request(n % 5_000, n), correlation_id=f"soak-{n}")
+                until = time.monotonic() + 300
+                while tally.count < done + wave:
+                    if time.monotonic() > until:
+                        raise SystemExit(f"soak: {tally.count} answered")
+                    time.sleep(0.05)
+                done += wave
+                gc.collect()
+                size = sum(p.stat().st_size for p in Path(tmp).glob("journal.sqlite3*"))
+                samples.append({"deliveries": done, "seconds": round(time.perf_counter() - started, 1),
+                                "rss_kib": rss_kib(), "journal_kib": size // 1024})
+        finally:
+            runtime.stop(drain=5)
+            journal.close()
+    middle = next(s for s in samples if s["deliveries"] >= deliveries // 2)
+    last = samples[-1]
+
+    def flat(key: str) -> bool:
+        return abs(last[key] - middle[key]) <= 0.1 * middle[key]
+
+    return {"deliveries": deliveries, "retention_s": retention, "samples": samples,
+            "rss_flat": flat("rss_kib"), "journal_flat": flat("journal_kib")}

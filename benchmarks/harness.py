@@ -1,7 +1,13 @@
-"""The pieces the benchmark cases share: a null sender, a pipeline, timing helpers."""
+"""The pieces the benchmark cases share: a null sender, the pipeline, timed runs.
+
+Every timed run lasts at least ``MIN_SECONDS`` (its size is calibrated first), is
+repeated, and the median is kept; CPU is counted with ``time.process_time`` over
+the whole process, so the work of every thread is in it.
+"""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -18,12 +24,18 @@ from autoresponse.actors.llm import LLMClient, LLMEngine
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, sender
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
+#: The shortest timed run; shorter ones measure noise.
+MIN_SECONDS = 2.0
+
 
 @dataclass
 class Tally:
     """What the null sender saw: when each correlation was answered, in order per chat."""
 
     expected: int
+    #: False: count the replies, keep nothing per reply (for long runs).
+    keep: bool = True
+    count: int = 0
     done: threading.Event = field(default_factory=threading.Event)
     answered: dict[str, float] = field(default_factory=dict)
     order: dict[Any, list[Any]] = field(default_factory=dict)
@@ -45,11 +57,13 @@ class NullSender(TypedActor):
             return
         self.ledger.confirm(message, 0)
         tally = self.tally
-        tally.answered[env.correlation_id] = time.perf_counter()
-        tally.order.setdefault(message.chat_id, []).append(message.reply_to_message_id)
+        tally.count += 1
+        if tally.keep:
+            tally.answered[env.correlation_id] = time.perf_counter()
+            tally.order.setdefault(message.chat_id, []).append(message.reply_to_message_id)
         if tally.on_answer is not None:
             tally.on_answer(message.chat_id)
-        if len(tally.answered) >= tally.expected:
+        if tally.count >= tally.expected:
             tally.done.set()
 
 
@@ -58,11 +72,17 @@ class Run:
     requests: int
     seconds: float
     latencies: list[float]
+    cpu_seconds: float = 0.0
     in_order: bool = True
 
     @property
     def rate(self) -> float:
         return self.requests / self.seconds
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU of the whole process per delivery, in microseconds."""
+        return 1e6 * self.cpu_seconds / self.requests
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -70,32 +90,50 @@ class Run:
 
     def summary(self) -> dict[str, float]:
         return {"requests": self.requests, "seconds": round(self.seconds, 3),
-                "per_second": round(self.rate, 1), "p50_ms": round(self.percentile(0.5) * 1000, 2),
-                "p99_ms": round(self.percentile(0.99) * 1000, 2)}
+                "per_second": round(self.rate, 1), "cpu_us_per_delivery": round(self.cpu_us, 1),
+                "p50_ms": round(self.percentile(0.5) * 1000, 2), "p99_ms": round(self.percentile(0.99) * 1000, 2)}
+
+
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda run: run.rate)[len(runs) // 2]
+
+
+def spread(runs: list[Run]) -> list[float]:
+    return sorted(round(run.rate, 1) for run in runs)
+
+
+def sized(one: Callable[[int], Run], *, seconds: float = MIN_SECONDS, probe: int = 500) -> int:
+    """How many requests make ``one`` last at least ``seconds``: a short probe run first."""
+    rate = one(probe).rate
+    return max(probe, int(rate * seconds * 1.25))
 
 
 def pipeline(engine: LLMEngine, tally: Tally, journal: SqliteJournal | None = None,
              capacity: int = 100_000) -> Runtime:
     """The delivery path of the runtime: LLM client, dispatcher, builder, a null sender."""
-    runtime = Runtime(mailbox_capacity=capacity).start()
+    runtime = Runtime(mailbox_capacity=capacity, max_open=1_000_000).start()
     runtime.journal = journal
     runtime.spawn(sender("console"), NullSender, tally, journal)
     runtime.spawn(DISPATCHER, ActionDispatcher)
-    runtime.spawn(LLM, LLMClient, engine)
+    runtime.spawn(LLM, LLMClient, engine, 256)
     runtime.spawn(BUILDER, AutoResponseBuilder)
     return runtime
 
 
+def request(chat: Any, round_: int, interface: str = "console") -> UserRequest:
+    return UserRequest(text=f"hello {round_}", context=OriginalContext(
+        chat_id=chat, message_id=round_, interface_name=interface))
+
+
 def drive(runtime: Runtime, tally: Tally, chats: int, per_chat: int, *, journaled: bool = False,
-          in_turn: bool = False, timeout: float = 300.0) -> Run:
+          in_turn: bool = False, timeout: float = 600.0) -> Run:
     """Send ``per_chat`` requests to each of ``chats`` chats and wait for every reply: all at
     once, or ``in_turn``, where each chat sends its next request once its reply is in."""
     sent_at: dict[str, float] = {}
     lock = threading.Lock()
 
     def send(chat: int, round_: int) -> None:
-        ctx = OriginalContext(chat_id=chat, message_id=round_, interface_name="console")
-        body = UserRequest(text=f"hello {round_}", context=ctx)
+        body = request(chat, round_)
         if journaled:
             # Accepted concurrently, as interfaces do; the journal group-commits them.
             correlation = f"bench-{round_}-{chat}"
@@ -115,21 +153,53 @@ def drive(runtime: Runtime, tally: Tally, chats: int, per_chat: int, *, journale
                 send(chat, rounds_sent[chat] - 1)
 
         tally.on_answer = next_request
-    started = time.perf_counter()
+    cpu, started = time.process_time(), time.perf_counter()
     for round_ in range(1 if in_turn else per_chat):
         for chat in range(chats):
             send(chat, round_)
     if not tally.done.wait(timeout):
         raise SystemExit(f"only {len(tally.answered)} of {tally.expected} answered in {timeout}s")
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     latencies = [tally.answered[c] - t for c, t in sent_at.items() if c in tally.answered]
     in_order = all(order == sorted(order) for order in tally.order.values())
-    return Run(len(sent_at), elapsed, latencies, in_order)
+    return Run(len(sent_at), elapsed, latencies, cpu, in_order)
 
 
-def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float) -> Run:
+    """Latency at a fixed offered load: ``rate`` requests a second, evenly spaced, for
+    ``seconds``; each one's time from its send to its reply (not a burst's queue)."""
+    count = int(rate * seconds)
+    sent_at: dict[str, float] = {}
+    gap = 1.0 / rate
+    cpu, started = time.process_time(), time.perf_counter()
+    for n in range(count):
+        due = started + n * gap
+        while (now := time.perf_counter()) < due:
+            time.sleep(min(due - now, 0.001))
+        envelope = runtime.send(LLM, request(n, 1))
+        assert envelope is not None
+        sent_at[envelope.correlation_id] = time.perf_counter()
+    if not tally.done.wait(60):
+        raise SystemExit(f"offered load: only {len(tally.answered)} of {count} answered")
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return Run(count, elapsed, [tally.answered[c] - t for c, t in sent_at.items()], cpu)
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    return _status_field(pid, "VmRSS")
+
+
+def threads_of(pid: int | str = "self") -> int:
+    return _status_field(pid, "Threads")
+
+
+def _status_field(pid: int | str, name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{name}:"):
             return int(line.split()[1])
     return 0
 
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2)}

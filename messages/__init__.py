@@ -21,6 +21,7 @@ from autoresponse.messages.actions import (
     message_action_for,
     parse_action,
     register_action,
+    registry_generation,
     unregister_action,
 )
 from autoresponse.messages.context import (
@@ -85,6 +86,7 @@ __all__ = [
     "parse_action",
     "register_action",
     "register_interface",
+    "registry_generation",
     "unregister_action",
     "unregister_interface",
 ]

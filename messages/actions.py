@@ -132,6 +132,11 @@ def unregister_action(model: type[BaseAction]) -> None:
             _registry.generation += 1
 
 
+def registry_generation() -> int:
+    """Changes whenever an action type is registered or removed (for caches of the set)."""
+    return _registry.generation
+
+
 def action_models() -> tuple[type[BaseAction], ...]:
     """Every registered action model, in registration order."""
     with _registry.lock:
@@ -165,7 +170,9 @@ def parse_action(raw: Any) -> BaseAction:
 
 
 def action_key(action: BaseAction) -> str:
-    """A stable key of what an action does, to recognise it when an LLM repeats it."""
-    canonical = action.model_dump_json()
+    """A stable key of what an action does, to recognise it when an LLM repeats it: a
+    hash of its type and its payload's fields (the same model builds them in the same
+    order), with no serialisation on the way."""
+    canonical = f"{action.type}\0{action.payload.__dict__!r}"
     return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 

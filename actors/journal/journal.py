@@ -30,7 +30,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from autoresponse.actors.limits import DEAD_LETTERS_KEPT
+from autoresponse.actors.limits import (
+    DEAD_LETTER_RETENTION_SECONDS,
+    DEAD_LETTERS_KEPT,
+    JOURNAL_COMPACT_SECONDS,
+)
 from autoresponse.messages import Envelope, OutboundMessage
 
 log = logging.getLogger("autoresponse.actors.journal")
@@ -104,18 +108,27 @@ _Op = tuple[str, Sequence[Any], concurrent.futures.Future[bool]]
 
 
 class SqliteJournal:
-    def __init__(self, path: Path) -> None:
+    """The journal in one SQLite file. With ``retention_seconds``, its writer thread also
+    compacts it every ``compact_every`` seconds while it runs, so a long-running daemon's
+    file stops growing once the retention has passed (freed pages are reused)."""
+
+    def __init__(self, path: Path, *, retention_seconds: float | None = None,
+                 compact_every: float = JOURNAL_COMPACT_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
+        self.retention_seconds = retention_seconds
+        self.compact_every = compact_every
+        self._compacted = time.monotonic()
         self._pending: list[_Op] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -160,6 +173,14 @@ class SqliteJournal:
                 continue
             for (_, _, done), did in zip(batch, changed, strict=True):
                 done.set_result(did)
+            if self.retention_seconds is not None and time.monotonic() - self._compacted >= self.compact_every:
+                self._compacted = time.monotonic()
+                try:
+                    now = time.time()
+                    self.compact(now - self.retention_seconds,
+                                 dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
+                except sqlite3.Error as exc:
+                    log.warning("journal compaction failed: %s", exc)
 
     def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]:
         """Record the message that starts a correlation; resolves once committed, with

@@ -85,10 +85,12 @@ class OfflineEngine:
     async def complete(self, messages: list[dict[str, str]]) -> str:
         system = messages[0]["content"] if messages else ""
         last = messages[-1]["content"] if messages else ""
-        try:
-            data = json.loads(last)
-        except ValueError:
-            data = None
+        data = None
+        if last.startswith('{"system_message"'):  # a delivery turn; a chat turn is never parsed
+            try:
+                data = json.loads(last)
+            except ValueError:
+                data = None
         if isinstance(data, dict) and isinstance(data.get("system_message"), dict):
             actions = self._deliver(data["system_message"])
         else:

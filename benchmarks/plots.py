@@ -1,0 +1,73 @@
+"""A plot per benchmark case, next to the results file (matplotlib, when installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def draw(f: dict[str, Any], into: Path) -> list[Path]:
+    """Every plot the results allow; the paths written (none without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    drawn = []
+    for name, plot in (("in_process", _in_process), ("loopback_http", _loopback), ("latency_bound", _latency),
+                       ("soak", _soak)):
+        if name in f:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            plot(ax, f[name])
+            ax.grid(True, which="both", alpha=0.3)
+            fig.tight_layout()
+            path = into / f"{name}.png"
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            drawn.append(path)
+    return drawn
+
+
+def _bars(ax: Any, names: list[str], values: list[float], ylabel: str, title: str) -> None:
+    ax.bar(names, values)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelrotation=10)
+
+
+def _in_process(ax: Any, c: dict[str, Any]) -> None:
+    runs = c["runs"]
+    _bars(ax, list(runs), [r["per_second"] for r in runs.values()], "deliveries per second",
+          "Case 1 and 5: in process, median of the runs")
+
+
+def _loopback(ax: Any, c: dict[str, Any]) -> None:
+    runs = c["runs"]
+    _bars(ax, list(runs), [r["per_second"] for r in runs.values()], "deliveries per second",
+          f"Case 2: loopback HTTP, {c['concurrency']} in flight")
+
+
+def _latency(ax: Any, c: dict[str, Any]) -> None:
+    points = c["points"]
+    chats = [p["chats"] for p in points]
+    ax.plot(chats, [p["per_second"] for p in points], "o-", label="autoresponse")
+    ax.plot(chats, [p["target"] for p in points], "--", label="target: 0.9 × min(chats, in flight) / latency")
+    ax.plot(chats, [p["one_at_a_time"] for p in points], ":", label="one at a time")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("chats in parallel")
+    ax.set_ylabel("deliveries per second")
+    ax.set_title(f"Case 3: LLM latency {c['latency_s']} s, {c['max_in_flight']} calls in flight")
+    ax.legend()
+
+
+def _soak(ax: Any, c: dict[str, Any]) -> None:
+    samples = c["samples"]
+    done = [s["deliveries"] for s in samples]
+    ax.plot(done, [s["rss_kib"] / 1024 for s in samples], "o-", label="RSS, MiB")
+    ax.plot(done, [s["journal_kib"] / 1024 for s in samples], "s-", label="journal, MiB")
+    ax.set_xlabel("deliveries")
+    ax.set_title(f"Case 6: soak, journal retention {c['retention_s']:g} s")
+    ax.legend()

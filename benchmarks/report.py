@@ -1,0 +1,114 @@
+"""The benchmark table, from the results file: for the terminal, and for the README.
+
+``python -m benchmarks.report`` rewrites the README's table (between its
+``bench:start`` and ``bench:end`` markers) from ``benchmarks/results/latest.json``;
+``make bench`` does it after every full run. Nothing in it is typed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+README = Path(__file__).parent.parent / "README.md"
+RESULTS = Path(__file__).parent / "results" / "latest.json"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(case, figure, target and verdict) for every case in the results."""
+    out: list[tuple[str, str, str]] = []
+    if "in_process" in f:
+        c = f["in_process"]
+        runs = c["runs"]
+        ratio, cpu = c["runtime_vs_same_work"], c["cpu_us_per_delivery"]
+        out.append(("1. in process, offline engine: the runtime against raw pykka doing the same work",
+                    f"{runs['runtime']['per_second']:,.0f} vs {runs['raw pykka, same work']['per_second']:,.0f} "
+                    f"deliveries/s: **{ratio:.2f}**",
+                    f"≥ 1.2: {_verdict(ratio >= 1.2)}"))
+        out.append(("1. the same, against raw pykka passing tuples (the substrate's floor)",
+                    f"{runs['raw pykka, tuples']['per_second']:,.0f}/s: **{c['runtime_vs_tuples']:.2f}**",
+                    "(reported)"))
+        out.append(("1. CPU per delivery, whole process",
+                    f"**{cpu:.0f} µs** (raw pykka, same work: {runs['raw pykka, same work']['cpu_us_per_delivery']:.0f} µs)",
+                    f"≤ 80 µs: {_verdict(cpu <= 80)}"))
+        load = c["offered_load"]
+        out.append(("1. latency at a steady half of the peak",
+                    f"{load['per_second']:,.0f}/s offered: p50 {load['p50_ms']} ms, p99 {load['p99_ms']} ms",
+                    "(reported)"))
+        out.append(("5. case 1 with the journal on",
+                    f"{runs['runtime + journal']['per_second']:,.0f}/s: **{c['journal_vs_none']:.2f}** of the figure without it",
+                    "(reported)"))
+    if "loopback_http" in f:
+        c = f["loopback_http"]
+        runs = c["runs"]
+        ratio = c["runtime_vs_ceiling"]
+        out.append(("2. loopback HTTP: LLM client + Telegram sender (PTB on aiohttp), against plain aiohttp",
+                    f"{runs['runtime']['per_second']:,.0f} vs {runs['plain aiohttp ceiling']['per_second']:,.0f}/s: "
+                    f"**{ratio:.2f}** of the ceiling; a hand-written client on PTB's defaults: "
+                    f"{runs['asyncio + PTB defaults']['per_second']:,.0f}/s",
+                    f"≥ 0.5 (stretch 0.8): {_verdict(ratio >= 0.5)}"))
+        out.append(("2. client CPU per delivery",
+                    " / ".join(f"{name}: {r['client_cpu_ms_per_delivery']:.2f} ms" for name, r in runs.items()),
+                    "(reported)"))
+    if "latency_bound" in f:
+        c = f["latency_bound"]
+        points = c["points"]
+        met = all(p["met"] for p in points)
+        ordered = all(p["order_kept"] for p in points)
+        figures = ", ".join(f"{p['per_second']:g}" for p in points)
+        chats = ", ".join(str(p["chats"]) for p in points)
+        out.append((f"3. LLM latency {c['latency_s']} s, {c['max_in_flight']} calls in flight, each chat in turn",
+                    f"{figures}/s at {chats} chats; per-chat order {'kept' if ordered else 'NOT kept'}",
+                    f"0.9 × min(chats, {c['max_in_flight']}) / latency: {_verdict(met)} at every level"
+                    if met else "missed at some levels"))
+    if "scale" in f:
+        c = f["scale"]
+        out.append((f"4. a real daemon, {c['chats']:,} Telegram chats each served once, then idle",
+                    f"{c['threads']} threads, {c['kib_per_idle_chat']:.2f} KiB per idle chat",
+                    f"≤ 64 threads, ≤ 4 KiB: {_verdict(c['threads_met'] and c['memory_met'])}"))
+    if "soak" in f:
+        c = f["soak"]
+        half = next(s for s in c["samples"] if s["deliveries"] >= c["deliveries"] // 2)
+        last = c["samples"][-1]
+        out.append((f"6. soak: {c['deliveries']:,} deliveries, journal retention {c['retention_s']:g} s",
+                    f"RSS {half['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB, journal "
+                    f"{half['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB from "
+                    f"{half['deliveries']:,} to {last['deliveries']:,}",
+                    f"flat ±10%: {_verdict(c['rss_flat'] and c['journal_flat'])}"))
+    return out
+
+
+def table(f: dict[str, Any]) -> Table:
+    view = Table(title=f"delivery throughput ({f['machine']}, {f['date']})")
+    for column in ("case", "figure", "target"):
+        view.add_column(column)
+    for case, figure, target in rows(f):
+        view.add_row(case, figure.replace("**", ""), target.replace("**", ""))
+    return view
+
+
+def markdown(f: dict[str, Any]) -> str:
+    lines = [f"Measured on {f['machine']}, {f['date']} (`make bench`, {f['seconds'] / 60:.0f} minutes):", "",
+             "| case | figure | target |", "|---|---|---|"]
+    lines += [f"| {case} | {figure} | {target} |" for case, figure, target in rows(f)]
+    return "\n".join(lines)
+
+
+def update_readme(f: dict[str, Any], readme: Path = README) -> None:
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{markdown(f)}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    update_readme(json.loads(RESULTS.read_text()))
+    print(f"{README} updated from {RESULTS}")
