@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench wheel-check clean
 
+# The status page's browser tests drive Debian's Chromium through Playwright (whose own
+# browser download is never used).
+CHROMIUM := /usr/bin/chromium
+
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -15,8 +19,12 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/autoresponse demo
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest
+
+$(CHROMIUM):
+	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+	$$sudo apt-get update && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends chromium
 
 # Build the wheel, install it into a fresh venv, import every module from it: an editable
 # install would hide a package missing from setup.cfg's hand-written list.

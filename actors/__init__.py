@@ -9,7 +9,7 @@ from autoresponse.actors.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.deadletters import DeadLetter, DeadLetterOffice
 from autoresponse.actors.inflight import InFlight
-from autoresponse.actors.intake import Intake, IntakeFull
+from autoresponse.actors.intake import Intake, IntakeFull, Unstorable
 from autoresponse.actors.probe import Probe, ProbeTimeout
 from autoresponse.actors.runtime import Runtime
 
@@ -22,6 +22,7 @@ __all__ = [
     "IoTask",
     "Intake",
     "IntakeFull",
+    "Unstorable",
     "Mailbox",
     "MailboxClosed",
     "OverflowPolicy",

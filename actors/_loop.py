@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,7 +22,7 @@ class IoTask:
     """A coroutine on the loop. ``on_done(task)`` runs in the loop thread when it ends,
     unless it was cancelled before it started. Read ``outcome()`` there."""
 
-    __slots__ = ("_coro", "_on_done", "_task", "_cancelled", "_loop")
+    __slots__ = ("_coro", "_on_done", "_task", "_cancelled", "_loop", "_context")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], on_done: Callable[[IoTask], None] | None,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -30,12 +31,15 @@ class IoTask:
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False
         self._loop = loop
+        # The submitter's context variables (the correlation being handled, for logs)
+        # follow the coroutine onto the loop.
+        self._context = contextvars.copy_context()
 
     def _start(self) -> None:
         if self._cancelled:
             self._coro.close()
             return
-        self._task = self._loop.create_task(self._coro)
+        self._task = self._loop.create_task(self._coro, context=self._context)
         if self._on_done is not None:
             self._task.add_done_callback(self._finished)
 

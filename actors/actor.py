@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import threading
 import types
 import typing
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()
+
+#: The correlation of the message being handled in this thread (and in the I/O it started),
+#: for log lines: ``logging`` filters read it (see ``autoresponse.logs``).
+current_correlation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "current_correlation", default=None)
 
 
 def handles(fn: Handler) -> Handler:
@@ -274,16 +280,23 @@ class TypedActor(pykka.ThreadingActor):
             held, self._held = list(self._held.values()), {}
         for task in owned:
             task.cancel()
-        work = [c for c in owned.values() if isinstance(c, Envelope)] + held
-        for cause in reversed(work):  # each keeps the in-flight count its task or hold took
+        work: dict[str, Envelope] = {}
+        for cause in [c for c in owned.values() if isinstance(c, Envelope)] + held:
+            if cause.message_id in work:  # the cause of two tasks, or of a task and a hold:
+                self.runtime.inflight.done(cause.correlation_id)  # handled again once, so counted once
+            else:
+                work[cause.message_id] = cause
+        for cause in reversed(work.values()):  # each keeps the in-flight count its task or hold took
             self.runtime.requeue(self.cell, cause)
 
     def hold(self, env: Envelope) -> None:
         """Put ``env`` aside to handle later (Akka's stash): it stays work in flight, and
         if this incarnation ends first it goes back to the mailbox for the next one."""
-        self.runtime.inflight.add(env.correlation_id)
         with self._owned_lock:
+            if env.message_id in self._held:
+                return  # already aside (handled again after a restart): counted once
             self._held[env.message_id] = env
+        self.runtime.inflight.add(env.correlation_id)
 
     def release(self, env: Envelope) -> None:
         """``env`` put aside with ``hold`` is dealt with (call it after sending on what it caused)."""
@@ -335,13 +348,24 @@ class TypedActor(pykka.ThreadingActor):
             runtime.dead_letter(env, "no handler", actor=self.name,
                                 detail=f"{type(self).__name__} does not handle {type(body).__name__}")
             return
+        token = current_correlation.set(env.correlation_id)
+        tracer = runtime.tracer
+        if tracer is not None:
+            kind = type(body).__name__
+            tracer.started(env, kind)
         try:
             if runtime.fault is not None:
                 runtime.fault(self.name, env)
             handler(self, body, env)
         except BaseException:
             self._failing = env  # on_failure reports it; it stays in flight until then
+            if tracer is not None:
+                tracer.ended(env, kind, "crash")
             raise
+        finally:
+            current_correlation.reset(token)
+        if tracer is not None:
+            tracer.ended(env, kind, "handled")
         self.cell.processed += 1
         runtime.inflight.done(env.correlation_id)
 
@@ -360,6 +384,8 @@ class TypedActor(pykka.ThreadingActor):
             self.runtime.inflight.done(env.correlation_id)
         else:
             # The result is handled as part of `cause`, which is still in flight.
+            if self.runtime.tracer is not None:
+                self.runtime.tracer.queued(env, self.name, type(result).__name__)
             self._handle(result, env)
 
     def on_failure(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

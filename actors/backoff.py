@@ -69,3 +69,9 @@ class Backoff:
         """It worked: the next failure starts from ``min`` again."""
         self._consecutive = 0
         self._last = None
+
+
+#: A platform's API refused or dropped a send: wait 1 s, doubling, at most 30 s.
+SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
+#: A platform's polling failed: wait 1 s, doubling, at most 5 minutes.
+POLL_BACKOFF = BackoffPolicy(min=1.0, max=300.0, jitter=0.1)

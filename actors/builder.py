@@ -5,6 +5,8 @@ a system message for the LLM, after the chat's memory. The outputs of the
 commands of one LLM reply are gathered into ONE delivery turn (one reply): it
 waits for all of them up to ``batch_wait`` seconds, then delivers what is done
 and says what is still running (whatever finishes later comes in a turn of its own).
+A crash loses no output and repeats none: the outputs it held go back to its mailbox
+and are gathered again, within the same wait (see ``_BatchBook``).
 
 From a thread, or awaited from a coroutine (the seed's interfaces do the latter)::
 
@@ -17,9 +19,12 @@ From a thread, or awaited from a coroutine (the seed's interfaces do the latter)
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,8 +45,11 @@ from autoresponse.messages import (
     SystemMessage,
 )
 
-#: Batches whose wait ran out, remembered so that their late outputs go out on their own.
-_LATE_KEPT = 1_000
+if TYPE_CHECKING:
+    from autoresponse.actors.cell import Cell
+
+#: Batches remembered (whose wait ran out, or that are gathering), the oldest forgotten first.
+_BATCHES_KEPT = 1_000
 
 
 class BatchDue(BaseModel):
@@ -52,10 +60,58 @@ class BatchDue(BaseModel):
     key: str
 
 
+class _BatchBook:
+    """What a builder knows of its batches that a crash must not make it forget: when
+    each batch's wait ends, and which batches' wait ran out (their outputs were delivered
+    as they were). A restarted builder gathers a batch again from the outputs put back in
+    its mailbox; without this it would wait the full time again, and take the late output
+    of a batch already delivered for a new batch, calling the delivered ones still running.
+
+    Only facts are written here, each once it is true, so the state of a crashed
+    incarnation is never trusted; one book per cell (name and mailbox), bounded.
+    """
+
+    __slots__ = ("deadlines", "late")
+
+    def __init__(self) -> None:
+        self.deadlines: OrderedDict[str, float] = OrderedDict()  # key → time.monotonic() its wait ends
+        self.late: OrderedDict[str, None] = OrderedDict()
+
+    def deadline(self, key: str, wait: float) -> float:
+        """When the wait for ``key`` ends: set by the first output seen, kept across crashes."""
+        if key not in self.deadlines:
+            self.deadlines[key] = time.monotonic() + wait
+            _trim(self.deadlines)
+        return self.deadlines[key]
+
+    def ended(self, key: str, *, timed_out: bool) -> None:
+        self.deadlines.pop(key, None)
+        if timed_out:
+            self.late[key] = None
+            _trim(self.late)
+
+
+def _trim(kept: OrderedDict[str, Any]) -> None:
+    while len(kept) > _BATCHES_KEPT:
+        kept.popitem(last=False)
+
+
+_books: WeakKeyDictionary[Cell, _BatchBook] = WeakKeyDictionary()
+_books_lock = threading.Lock()  # builders of several runtimes in one process
+
+
+def _book_of(cell: Cell) -> _BatchBook:
+    with _books_lock:
+        book = _books.get(cell)
+        if book is None:
+            book = _books[cell] = _BatchBook()
+        return book
+
+
 class _Gathering:
     """The outputs of one batch so far, and the envelopes they came in (held)."""
 
-    __slots__ = ("commands", "results", "held", "timer")
+    __slots__ = ("commands", "held", "results", "timer")
 
     def __init__(self, commands: tuple[str, ...]) -> None:
         self.commands = commands
@@ -75,21 +131,28 @@ class AutoResponseBuilder(TypedActor):
         #: Command action types a reminder's turn may use besides replying.
         self.autonomous = tuple(autonomous)
         self._gathering: dict[str, _Gathering] = {}
-        self._late: OrderedDict[str, None] = OrderedDict()
+        self._book = _book_of(self.cell)
 
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
         batch = output.batch
-        if batch is None or batch.key in self._late:
+        if batch is None or batch.key in self._book.late:
             self._deliver_output(output.original_context, output.results, env)
             return
         gathering = self._gathering.get(batch.key)
         if gathering is None:
             gathering = self._gathering[batch.key] = _Gathering(batch.commands)
-            gathering.timer = self.schedule(self.batch_wait, BatchDue(key=batch.key), cause=env)
+            # The timer has no cause: the held outputs are the batch's work in flight, and a
+            # crash puts them back. An output as its cause too would come back twice, be
+            # held twice, and keep its correlation in flight for ever.
+            left = self._book.deadline(batch.key, self.batch_wait) - time.monotonic()
+            gathering.timer = self.schedule(max(left, 0.0), BatchDue(key=batch.key))
         gathering.results[batch.index] = output.results
-        self.hold(env)
-        gathering.held.append(env)
+        if all(held.message_id != env.message_id for held in gathering.held):
+            # The same output again (a crash in its own handler puts it back both as held
+            # and as the message it was handling): it is held once, released once.
+            self.hold(env)
+            gathering.held.append(env)
         if len(gathering.results) >= len(gathering.commands):
             self._complete(batch.key, output.original_context)
 
@@ -102,10 +165,8 @@ class AutoResponseBuilder(TypedActor):
     def _complete(self, key: str, ctx: OriginalContext, *, timed_out: bool = False) -> None:
         gathering = self._gathering.pop(key)
         results = [r for index in sorted(gathering.results) for r in gathering.results[index]]
+        self._book.ended(key, timed_out=timed_out)
         if timed_out:
-            self._late[key] = None
-            while len(self._late) > _LATE_KEPT:
-                self._late.popitem(last=False)
             running = [c for n, c in enumerate(gathering.commands) if n not in gathering.results]
             results.append(ActionResult(action_type="note", output=(
                 f"still running after {self.batch_wait:g}s: {', '.join(running)}; "

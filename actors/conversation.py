@@ -12,7 +12,11 @@ conversation:
   (people split one thought over several quick messages);
 * gives each turn the chat's memory (``memory.ConversationStore``): its recent
   messages, replies and action records, and remembers the new message, and each
-  reply once its sender confirms it; a user's ``/forget`` clears it.
+  reply once its sender confirms it;
+* takes a user's ``/forget`` as a turn of its own, in the chat's order: it clears
+  the memory once the turns before it have finished (their replies remembered), so
+  "forgotten" leaves nothing of what came before it. Messages that came before it
+  are answered first, never merged with what came after it.
 
 Per-chat state is data in a handful of actors, not an actor per chat.
 """
@@ -50,6 +54,10 @@ def chat_of(message: Any, env: Envelope) -> str:
     return env.correlation_id
 
 
+def is_forget(request: UserRequest) -> bool:
+    return bool(_FORGET.match(request.text.strip()))
+
+
 def merged(requests: list[UserRequest]) -> UserRequest:
     """Several messages of one chat as one request: their texts in order, one per line,
     in the context of the last (the reply threads to it)."""
@@ -72,28 +80,43 @@ class ConversationActor(TypedActor):
     @handles
     def on_request(self, request: UserRequest, env: Envelope) -> None:
         chat = request.context.chat_key
-        if _FORGET.match(request.text.strip()):
-            self._forget(chat, request, env)
-            return
         if chat in self._running:
+            # A /forget waits too: run now, it would clear the memory before the turns
+            # ahead of it wrote their messages and replies.
             self.hold(env)
             self._waiting.setdefault(chat, deque()).append(env)
             return
-        self._begin(chat, [env])
+        self._start(chat, [env])
 
     @handles
     def on_turn_ended(self, ended: TurnEnded, env: Envelope) -> None:
         self._running.pop(ended.chat, None)
-        waiting = self._waiting.pop(ended.chat, None)
-        if waiting:
-            self._begin(ended.chat, list(waiting))
-            for held in waiting:
-                self.release(held)
+        waiting = self._waiting.get(ended.chat)
+        if not waiting:
+            self._waiting.pop(ended.chat, None)
+            return
+        # The next turn: a /forget alone, or the messages up to the next /forget together.
+        turn = [waiting.popleft()]
+        if not is_forget(turn[0].body):
+            while waiting and not is_forget(waiting[0].body):
+                turn.append(waiting.popleft())
+        if not waiting:
+            del self._waiting[ended.chat]
+        self._start(ended.chat, turn)
+        for held in turn:
+            self.release(held)
 
     @handles
     def on_reply_delivered(self, delivered: ReplyDelivered, env: Envelope) -> None:
         if self.store is not None:
             self.store.append(delivered.context.chat_key, "assistant", delivered.text, kind="reply")
+
+    def _start(self, chat: str, envelopes: list[Envelope]) -> None:
+        """Start the chat's next turn: a /forget, or the requests in ``envelopes``."""
+        if is_forget(envelopes[0].body):
+            self._forget(chat, envelopes[0])
+        else:
+            self._begin(chat, envelopes)
 
     def _begin(self, chat: str, envelopes: list[Envelope]) -> None:
         """Start one turn for the requests in ``envelopes`` (their last one carries it)."""
@@ -108,8 +131,12 @@ class ConversationActor(TypedActor):
         self.runtime.when_finished(cause.correlation_id, self.name, TurnEnded(chat=chat))
         self.send(LLM, request, cause=cause)
 
-    def _forget(self, chat: str, request: UserRequest, env: Envelope) -> None:
+    def _forget(self, chat: str, env: Envelope) -> None:
+        """Clear the chat's memory; its answer is a turn, so what comes after waits for it."""
+        request: UserRequest = env.body
         if self.store is not None:
             self.store.forget(chat)
+        self._running[chat] = env.correlation_id
+        self.runtime.when_finished(env.correlation_id, self.name, TurnEnded(chat=chat))
         self.send(sender(request.context.interface_name),
                   OutboundMessage.reply(request.context, FORGOTTEN, notice=True), cause=env)

@@ -91,6 +91,8 @@ class DeadLetterOffice:
         self._ids = itertools.count(1)
         #: Applied to every detail and error text (configured secrets must never show).
         self.redact = redact
+        #: Told of every letter as it is posted (the runtime's trace: where a request died).
+        self.observer: Callable[[Envelope, str, str | None], None] | None = None
         if store is not None:
             self.attach(store)
 
@@ -121,6 +123,8 @@ class DeadLetterOffice:
             store = self._store
         if store is not None:
             store.record_dead_letter(letter.summary())
+        if self.observer is not None:
+            self.observer(envelope, reason, actor)
         log.warning(
             "dead letter #%d at %s: %s%s (correlation %s, %s)",
             letter.id, actor or "-", reason, f": {letter.detail}" if letter.detail else "",

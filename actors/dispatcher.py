@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from difflib import SequenceMatcher
 
 from autoresponse.actors.actor import TypedActor, handles
 from autoresponse.actors.extractor import extract_actions, rejection
-from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
+from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.receipts import settle_receipt
-from autoresponse.actors.routes import route_of
+from autoresponse.actors.routes import route_of, sender
+from autoresponse.actors.streaming import withdrawal
 from autoresponse.messages import (
     ActionRequest,
     BaseAction,
@@ -42,6 +44,16 @@ def turn_key(correlation_id: str, prompt: PromptRequest) -> str:
     digest = hashlib.sha256(subject.encode()).hexdigest()[:12]
     return f"{correlation_id}:{prompt.mode}:{prompt.reask}:{digest}"
 
+
+def message_key(turn: str, index: int) -> str:
+    """The key of the message sent by a turn's ``index``-th action (a streamed reply is
+    previewed under its first action's key, then replaced by it)."""
+    return f"{turn}:{index}"
+
+
+#: A chat id as the LLM may give it: ASCII digits, maybe negative ("²" and "٣" are
+#: digits to str.isdigit, and no chat's id).
+_CHAT_ID = re.compile(r"-?[0-9]+")
 
 #: Two messages to one chat whose texts are at least this similar (difflib's ratio, after
 #: folding case and spaces) say the same thing: a re-ask does not send the second.
@@ -88,6 +100,8 @@ class ActionDispatcher(TypedActor):
         found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
                                 may_stay_silent=prompt.may_stay_silent)
         if not found.actions and not found.errors:  # a turn that may stay silent did
+            if reply.previewed:
+                self._withdraw(prompt.original_context, turn_key(env.correlation_id, prompt), env)
             settle_receipt(self, prompt.original_context, env, ok=True, detail="nothing to say")
             return
         errors = list(found.errors)
@@ -98,13 +112,16 @@ class ActionDispatcher(TypedActor):
         fresh = [(a, key) for a, key in keyed if key not in prompt.carried_out]
         commands = tuple(describe(a) for a, _ in fresh if a.kind != "message")
         run = 0  # commands sent so far: each one's place in the batch
+        ctx = prompt.original_context
+        replaced_preview = False
         for index, (action, key) in enumerate(fresh):
             problem = action.check(prompt.original_context)
             if problem:
                 errors.append(problem)
                 continue
             if action.kind == "message":
-                problem = self._message(action, prompt, env, f"{turn}:{index}", sent)
+                problem = self._message(action, prompt, env, message_key(turn, index), sent)
+                replaced_preview |= index == 0 and not problem and str(action.payload.target or ctx.chat_id) == str(ctx.chat_id)
             else:
                 batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
                 self.send(route_of(action), ActionRequest(action=action, context=prompt.original_context,
@@ -115,11 +132,17 @@ class ActionDispatcher(TypedActor):
                 errors.append(problem)
             else:
                 carried_out.append(key)
+        if reply.previewed and not replaced_preview:
+            self._withdraw(ctx, turn, env)
         if errors:
             message = rejection(prompt, reply.text, errors)
             self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),
                                         sent=tuple(sent)),
                               cause=env, detail="; ".join(message.errors))
+
+    def _withdraw(self, ctx: OriginalContext, turn: str, env: Envelope) -> None:
+        """The chat saw this turn's reply grow, but its first action is not that reply."""
+        self.send(sender(ctx.interface_name), withdrawal(ctx, message_key(turn, 0)), cause=env)
 
     def _message(self, action: BaseAction, prompt: PromptRequest, env: Envelope, key: str,
                  sent: list[tuple[str, str]]) -> str:
@@ -148,15 +171,19 @@ class ActionDispatcher(TypedActor):
     def _resolve(self, action: BaseAction, ctx: OriginalContext, target: ChatId) -> tuple[ChatId, str]:
         """A chat named by id stays as it is; one named by title or @username is looked up
         among the chats this daemon has seen on the same interface."""
-        if isinstance(target, int) or str(target).lstrip("-").isdigit() or self.store is None:
+        if isinstance(target, int) or _CHAT_ID.fullmatch(str(target)) or self.store is None:
             return target, ""
+        if not str(target).strip().lstrip("@").strip():
+            return target, f"{action.type}: \"target\" names no chat; give a chat's id, title or @username"
         found = self.store.find_chats(ctx.interface_name, str(target))
         if len(found) == 1:
             chat_id = found[0].chat_id
-            return (int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id), ""
+            return (int(chat_id) if _CHAT_ID.fullmatch(chat_id) else chat_id), ""
         if not found:
             return target, (f"{action.type}: no chat named {target!r} is known on {ctx.interface_name}; "
                             "give the chat's id, or a title or @username this bot has seen")
-        candidates = "; ".join(c.describe() for c in found)
+        candidates = "; ".join(c.describe() for c in found[:CHAT_CANDIDATES_SHOWN])
+        if len(found) > CHAT_CANDIDATES_SHOWN:
+            candidates += f"; and {len(found) - CHAT_CANDIDATES_SHOWN} more (name it more exactly)"
         return target, (f"{action.type}: the chat name {target!r} is ambiguous: it could be {candidates}. "
                         "Send the message again with the chosen chat's id as \"target\"")

@@ -1,6 +1,8 @@
-"""What every inbound interface does with a message it has read: hand it to its
-conversation, or answer a stranger as the platform's settings say.
+"""What every inbound interface does with a message it has read: accept it durably
+(``accept_input``), then hand it to its conversation, or answer a stranger as the
+platform's settings say.
 
+>>> await accept_input(self, update, f"telegram-{update_id}")     # doctest: +SKIP
 >>> take_request(self, text, context, env, allowed=user in allowlist,
 ...              policy=self.settings)                              # doctest: +SKIP
 
@@ -18,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from autoresponse.actors.actor import TypedActor
+from autoresponse.actors.intake import Unstorable
 from autoresponse.actors.routes import CONVERSATIONS, sender
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
@@ -50,3 +53,20 @@ def take_request(actor: TypedActor, text: str, context: OriginalContext, env: En
                        OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
         return
     actor.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)
+
+
+async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) -> bool:
+    """Accept one input of ``actor``'s platform durably, on the loop, waiting while the
+    runtime is full; True once it is (acknowledge it upstream then). One correlation
+    per input: seen again after a crash, it is recognised.
+
+    An input that cannot be stored (not valid Unicode) is malformed: a dead letter
+    with the reason, and False; acknowledge it too, or it comes back forever.
+    """
+    try:
+        await actor.runtime.intake.accept_async(actor.name, item, correlation_id)
+    except Unstorable as exc:
+        log.warning("a malformed input to %s was skipped (%s)", actor.name, exc)
+        actor.runtime.dead_letters.post(Envelope.new(item), "malformed input", actor=actor.name, detail=str(exc))
+        return False
+    return True

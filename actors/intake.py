@@ -41,6 +41,11 @@ class IntakeFull(Exception):
         self.retry_after = retry_after
 
 
+class Unstorable(ValueError):
+    """A message that cannot be journaled (text that is not valid Unicode, such as a
+    lone surrogate from a JSON escape): refused at the door, as malformed input."""
+
+
 class Intake:
     """Admission, journaling and resumption of the work that starts correlations."""
 
@@ -146,7 +151,8 @@ class Intake:
 
         The future resolves with the envelope once it is durable and delivered
         (acknowledge upstream then), or fails with ``IntakeFull`` when no place
-        freed up within ``wait`` seconds. A correlation already known (a client's
+        freed up within ``wait`` seconds, or with ``Unstorable`` for a message the
+        journal cannot write (a malformed input: acknowledge it). A correlation already known (a client's
         retry, a re-polled update) is acknowledged again and not run twice.
         """
         envelope = Envelope.new(body, correlation_id=correlation_id)
@@ -162,16 +168,26 @@ class Intake:
         def journaled(written: concurrent.futures.Future[bool]) -> None:
             error = written.exception()
             if error is not None:
-                with self._lock:
-                    self._reserved -= 1
-                    self._notify_room()
+                self._unreserve()
                 accepted.set_exception(error)
                 return
             self._start(to, envelope, new=written.result())
             accepted.set_result(envelope)
 
-        self.journal.accept(envelope, actor=to).add_done_callback(journaled)
+        try:
+            written = self.journal.accept(envelope, actor=to)
+        except ValueError as exc:  # pydantic cannot write it as JSON: refused, its place freed
+            self._unreserve()
+            accepted.set_exception(Unstorable(f"the message cannot be stored: {exc}"))
+            return accepted
+        written.add_done_callback(journaled)
         return accepted
+
+    def _unreserve(self) -> None:
+        """An admitted item that did not start gives its place back."""
+        with self._lock:
+            self._reserved -= 1
+            self._notify_room()
 
     def _start(self, to: str, envelope: Envelope, *, new: bool) -> None:
         correlation = envelope.correlation_id

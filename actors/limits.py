@@ -103,3 +103,17 @@ MEMORY_OUTPUT_CHARS = 600
 #: How long the outputs of one reply's commands are waited for, to deliver them in one
 #: turn; after that what is done goes out, and the rest follows on its own.
 BATCH_WAIT_SECONDS = 30.0
+
+#: Traces: the correlations kept in memory, and the hops kept of each.
+TRACES_KEPT = 2_000
+TRACE_HOPS_KEPT = 256
+
+#: A streamed reply is previewed once it has this many characters, then at most once
+#: per PREVIEW_SECONDS (Telegram allows about one message or edit a second per chat).
+PREVIEW_MIN_CHARS = 12
+PREVIEW_SECONDS = 1.0
+#: How often a streamed reply's text so far is looked at, at most.
+STREAM_WATCH_SECONDS = 0.1
+
+#: Chats listed when a chat name the LLM gave is ambiguous (the re-ask stays short).
+CHAT_CANDIDATES_SHOWN = 10

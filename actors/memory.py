@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -101,20 +101,50 @@ def action_record(result: ActionResult) -> str:
     return f"[ran `{what}`: {status}]\n{shown}{more}".rstrip()
 
 
+class StoreUnreadable(Exception):
+    """A store's SQLite file is there but cannot be opened or read: not a database, or a
+    directory in its place. As with the journal (``JournalCorrupt``), it is never replaced:
+    the operator is told which file it is, and moves it aside."""
+
+    def __init__(self, what: str, path: Path, why: object) -> None:
+        super().__init__(f"the {what} {path} cannot be read ({why}); it was left as it is")
+        self.what = what
+        self.path = path
+
+
+def open_store(path: Path, what: str, setup: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
+    """The SQLite file of a thread-safe store (the memory, the reminders), in WAL mode and
+    set up by ``setup``; StoreUnreadable naming ``what`` and the file if it is no database."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():  # SQLite would only say "unable to open database file"
+        raise StoreUnreadable(what, path, "it is a directory")
+    db: sqlite3.Connection | None = None
+    try:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")  # a file that is not a database fails here
+        setup(db)
+    except sqlite3.DatabaseError as exc:
+        if db is not None:
+            db.close()
+        raise StoreUnreadable(what, path, exc) from None
+    return db
+
+
+def _set_up_memory(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(_SCHEMA)
+
+
 class ConversationStore:
     """Thread-safe; each write commits before it returns (they are small and few)."""
 
     def __init__(self, path: Path, *, max_tokens: int = MEMORY_MAX_TOKENS,
                  retention_seconds: float = MEMORY_RETENTION_SECONDS) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_tokens = max_tokens
         self.retention_seconds = retention_seconds
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db = open_store(path, "conversation memory", _set_up_memory)
 
     def close(self) -> None:
         with self._lock:
@@ -194,7 +224,9 @@ class ConversationStore:
     def find_chats(self, interface: str, name: str) -> list[KnownChat]:
         """Chats of ``interface`` whose title or username is ``name`` (case folded, a leading
         @ ignored); if none matches whole, those whose title contains it."""
-        wanted = name.strip().lstrip("@").casefold()
+        wanted = name.strip().lstrip("@").strip().casefold()
+        if not wanted:
+            return []  # an empty name is in every title: it names no chat
         with self._lock:
             rows = self._db.execute("SELECT interface, chat_id, title, username FROM chats WHERE interface = ?",
                                     (interface,)).fetchall()

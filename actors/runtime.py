@@ -39,12 +39,23 @@ from autoresponse.actors.limits import (
     MESSAGE_ATTEMPTS,
 )
 from autoresponse.actors.probe import Probe
+from autoresponse.actors.trace import TraceRecorder
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
     from autoresponse.actors.journal import DeliveryJournal
 
 log = logging.getLogger("autoresponse.runtime")
+
+
+class _Tap:
+    """A listener on one actor's deliveries (see ``Runtime.watch``)."""
+
+    __slots__ = ("name", "offer")
+
+    def __init__(self, name: str, offer: Callable[[Envelope], None]) -> None:
+        self.name = name
+        self.offer = offer
 
 
 class Runtime:
@@ -59,11 +70,16 @@ class Runtime:
         mailbox_capacity: int = MAILBOX_CAPACITY,
         message_attempts: int = MESSAGE_ATTEMPTS,
         max_open: int = MAX_OPEN_ITEMS,
+        trace: bool = True,
     ) -> None:
         self.max_hops = max_hops
         self.message_attempts = message_attempts
         self.mailbox_capacity = mailbox_capacity
         self.dead_letters = DeadLetterOffice()
+        #: Every hop of the recent requests (None: not recorded).
+        self.tracer: TraceRecorder | None = TraceRecorder() if trace else None
+        if self.tracer is not None:
+            self.dead_letters.observer = self.tracer.dead_letter
         self.io = EventLoopThread()
         self.inflight = InFlight()
         self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
@@ -80,7 +96,7 @@ class Runtime:
         self._watches: dict[str, list[tuple[str, Any]]] = {}
         self._hurry = threading.Event()
         self._cells: dict[str, Cell] = {}
-        self._taps: dict[str, list[Probe]] = {}
+        self._taps: dict[str, list[Probe | _Tap]] = {}
         self._lock = threading.Lock()
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
 
@@ -231,6 +247,8 @@ class Runtime:
         except MailboxClosed:
             self.cut_short(envelope, actor=to, detail="its actor has stopped")
             return None
+        if self.tracer is not None:
+            self.tracer.queued(envelope, to)
         taps = self._taps.get(to)
         if taps:
             for probe in taps:
@@ -329,6 +347,8 @@ class Runtime:
             self.dead_letter(envelope, "actor stopped", actor=actor, detail=detail)
             return
         log.debug("interrupted %s at %s: %s", envelope.correlation_id, actor or "-", detail)
+        if self.tracer is not None:
+            self.tracer.ended(envelope, type(envelope.body).__name__, "interrupted")
         self.intake.interrupted(envelope.correlation_id)
         self.inflight.done(envelope.correlation_id)
 
@@ -353,6 +373,15 @@ class Runtime:
         self.intake.journal = journal
         if journal is not None:
             self.dead_letters.attach(journal)
+        if self.tracer is not None:
+            self.tracer.on_finished = journal.record_trace if journal is not None else None
+
+    def trace(self, correlation_id: str) -> list[dict[str, Any]]:
+        """The hops of a request, in causal order: from memory, else from the journal."""
+        hops = self.tracer.trace(correlation_id) if self.tracer is not None else []
+        if not hops and self.journal is not None:
+            hops = self.journal.trace(correlation_id) or []
+        return hops
 
     def accept(self, to: str, body: Any, *, correlation_id: str | None = None,
                wait: float | None = 0.0) -> concurrent.futures.Future[Envelope]:
@@ -373,6 +402,8 @@ class Runtime:
 
     def _finished(self, correlation_id: str) -> None:
         self.intake.finished(correlation_id)
+        if self.tracer is not None:
+            self.tracer.finished(correlation_id)
         if self._watches:
             with self._lock:
                 watchers = self._watches.pop(correlation_id, ())
@@ -389,17 +420,27 @@ class Runtime:
     def probe(self, name: str) -> Probe:
         """Watch every message delivered to ``name`` from now on (close it when done)."""
         probe = Probe(name, on_close=self._untap)
-        with self._lock:
-            self._taps[name] = [*self._taps.get(name, ()), probe]
+        self._tap(probe)
         return probe
 
-    def _untap(self, probe: Probe) -> None:
+    def watch(self, name: str, listener: Callable[[Envelope], None]) -> Callable[[], None]:
+        """Call ``listener`` (on the sender's thread, so quickly) with every envelope
+        delivered to ``name`` from now on; the function returned stops it."""
+        tap = _Tap(name, listener)
+        self._tap(tap)
+        return lambda: self._untap(tap)
+
+    def _tap(self, tap: Probe | _Tap) -> None:
         with self._lock:
-            left = [p for p in self._taps.get(probe.name, ()) if p is not probe]
+            self._taps[tap.name] = [*self._taps.get(tap.name, ()), tap]
+
+    def _untap(self, tap: Probe | _Tap) -> None:
+        with self._lock:
+            left = [p for p in self._taps.get(tap.name, ()) if p is not tap]
             if left:
-                self._taps[probe.name] = left
+                self._taps[tap.name] = left
             else:
-                self._taps.pop(probe.name, None)
+                self._taps.pop(tap.name, None)
 
     def has(self, name: str) -> bool:
         return name in self._cells

@@ -38,7 +38,10 @@ class Undeliverable(Exception):
 
 class Delivery(Protocol):
     async def deliver(self, message: OutboundMessage) -> list[Any]:
-        """Send every chunk of ``message``; the platform's ids for them. Raises Undeliverable."""
+        """Send every chunk of ``message``; the platform's ids for them. Raises Undeliverable.
+
+        A delivery may also have ``async def preview(message) -> None`` to show a reply
+        while the LLM is still writing it (best effort, never raising)."""
         ...
 
 
@@ -64,6 +67,11 @@ class DeliverySender(TypedActor):
 
     @handles
     def on_message(self, message: OutboundMessage, env: Envelope) -> None:
+        if message.preview:  # a reply still being written: shown if the platform can
+            preview = getattr(self.delivery, "preview", None)
+            if preview is not None:
+                self.run_io(preview(message), cause=env)
+            return
         self.run_io(self._deliver(message), cause=env)
 
     async def _deliver(self, message: OutboundMessage) -> Delivered | NotDelivered:

@@ -2,17 +2,26 @@
 
 Routes (JSON unless said otherwise)::
 
+    GET  /                             the status page, HTML (see page.py)
+    GET  /events                       its live updates, Server-Sent Events
     GET  /healthz                      liveness
     GET  /status                       the supervision tree (see status.Status)
     GET  /metrics                      Prometheus text
     GET  /deadletters?limit=N          counts by reason and the newest letters
+    GET  /trace/{correlation}          every hop of one request, in causal order
+    GET  /requests                     the requests in flight, and the newest traced
     POST /deadletters/{id}/replay      send a dead letter again, as a new attempt
     POST /inject/{actor}?type=Name     a JSON message, validated against the actor's types;
          &correlation=ID               journaled before the 202: a retry with the same ID is
                                        acknowledged again, not run twice
 
 It binds to 127.0.0.1 by default. Binding anywhere else requires a token, and
-when a token is set every request must carry ``Authorization: Bearer <token>``.
+when a token is set every request must carry ``Authorization: Bearer <token>``,
+or the page's cookie: a browser cannot send the header, so GET /?token=<token>
+sets an HttpOnly, SameSite=Strict cookie and redirects to / (the token leaves the
+address bar). Without a token, the Host must be this machine (a page on another
+site that points its own name at 127.0.0.1 reads nothing). Either way a POST a
+browser sends from another site (its Origin or Sec-Fetch-Site says so) is refused.
 
 Whatever a client sends gets a 4xx with a JSON reason, never a 500: a body that
 is not UTF-8, not JSON, or nested deeper than ``MAX_BODY_DEPTH``; a header or
@@ -22,11 +31,13 @@ query that is not UTF-8.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -34,11 +45,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from autoresponse.actors import Cell, IntakeFull, Runtime
+from autoresponse.actors import Cell, IntakeFull, Runtime, Unstorable
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS
 from autoresponse.actors.routes import SENDER_PREFIX
 from autoresponse.config import AdminSettings
 from autoresponse.messages import Crash
+from autoresponse.page import StatusPage
 from autoresponse.supervisors.status import snapshot
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -149,6 +161,22 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
+def _same(given: str, expected: bytes) -> bool:
+    """Constant-time. aiohttp keeps header bytes that are not UTF-8 as surrogates; they are
+    encoded back the same way, so that such a header is a mismatch, not a UnicodeEncodeError."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
+
+
+def cross_site(request: web.Request) -> bool:
+    """A browser sent it from another origin: Sec-Fetch-Site says so, or Origin differs
+    from the Host. Clients that send neither (the CLI, curl) are not browsers."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("Origin")
+    return origin is not None and urlsplit(origin).netloc != request.headers.get("Host")
+
+
 class AdminServer:
     """Runs on the runtime's event loop; closed with it."""
 
@@ -160,6 +188,13 @@ class AdminServer:
         self.settings = settings
         self.port = settings.port
         self._token = settings.token.get_secret_value().encode() if settings.token else None
+        # The page's cookie holds a value derived from the token, not the token: it is always
+        # cookie-safe, and changes with the token. Its name has the port in it, since browsers
+        # share cookies between the ports of a host.
+        self._cookie = b""
+        if self._token is not None:
+            self._cookie = hmac.new(self._token, b"status page", hashlib.sha256).hexdigest().encode()
+        self.page = StatusPage(runtime)
         #: False once the application stops: injects get 503 while the drain runs.
         self.accepting = True
         self._runner: web.AppRunner | None = None
@@ -170,6 +205,10 @@ class AdminServer:
     def url(self) -> str:
         return self.settings.model_copy(update={"port": self.port}).url
 
+    @property
+    def cookie_name(self) -> str:
+        return f"autoresponse-admin-{self.port}"
+
     def start(self) -> str:
         self.runtime.io.run(self._start(), timeout=10)
         self.runtime.io.add_closer(self._stop)
@@ -177,12 +216,16 @@ class AdminServer:
 
     async def _start(self) -> None:
         app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/", self.page.page)
+        app.router.add_get("/events", self.page.events)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/deadletters", self._deadletters)
         app.router.add_post("/deadletters/{id}/replay", self._replay)
         app.router.add_post("/inject/{actor}", self._inject)
+        app.router.add_get("/trace/{correlation}", self._trace)
+        app.router.add_get("/requests", self._requests)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
@@ -191,19 +234,52 @@ class AdminServer:
 
     async def _stop(self) -> None:
         if self._runner is not None:
+            self.page.close()  # open event streams end now, or cleanup would wait for them
             await self._runner.cleanup()
             self._runner = None
 
     @web.middleware
     async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self._token is not None:
-            # aiohttp keeps header bytes that are not UTF-8 as surrogates; encode them back
-            # the same way, so that such a header is a 401, not a UnicodeEncodeError.
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ").encode(
-                "utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, self._token):
-                return _error(401, "unauthorized: send Authorization: Bearer <AUTORESPONSE_ADMIN__TOKEN>")
+        if self._token is None:
+            if not self._local_host(request):
+                return _error(403, "without a token, the Host must be this machine (127.0.0.1 or localhost)")
+        elif not self._authorized(request):
+            return _error(401, "unauthorized: send Authorization: Bearer <AUTORESPONSE_ADMIN__TOKEN>, "
+                               "or open /?token=<AUTORESPONSE_ADMIN__TOKEN> in a browser")
+        if request.method == "POST" and cross_site(request):
+            return _error(403, "refused: a cross-site request")
+        if request.path == "/" and "token" in request.query:
+            return self._sign_in()
         return await handler(request)
+
+    def _authorized(self, request: web.Request) -> bool:
+        """The bearer header, the page's cookie, or (to get that cookie) GET /?token=."""
+        assert self._token is not None
+        return (_same(request.headers.get("Authorization", "").removeprefix("Bearer "), self._token)
+                or _same(request.cookies.get(self.cookie_name, ""), self._cookie)
+                or (request.path == "/" and _same(request.query.get("token", ""), self._token)))
+
+    def _local_host(self, request: web.Request) -> bool:
+        """The Host names this machine. Without it, DNS rebinding would let a page on another
+        site, whose name it points at 127.0.0.1, read and post as if it were this one."""
+        host = request.headers.get("Host")
+        if host is None:  # HTTP/1.0 without a Host: not a browser
+            return True
+        try:
+            name = urlsplit(f"//{host}").hostname
+        except ValueError:
+            return False
+        return name is not None and (is_loopback(name) or name == self.settings.host)
+
+    def _sign_in(self) -> web.Response:
+        """GET /?token=... (checked already): the cookie, and a redirect to / so the token
+        leaves the address bar and the history."""
+        response = web.Response(status=303, headers={"Location": "/", "Cache-Control": "no-store",
+                                                     "Referrer-Policy": "no-referrer"})
+        if self._token is not None:
+            response.set_cookie(self.cookie_name, self._cookie.decode(), httponly=True, samesite="Strict",
+                                path="/")
+        return response
 
     async def _healthz(self, request: web.Request) -> web.Response:
         """200 while every actor runs; 503, naming them, while some are down (a crashed
@@ -230,6 +306,20 @@ class AdminServer:
         letters = self.runtime.dead_letters.letters()[-limit:] if limit > 0 else []
         return web.json_response({"counts": self.runtime.dead_letters.counts(),
                                   "letters": [d.summary() for d in letters]})
+
+    async def _trace(self, request: web.Request) -> web.Response:
+        correlation = request.match_info["correlation"]
+        hops = self.runtime.trace(correlation)
+        if not hops:
+            return _error(404, f"no trace of {correlation!r}: unknown, or older than what is kept")
+        return web.json_response({"correlation_id": correlation, "hops": hops})
+
+    async def _requests(self, request: web.Request) -> web.Response:
+        """The requests in flight now, and the newest ones traced."""
+        tracer = self.runtime.tracer
+        recent = tracer.correlations()[-50:] if tracer is not None else []
+        return web.json_response({"in_flight": self.runtime.inflight.correlations()[:200],
+                                  "recent": list(reversed(recent))})
 
     async def _replay(self, request: web.Request) -> web.Response:
         try:
@@ -275,6 +365,8 @@ class AdminServer:
                     self.runtime.accept(name, message, correlation_id=request.query.get("correlation")))
             except IntakeFull as exc:  # backpressure: the client waits and retries, nothing is dropped
                 return _busy(str(exc), exc.retry_after)
+            except Unstorable as exc:
+                return _error(400, str(exc))
             return web.json_response({"type": message_type.__name__, "message_id": envelope.message_id,
                                       "correlation_id": envelope.correlation_id}, status=202)
         return _error(422, f"the body fits none of the messages {name} handles", problems=problems)

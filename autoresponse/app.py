@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
-from autoresponse.actors import Cell, Runtime
+from autoresponse.actors import Cell, Runtime, TypedActor
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
@@ -77,6 +77,7 @@ def make_engine(settings: LLMSettings) -> LLMEngine:
         request_timeout=settings.request_timeout,
         deadline=settings.deadline,
         max_response_bytes=settings.max_response_bytes,
+        stream=settings.stream,
     )
 
 
@@ -97,12 +98,17 @@ class Application:
     """Pipeline actors, retry pool and every enabled platform, supervised in one runtime.
 
     ``console`` is the console the console platform writes to (a captured one in
-    tests); ``provided`` hands other objects to platforms by name.
+    tests); ``provided`` hands other objects to platforms by name; ``mount`` names
+    the platforms that may mount (default: every enabled one).
     """
 
     def __init__(self, settings: Settings, *, console: Any = None, engine: LLMEngine | None = None,
-                 provided: dict[str, Any] | None = None) -> None:
+                 provided: dict[str, Any] | None = None, mount: Collection[str] | None = None) -> None:
         self.settings = settings
+        self.mount_only = None if mount is None else frozenset(mount)
+        #: Actors run in the pipeline besides the platforms' (a replay's stand-in
+        #: senders): name → (class, arguments). Set before ``start``.
+        self.extra_actors: dict[str, tuple[type[TypedActor], tuple[Any, ...]]] = {}
         self.engine = engine or make_engine(settings.llm)
         self.provided = dict(provided or {})
         if console is not None:
@@ -141,6 +147,7 @@ class Application:
         """The supervision tree of the mounted platforms and the core pipeline."""
         s = self.settings
         pipeline: list[Spec] = [spec for m in self.mounts.values() for spec in m.pipeline_specs]
+        pipeline += [ChildSpec(name, cls, args) for name, (cls, args) in self.extra_actors.items()]
         autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
             ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory)),
@@ -222,7 +229,8 @@ class Application:
         """Each enabled platform opens what it needs and names its actors, in registry order."""
         for platform in platforms():
             section = self.settings.section(platform.name)
-            if not platform.enabled(section):
+            if not platform.enabled(section) or (self.mount_only is not None
+                                                 and platform.name not in self.mount_only):
                 continue
             mount = Mount(name=platform.name, settings=section, runtime=self.runtime,
                           journal=self.journal, data_dir=self.settings.data_path, provided=self.provided)

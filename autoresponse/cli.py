@@ -1,22 +1,36 @@
 """The ``autoresponse`` command: ``run`` (the daemon), ``demo``, ``journal check``,
-and the operator's ``status``, ``inject`` and ``deadletters`` against a running daemon.
+``config show``, and the operator's ``status``, ``inject`` and ``deadletters`` against a running daemon.
 
-An operator's mistake (settings that cannot be used, a journal that cannot be
-read, an unreachable daemon) ends as one line on stderr, ``autoresponse: ...``,
-and exit code 2; a daemon that cannot start exits 1, also with one line.
+An operator's mistake (settings that cannot be used, a journal, memory or reminder
+store that cannot be read, an unreachable daemon) ends as one line on stderr,
+``autoresponse: ...``, and exit code 2; a daemon that cannot start exits 1, also with
+one line; a Ctrl-C before ``run`` handles signals itself, 130 with one line.
 """
 
 from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+if threading.current_thread() is threading.main_thread():
+    # What follows takes most of a second to load. A Ctrl-C meanwhile must end the command
+    # as one later does (see ``main``): one line and 130, not a traceback from inside some
+    # import. Python's own handler is put back once everything is loaded.
+    def _interrupted_while_loading(signum: int, frame: object) -> None:
+        print("autoresponse: interrupted", file=sys.stderr)
+        raise SystemExit(130)
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 import argparse
 import datetime as dt
 import json
 import logging
 import shlex
-import signal
-import sys
-import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,15 +40,22 @@ from rich.console import Console as RichConsole
 from rich.table import Table
 from rich.tree import Tree
 
+from autoresponse import __version__
 from autoresponse.actors.journal import JournalCorrupt, check_journal
-from autoresponse.actors.memory import ConversationStore
+from autoresponse.actors.memory import ConversationStore, StoreUnreadable
 from autoresponse.actors.routes import interface, sender
 from autoresponse.admin import unsafe_bind
-from autoresponse.app import Application, StartError
-from autoresponse.config import ConfigError, Settings
+from autoresponse.app import Application, StartError, make_engine
+from autoresponse.cassette import Cassette, CassetteError, CassetteRecorder, replay
+from autoresponse.config import ConfigError, Settings, describe
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
-from autoresponse.redaction import Redactor
+from autoresponse.logs import RedactSecrets, configure  # noqa: F401 (RedactSecrets: re-exported)
+from autoresponse.notify import STOP_MARGIN_SECONDS, Notifier
+
+if threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 log = logging.getLogger("autoresponse")
 
@@ -48,32 +69,9 @@ DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COM
                  "admin": {"enabled": False}, "console": {"read_stdin": False}}
 
 
-class RedactSecrets(logging.Filter):
-    """Replaces every configured secret (bot token, API key, admin token, URL credentials)
-    in log lines.
-
-    Libraries log what they like (httpx logs each request URL, and a Telegram URL
-    holds the bot token), so the redaction happens at the handler, for all of them.
-    """
-
-    def __init__(self, secrets: list[str]) -> None:
-        super().__init__()
-        self.redact = Redactor(secrets)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.redact.secrets:
-            text = record.getMessage()
-            redacted = self.redact(text)
-            if redacted != text:
-                record.msg, record.args = redacted, None
-        return True
-
-
 def _logging(level: str, settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    handler.addFilter(RedactSecrets(settings.secrets()))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    """Text or JSON lines on stderr (``AUTORESPONSE_LOG__FORMAT``), every secret redacted."""
+    configure(level, format=settings.log.format, secrets=settings.secrets())
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
@@ -90,8 +88,9 @@ def _settings(args: argparse.Namespace, defaults: dict[str, Any] | None = None) 
 
 
 def _move_aside(path: Path) -> str:
-    """The shell command that moves a journal out of the way, keeping it, with its WAL
-    files: a new journal must not pick up the old one's write-ahead log."""
+    """The shell command that moves a store's file (the journal, the memory, the reminders)
+    out of the way, keeping it, with its WAL files: a new file must not pick up the old
+    one's write-ahead log."""
     aside = path.with_name(path.name + ".corrupt")
     n = 1
     while aside.exists():  # never overwrite a journal kept aside before
@@ -107,14 +106,29 @@ def _journal_check_command(args: argparse.Namespace) -> str:
     return f"autoresponse journal check{config}"
 
 
-def _start(args: argparse.Namespace, settings: Settings) -> Application:
-    """Start the application; a journal that cannot be read is a ConfigError that says
-    how to check it and how to move it aside. It is never replaced silently."""
+def _unreadable(exc: Exception, path: Path, what: str, check: str | None = None) -> str:
+    """The one line for a store's file that cannot be read (``exc`` says which and why):
+    how to check it, where there is a command for that, and how to move it aside."""
+    how = f"Check it with `{check}`; to" if check else "To"
+    return f"{exc}. {how} start with an empty {what}, move it aside: {_move_aside(path)}"
+
+
+def _start(args: argparse.Namespace, settings: Settings,
+           recorder: CassetteRecorder | None = None) -> Application:
+    """Start the application; a journal, memory or reminder store that cannot be read is a
+    ConfigError that says how to move it aside (and how to check the journal). None of them
+    is ever replaced silently."""
     try:
-        return Application(settings).start()
+        if recorder is None:
+            return Application(settings).start()
+        app = Application(settings, engine=recorder.engine(make_engine(settings.llm)))
+        recorder.attach(app.runtime)
+        return app.start()
     except JournalCorrupt as exc:
-        raise ConfigError(f"{exc}. Check it with `{_journal_check_command(args)}`; to start with an "
-                          f"empty journal, move it aside: {_move_aside(settings.journal_path)}") from None
+        raise ConfigError(_unreadable(exc, settings.journal_path, "journal",
+                                      check=_journal_check_command(args))) from None
+    except StoreUnreadable as exc:
+        raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     """
     settings = _settings(args)
     _logging(settings.log_level, settings)
+    notifier = Notifier.from_environment()  # systemd's Type=notify; nothing without NOTIFY_SOCKET
     stopping = threading.Event()
     running: list[Application] = []
 
@@ -135,17 +150,32 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    recorder = CassetteRecorder(args.cassette, settings) if getattr(args, "cassette", None) else None
     try:
-        app = _start(args, settings)
+        app = _start(args, settings, recorder)
         running.append(app)
     except (StartError, ValueError) as exc:
         log.error("cannot start: %s", exc)
+        notifier.status("cannot start; see the log")
         return 1
+    finally:
+        if recorder is not None and not running:
+            recorder.close()
+    if recorder is not None:
+        log.info("recording the session to %s", recorder.path)
     log.info("autoresponse is running; SIGTERM or SIGINT stops it")
+    # Only now: the whole tree is up, the journal's unfinished work resumed, the admin endpoint listens.
+    notifier.ready(f"serving: {len(app.runtime.cells)} actors, platforms {','.join(app.mounts) or 'none'}"
+                   + (f", admin endpoint at {app.admin.url}" if app.admin else ""))
     while not stopping.wait(0.2) and not app.failed.is_set():
         pass
+    notifier.stopping("stopping: the root supervisor gave up" if app.failed.is_set()
+                      else f"stopping: draining in-flight work (up to {settings.runtime.drain_seconds:g}s)",
+                      within=settings.runtime.drain_seconds + STOP_MARGIN_SECONDS)
     log.info("stopping: draining in-flight work (a second signal stops at once)")
     app.stop()
+    if recorder is not None:
+        recorder.close()
     for signum in (signal.SIGTERM, signal.SIGINT):  # one more signal now must not turn exit 0 into a kill
         signal.signal(signum, signal.SIG_IGN)
     leftover = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -218,6 +248,37 @@ def inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def trace(args: argparse.Namespace) -> int:
+    """``trace ID``: every hop of one request, in causal order, as a timeline.
+
+    Each row is one message: when it was queued (from the request's start), how long it
+    waited in the mailbox, how long its handler took, and how it ended. The time between
+    a message's handling and the next row's queueing is I/O (an LLM call, a command).
+    """
+    data = _admin(args, "GET", f"/trace/{urllib.parse.quote(args.id, safe='')}")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    hops = data["hops"]
+    start = min(h["queued"] for h in hops)
+    end = max((h["ended"] or h["queued"]) for h in hops)
+    view = Table(title=f"trace {data['correlation_id']}: {len(hops)} hops in {1000 * (end - start):.1f} ms")
+    for column in ("at ms", "actor", "message", "waited ms", "took ms", "attempt", "outcome"):
+        view.add_column(column, justify="right" if "ms" in column or column == "attempt" else "left")
+
+    def ms(a: float | None, b: float | None) -> str:
+        return "" if a is None or b is None else f"{1000 * (b - a):.1f}"
+
+    for hop in hops:
+        outcome = hop["outcome"] or "under way"
+        style = "" if outcome == "handled" else "red" if outcome != "under way" else "yellow"
+        view.add_row(ms(start, hop["queued"]), hop["actor"], hop["type"], ms(hop["queued"], hop["started"]),
+                     ms(hop["started"], hop["ended"]), str(hop["attempt"]),
+                     f"[{style}]{outcome}[/]" if style else outcome)
+    RichConsole().print(view)
+    return 0
+
+
 def deadletters(args: argparse.Namespace) -> int:
     if args.action == "replay":
         print(json.dumps(_admin(args, "POST", f"/deadletters/{args.id}/replay", {})))
@@ -269,6 +330,29 @@ def demo(args: argparse.Namespace) -> int:
     return 1 if unanswered else 0
 
 
+def replay_command(args: argparse.Namespace) -> int:
+    """``replay FILE``: run a recorded session again, offline; 0 when the sends match."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cassette = Cassette.load(args.cassette)
+    except (OSError, UnicodeDecodeError, CassetteError) as exc:
+        print(f"autoresponse: cannot read the cassette: {exc}", file=sys.stderr)
+        return 2
+    result = replay(cassette, timeout=args.timeout)
+    if result.matches:
+        print(f"{len(cassette.inbound)} requests replayed; all {len(result.got)} sends match the recording")
+        skipped = len(cassette.sends) - len(cassette.replayable_sends)
+        if skipped:
+            print(f"({skipped} sends made by interfaces on their own, e.g. refusals, are not replayed)")
+        return 0
+    for correlation in result.unfinished:
+        print(f"request {correlation} did not finish within {args.timeout:g}s")
+    if result.diff:
+        print("the sends differ from the recording:")
+        print("\n".join(result.diff))
+    return 1
+
+
 def history(args: argparse.Namespace) -> int:
     """``history CHAT``: what a chat's memory holds, oldest first (read from the data dir).
 
@@ -279,7 +363,10 @@ def history(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"no conversation memory at {path}")
         return 0
-    store = ConversationStore(path, max_tokens=settings.memory.max_tokens)
+    try:
+        store = ConversationStore(path, max_tokens=settings.memory.max_tokens)
+    except StoreUnreadable as exc:
+        raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
     try:
         known = store.chats_with_memory()
         if args.chat is None:
@@ -324,14 +411,40 @@ def journal(args: argparse.Namespace) -> int:
     return 1
 
 
+def config_show(args: argparse.Namespace) -> int:
+    """``config show``: every effective setting, its value and where it came from; secrets
+    (SecretStr values, URL credentials) are never shown."""
+    if args.demo:
+        shown = describe(args.config, defaults=DEMO_DEFAULTS, defaults_source="autoresponse demo's defaults")
+    else:
+        shown = describe(args.config)
+    if args.json:
+        print(json.dumps({s.key: {"value": s.value, "source": s.source} for s in shown}, indent=2,
+                         ensure_ascii=False))
+        return 0
+    width = max(len(s.key) for s in shown)
+    for s in shown:
+        print(f"{s.key:<{width}} = {json.dumps(s.value, ensure_ascii=False)}  # {s.source}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="autoresponse", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"autoresponse {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p_run = commands.add_parser("run", help="run the daemon until SIGTERM or SIGINT")
     p_run.add_argument("--config", help="a TOML settings file")
     p_run.set_defaults(func=run)
 
+    p_record = commands.add_parser("record", help="run the daemon, recording the session to a cassette")
+    p_record.add_argument("cassette", help="the JSONL file to write (replaced)")
+    p_record.add_argument("--config", help="a TOML settings file")
+    p_record.set_defaults(func=run)
+    p_replay = commands.add_parser("replay", help="replay a recorded session offline and compare the sends")
+    p_replay.add_argument("cassette", help="a JSONL file written by `autoresponse record`")
+    p_replay.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
+    p_replay.set_defaults(func=replay_command)
     p_demo = commands.add_parser("demo", help="a console conversation, offline by default")
     p_demo.add_argument("texts", nargs="*", help='requests, e.g. "run uptime" (default: a script)')
     p_demo.add_argument("--config", help="a TOML settings file")
@@ -348,6 +461,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_journal.add_argument("action", choices=["check"], help="check: SQLite's integrity check, read only")
     p_journal.add_argument("--config", help="a TOML settings file")
     p_journal.set_defaults(func=journal)
+
+    p_config = commands.add_parser("config", help="show the effective settings and where each came from")
+    p_config.add_argument("action", choices=["show"], help="show: every setting, its value and its source")
+    p_config.add_argument("--config", help="a TOML settings file")
+    p_config.add_argument("--json", action="store_true", help="print them as JSON")
+    p_config.add_argument("--demo", action="store_true", help="the settings `autoresponse demo` would use")
+    p_config.set_defaults(func=config_show)
 
     def admin_client(name: str, help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help)
@@ -366,6 +486,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_inject.add_argument("--type", help="the message class, when several fit")
     p_inject.set_defaults(func=inject)
 
+    p_trace = admin_client("trace", "show every hop of one request, as a timeline")
+    p_trace.add_argument("id", help="the request's correlation id (see deadletters, status, or the page)")
+    p_trace.add_argument("--json", action="store_true", help="print the raw JSON")
+    p_trace.set_defaults(func=trace)
+
     p_dead = admin_client("deadletters", "list or replay dead letters")
     p_dead.add_argument("action", choices=["list", "replay"])
     p_dead.add_argument("id", nargs="?", type=int, help="the dead letter to replay")
@@ -381,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ConfigError, AdminError) as exc:
         print(f"autoresponse: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a Ctrl-C before the command handles signals itself (``run``: once up)
+        print("autoresponse: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ from __future__ import annotations
 import contextvars
 import difflib
 import json
+import math
 import os
+import re
+import threading
 import tomllib
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,21 +37,25 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
-from urllib.parse import urlsplit
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     Field,
     SecretBytes,
     SecretStr,
     ValidationError,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError, to_jsonable_python
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -83,6 +90,7 @@ from autoresponse.actors.limits import (
     RESTART_PERIOD_SECONDS,
 )
 from autoresponse.actors.retry import RetrySettings
+from autoresponse.redaction import Redactor
 from autoresponse.supervisors import Platform, RestartIntensity, platforms
 
 ENV_PREFIX = "AUTORESPONSE_"
@@ -92,6 +100,19 @@ ENV_NESTED_DELIMITER = "__"
 # contents and the caller's defaults); None outside a ``load``.
 _file_data: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("file_data", default=None)
 _defaults: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("defaults", default=None)
+
+
+def _not_blank(path: Any) -> Any:
+    """``Path("")`` is the current directory: ``AUTORESPONSE_DATA_DIR=`` would silently put
+    the databases wherever the command happened to be started."""
+    if isinstance(path, str) and not path.strip():
+        raise PydanticCustomError("blank_path",
+                                  "should be a path, not empty (that would be the current directory)")
+    return path
+
+
+#: A path setting that may not be empty.
+_NonBlankPath = Annotated[Path, BeforeValidator(_not_blank)]
 
 
 class LLMSettings(BaseModel):
@@ -109,6 +130,27 @@ class LLMSettings(BaseModel):
     request_timeout: float = Field(default=LLM_REQUEST_TIMEOUT_SECONDS, gt=0)
     deadline: float = Field(default=LLM_DEADLINE_SECONDS, gt=0)
     max_response_bytes: int = Field(default=LLM_MAX_RESPONSE_BYTES, ge=1)
+    #: Stream replies, so a chat sees its answer grow (a server that does not stream
+    #: answers as usual).
+    stream: bool = True
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        """An http(s) URL with a host, or None (empty too: the offline engine). Refused here,
+        as a setting, rather than when the engine is built or the first request fails."""
+        if url is None or not url.strip():
+            return None
+        try:
+            parts: SplitResult | None = urlsplit(url)
+            _ = parts.port  # reading it raises ValueError for a port that is no number, or too big
+        except ValueError:  # that, or an unclosed IPv6 bracket (the message may quote the URL)
+            parts = None
+        if (parts is None or parts.scheme not in ("http", "https") or not parts.hostname
+                or any(c.isspace() for c in url)):
+            raise PydanticCustomError("http_url", "should be an http:// or https:// URL with a host, "
+                                                  "e.g. http://127.0.0.1:11434/v1")
+        return url
 
 
 class RuntimeSettings(BaseModel):
@@ -132,7 +174,8 @@ class MemorySettings(BaseModel):
 
     enabled: bool = True
     #: Tokens (about four characters each) a chat's memory may hold; the oldest go first.
-    max_tokens: int = Field(default=MEMORY_MAX_TOKENS, ge=0)
+    #: At least one: 0 would silently forget every entry (``enabled = false`` turns memory off).
+    max_tokens: int = Field(default=MEMORY_MAX_TOKENS, ge=1)
     retention_seconds: float = Field(default=MEMORY_RETENTION_SECONDS, gt=0)
 
 
@@ -177,11 +220,18 @@ class AdminSettings(BaseModel):
         return f"http://{host}:{self.port}"
 
 
+class LogSettings(BaseModel):
+    """How the daemon logs to stderr (the level is the top-level ``log_level``)."""
+
+    #: ``text`` for people; ``json``, one object a line, for a log collector.
+    format: Literal["text", "json"] = "text"
+
+
 class JournalSettings(BaseModel):
     """The delivery journal: ``<data_dir>/journal.sqlite3`` unless a path is given."""
 
     enabled: bool = True
-    path: Path | None = None
+    path: _NonBlankPath | None = None
     #: Finished work (and its send keys) is forgotten after this long.
     retention_seconds: float = Field(default=JOURNAL_RETENTION_SECONDS, ge=0)
 
@@ -200,11 +250,39 @@ def _secret_values(value: Any) -> Iterator[str]:
         for item in value.values():
             yield from _secret_values(item)
     elif isinstance(value, str) and "@" in value and "://" in value:
-        parts = urlsplit(value)
-        if parts.password:
-            yield parts.password
-        if parts.username:
-            yield f"{parts.username}:{parts.password}" if parts.password else parts.username
+        try:
+            parts = urlsplit(value)
+            username, password = parts.username, parts.password
+        except ValueError:  # e.g. an unclosed IPv6 bracket: the userinfo is still before the last "@"
+            userinfo = re.split(r"[/?#]", value.split("://", 1)[1], maxsplit=1)[0].rpartition("@")[0]
+            username, _, password = userinfo.partition(":")
+        if password:
+            yield password
+        if username:
+            yield f"{username}:{password}" if password else username
+
+
+#: The largest number a float setting may hold: the longest wait threading can do (about
+#: 292 years). Every float setting is a time or smaller, and a longer one overflows when it
+#: is waited for (``drain_seconds = 1e300`` made the stop raise, like ``inf``).
+LONGEST_WAIT = int(threading.TIMEOUT_MAX)
+
+
+def _floats(value: Any,
+            loc: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], float]]:
+    """Every float beneath ``value``, with where it is: the fields of models, and the
+    items of dicts and lists (a platform's dict of models, say)."""
+    if isinstance(value, float):
+        yield loc, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _floats(getattr(value, name), (*loc, name))
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _floats(item, (*loc, key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _floats(item, (*loc, index))
 
 
 class ConfigError(Exception):
@@ -226,7 +304,8 @@ class Settings(BaseSettings):
     admin: AdminSettings = AdminSettings()
     journal: JournalSettings = JournalSettings()
     memory: MemorySettings = MemorySettings()
-    data_dir: Path = Path("~/.local/share/autoresponse")
+    log: LogSettings = LogSettings()
+    data_dir: _NonBlankPath = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Settings:
@@ -234,16 +313,40 @@ class Settings(BaseSettings):
         target = _with_platforms(platforms()) if cls is Settings else cls
         return super().__new__(target)
 
+    @model_validator(mode="after")
+    def _usable_floats(self) -> Settings:
+        """inf, nan and numbers beyond ``LONGEST_WAIT`` are refused for every float of every
+        section, the platforms' too.
+
+        pydantic takes inf and nan for a ``float`` unless each model says ``allow_inf_nan=False``,
+        and the models live in their rooms (``RetrySettings`` in actors, each platform's
+        under interfaces), which cannot import a shared base from here: so it is said once,
+        here. An endless drain or check interval is never what was meant (``drain_seconds
+        = inf`` made the stop overflow; ``check_seconds = inf`` never fired a reminder).
+        """
+        errors: list[InitErrorDetails] = []
+        for loc, value in _floats(self):
+            if not math.isfinite(value):
+                errors.append(InitErrorDetails(type="finite_number", loc=loc, input=value))
+            elif value > LONGEST_WAIT:
+                errors.append(InitErrorDetails(type="less_than_equal", loc=loc, input=value,
+                                               ctx={"le": LONGEST_WAIT}))
+        if errors:  # raised as a ValidationError, pydantic keeps each error's own location
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
     @classmethod
     def load(cls, config_file: str | Path | None = None, *,
              defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
         """Settings from every source; ``config_file`` is a TOML file.
 
         Raises FileNotFoundError when ``config_file`` does not exist, and ConfigError
-        (one line, no secrets) for a file that does not parse, an unknown key in the
-        file or the environment, or a value that does not validate.
+        (one line, no secrets) for a directory given as the file, a file that does not
+        parse, an unknown key in the file or the environment, or a value that does not validate.
         """
         if config_file is not None and not Path(config_file).is_file():
+            if Path(config_file).is_dir():
+                raise ConfigError(f"the config file {config_file} is a directory; give a TOML file")
             raise FileNotFoundError(f"config file not found: {config_file}")
         model = _with_platforms(platforms()) if cls is Settings else cls
         sources = _Sources(
@@ -300,6 +403,10 @@ class Settings(BaseSettings):
         if self.journal.enabled and self.journal.path is not None:
             where = self.journal_path.parent
             _usable_directory(where, f"the journal's directory {where} ({ENV_PREFIX}JOURNAL__PATH, [journal] path)")
+        if self.journal.enabled and self.journal_path.is_dir():
+            # Here, not where SQLite opens it: its "unable to open database file" says not which, nor why.
+            setting = f" ({ENV_PREFIX}JOURNAL__PATH, [journal] path)" if self.journal.path is not None else ""
+            raise ConfigError(f"the journal {self.journal_path}{setting} cannot be used: it is a directory")
         return self.data_path
 
     @classmethod
@@ -586,3 +693,68 @@ class _Sources:
             return f"{self.name(loc)} (a secret, not shown): {message}"
         shown = _shown(error["input"], secret=False)
         return f"{self.name(loc)}{'' if shown is None else ' is ' + shown}: {message}"
+
+
+# ---------------------------------------------------------------- where each value came from
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One setting as ``autoresponse config show`` prints it."""
+
+    key: str  # dotted, e.g. "llm.base_url"
+    value: Any  # as JSON, secrets replaced by "[secret]"
+    source: str  # a variable, the file's "[section] key", the command's defaults, "built-in default"
+
+
+def _leaf_settings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every setting beneath ``value``: the fields of nested models, each down to a plain value."""
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _leaf_settings(getattr(value, name), (*path, name))
+    else:
+        yield path, value
+
+
+def _redacted(value: Any, redact: Redactor) -> Any:
+    """``value`` (as JSON) with every secret replaced, inside lists and objects too."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redacted(v, redact) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v, redact) for k, v in value.items()}
+    return value
+
+
+def describe(config_file: str | Path | None = None, *, defaults: dict[str, Any] | None = None,
+             defaults_source: str = "the command's defaults") -> list[Shown]:
+    """Every effective setting, its value (secrets redacted) and its source.
+
+    pydantic does not record where a value came from, so each source is asked on its
+    own, in priority order: pydantic-settings' environment source, the TOML file, the
+    command's ``defaults``; a key none of them holds has its built-in default.
+    Raises what ``Settings.load`` raises.
+    """
+    settings = Settings.load(config_file, defaults=defaults)
+    variables = _environment()
+    from_environment = EnvSettingsSource(type(settings))()
+    file_data = {k.lower(): v for k, v in _read_toml(Path(config_file)).items()} if config_file else {}
+    redact = Redactor(settings.secrets())
+
+    def source(path: tuple[str, ...]) -> str:
+        if _holds(from_environment, path):
+            # The variable that set it: AUTORESPONSE_LLM__MODEL, or AUTORESPONSE_LLM holding JSON.
+            return next((variables[path[:n]][0] for n in range(len(path), 0, -1) if path[:n] in variables),
+                        "the environment")
+        if _holds(file_data, path):
+            return f"{config_file}: {_toml_name(path)}"
+        if _holds(defaults or {}, path):
+            return defaults_source
+        return "built-in default"
+
+    return [Shown(".".join(path),
+                  "[secret]" if isinstance(value, (SecretStr, SecretBytes)) else
+                  _redacted(to_jsonable_python(value), redact),
+                  source(path))
+            for path, value in _leaf_settings(settings)]

@@ -10,7 +10,7 @@
 3. bound by LLM latency: a fake LLM taking 0.5 s, 1..256 chats, each in turn.
 4. scale: a real daemon serving 10,000 Telegram chats once each: its threads and
    its memory per idle chat, with chat memory and Telegram lanes in play.
-5. the journal: case 1 with the journal on and off.
+5. the journal: case 1 with the journal on and off; and with tracing off (its cost).
 6. soak: 200,000 deliveries with the journal, RSS and journal size every 20,000.
 """
 
@@ -40,7 +40,13 @@ from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
-from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage, UserRequest, action_key
+from autoresponse.messages import (
+    LLMReply,
+    OriginalContext,
+    OutboundMessage,
+    UserRequest,
+    action_key,
+)
 from benchmarks.harness import (
     Run,
     Tally,
@@ -178,10 +184,10 @@ def raw_pykka_same_work(requests: int) -> Run:
         loop.stop()
 
 
-def runtime_offline(requests: int, journal_dir: Path | None = None) -> Run:
+def runtime_offline(requests: int, journal_dir: Path | None = None, *, trace: bool = True) -> Run:
     tally = Tally(expected=requests)
     journal = SqliteJournal(journal_dir / "journal.sqlite3") if journal_dir else None
-    runtime = pipeline(OfflineEngine(), tally, journal)
+    runtime = pipeline(OfflineEngine(), tally, journal, trace=trace)
     try:
         return drive(runtime, tally, chats=requests, per_chat=1, journaled=journal is not None)
     finally:
@@ -195,6 +201,10 @@ def _journaled(requests: int) -> Run:
         return runtime_offline(requests, Path(tmp))
 
 
+def _untraced(requests: int) -> Run:
+    return runtime_offline(requests, trace=False)
+
+
 def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
     """Case 1 and case 5, each variant sized to last ``seconds`` and run ``repeats`` times,
     interleaved; the median of each is kept. Then latency at half the runtime's peak."""
@@ -202,6 +212,7 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         "raw pykka, tuples": raw_pykka_tuples,
         "raw pykka, same work": raw_pykka_same_work,
         "runtime": runtime_offline,
+        "runtime, no trace": _untraced,
         "runtime + journal": _journaled,
     }
     sizes = {name: sized(one, seconds=seconds) for name, one in variants.items()}
@@ -222,6 +233,8 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         "runtime_vs_same_work": best["runtime"].rate / best["raw pykka, same work"].rate,
         "runtime_vs_tuples": best["runtime"].rate / best["raw pykka, tuples"].rate,
         "journal_vs_none": best["runtime + journal"].rate / best["runtime"].rate,
+        # What recording every hop of every request costs: 1 - traced / untraced.
+        "trace_cost": 1 - best["runtime"].rate / best["runtime, no trace"].rate,
         "cpu_us_per_delivery": round(best["runtime"].cpu_us, 1),
         "offered_load": {"per_second": round(peak * 0.5, 1), "p50_ms": round(latency.percentile(0.5) * 1000, 2),
                          "p99_ms": round(latency.percentile(0.99) * 1000, 2)},
@@ -286,7 +299,12 @@ def _telegram_context(n: int) -> OriginalContext:
 
 def _ours(requests: int, concurrency: int, llm_url: str, telegram_url: str) -> Run:
     from autoresponse.actors.routes import sender
-    from autoresponse.interfaces.telegram import TelegramDelivery, TelegramSender, TelegramSettings, make_bot
+    from autoresponse.interfaces.telegram import (
+        TelegramDelivery,
+        TelegramSender,
+        TelegramSettings,
+        make_bot,
+    )
 
     tally = Tally(expected=requests)
     engine = HttpEngine(llm_url, model="fake", max_in_flight=concurrency)

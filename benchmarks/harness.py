@@ -109,9 +109,10 @@ def sized(one: Callable[[int], Run], *, seconds: float = MIN_SECONDS, probe: int
 
 
 def pipeline(engine: LLMEngine, tally: Tally, journal: SqliteJournal | None = None,
-             capacity: int = 100_000) -> Runtime:
-    """The delivery path of the runtime: LLM client, dispatcher, builder, a null sender."""
-    runtime = Runtime(mailbox_capacity=capacity, max_open=1_000_000).start()
+             capacity: int = 100_000, *, trace: bool = True) -> Runtime:
+    """The delivery path of the runtime: LLM client, dispatcher, builder, a null sender
+    (every request traced hop by hop, as the daemon does, unless ``trace`` is off)."""
+    runtime = Runtime(mailbox_capacity=capacity, max_open=1_000_000, trace=trace).start()
     runtime.journal = journal
     runtime.spawn(sender("console"), NullSender, tally, journal)
     runtime.spawn(DISPATCHER, ActionDispatcher)

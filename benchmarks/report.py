@@ -46,6 +46,12 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append(("5. case 1 with the journal on",
                     f"{runs['runtime + journal']['per_second']:,.0f}/s: **{c['journal_vs_none']:.2f}** of the figure without it",
                     "(reported)"))
+        if "trace_cost" in c:
+            cost = c["trace_cost"]
+            out.append(("1. what tracing every hop of every request costs (on by default)",
+                        f"{runs['runtime']['per_second']:,.0f} traced vs {runs['runtime, no trace']['per_second']:,.0f}/s "
+                        f"untraced: **{cost:.1%}**",
+                        f"≤ 10%: {_verdict(cost <= 0.10)}"))
     if "loopback_http" in f:
         c = f["loopback_http"]
         runs = c["runs"]

@@ -36,6 +36,8 @@ class LLMReply(BaseModel):
 
     prompt: PromptRequest
     text: str
+    #: Its text was shown to the chat while it was written (see OutboundMessage.preview).
+    previewed: bool = False
 
 
 class LLMFailure(BaseModel):
@@ -46,6 +48,8 @@ class LLMFailure(BaseModel):
     prompt: PromptRequest
     error: str
     status: int | None = None
+    #: Part of the reply was shown to the chat before the LLM failed: it is taken back.
+    previewed: bool = False
 
 
 class ActionRequest(BaseModel):
@@ -78,10 +82,14 @@ class OutboundMessage(BaseModel):
     #: Names this reply within its correlation, the same when a resumed item is
     #: replayed; a sender appends the chunk number and skips chunks already sent.
     key: str | None = None
+    #: The reply as far as the LLM has written it (a streamed reply): shown if the
+    #: sender can, then replaced by the final message of the same ``key``; a preview
+    #: with no text takes back what was shown (the final message will not come).
+    preview: bool = False
 
     @classmethod
     def reply(cls, context: OriginalContext, text: str, *, notice: bool = False,
-              chat_id: ChatId | None = None, key: str | None = None) -> OutboundMessage:
+              chat_id: ChatId | None = None, key: str | None = None, preview: bool = False) -> OutboundMessage:
         """A reply to ``context``'s message, in its chat and topic unless ``chat_id`` says
         otherwise (then it is a new message there)."""
         same_chat = chat_id is None or str(chat_id) == str(context.chat_id)
@@ -93,6 +101,7 @@ class OutboundMessage(BaseModel):
             thread_id=context.thread_id if same_chat else None,
             notice=notice,
             key=key,
+            preview=preview,
         )
 
 

@@ -160,7 +160,13 @@ def platforms() -> tuple[Platform, ...]:
 
 @contextlib.contextmanager
 def registered(platform: Platform) -> Iterator[Platform]:
-    """``platform`` is registered inside the block only (for tests and plugins' checks)."""
+    """``platform`` is registered inside the block only (for tests and plugins' checks).
+
+    A platform that already was registered (a built-in) stays registered after the block.
+    """
+    if platform in platforms():
+        yield platform
+        return
     register_platform(platform)
     try:
         yield platform

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +124,11 @@ class Daemon:
     Each run logs to ``<tmp_path>/daemon-<n>.log``; ``log()`` reads every run's log.
     """
 
-    def __init__(self, tmp_path: Path, token: str | None = None, **env: str) -> None:
+    def __init__(self, tmp_path: Path, token: str | None = None, *, command: Sequence[str] = ("run",),
+                 **env: str) -> None:
         self.tmp_path = tmp_path
         self.token = token
+        self.command = tuple(command)
         self.port = int(env.get("AUTORESPONSE_ADMIN__PORT") or free_port())
         self.env = environment(**{"AUTORESPONSE_ADMIN__PORT": str(self.port),
                                   "AUTORESPONSE_DATA_DIR": str(tmp_path / "data"),
@@ -138,7 +140,7 @@ class Daemon:
     def start(self, *, stdin: int | None = subprocess.DEVNULL) -> Daemon:
         self.runs += 1
         with open(self.tmp_path / f"daemon-{self.runs}.log", "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], env=self.env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "autoresponse", *self.command], env=self.env,
                                          stdin=stdin, stdout=subprocess.DEVNULL, stderr=log)
         until = time.monotonic() + 30
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}

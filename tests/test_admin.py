@@ -187,6 +187,16 @@ def test_a_body_that_is_not_json_is_a_400(make_app: MakeApp, body: bytes, reason
     assert code == 202
 
 
+def test_text_that_is_not_unicode_is_a_400_and_gives_its_place_back(make_app: MakeApp) -> None:
+    # A lone surrogate parses as JSON but cannot be journaled; it once took a place for good.
+    app = make_app(admin=ADMIN, runtime={"max_open": 1})
+    for _ in range(3):
+        code, answer = post_raw(f"{admin_url(app)}/inject/interface.console", b'{"text": "run echo \\ud800"}')
+        assert code == 400 and answer["error"].startswith("the message cannot be stored")
+    code, answer = post_raw(f"{admin_url(app)}/inject/interface.console", b'{"text": "run echo fine"}')
+    assert code == 202
+
+
 def test_an_authorization_header_that_is_not_utf8_is_a_401() -> None:
     rt = Runtime().start()
     try:

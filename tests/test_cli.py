@@ -271,3 +271,127 @@ def test_journal_check_reads_the_path_from_the_config_file(tmp_path: Path) -> No
     config.write_text(f'[journal]\npath = "{journal}"\n')
     done = autoresponse("journal", "check", "--config", str(config))
     assert (done.returncode, done.stdout) == (0, f"no journal at {journal}\n"), done.stderr
+
+
+# ---------------------------------------------------------------- settings no one can mean, stores that cannot be read
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("AUTORESPONSE_RUNTIME__DRAIN_SECONDS", "inf", "is inf: should be a finite number"),
+    ("AUTORESPONSE_RUNTIME__DRAIN_SECONDS", "1e300", "is 1e+300: should be less than or equal to "),
+    ("AUTORESPONSE_EVENTS__CHECK_SECONDS", "inf", "is inf: should be a finite number"),
+    ("AUTORESPONSE_RETRY__BACKOFF_MAX", "inf", "is inf: should be a finite number"),
+    ("AUTORESPONSE_LLM__TEMPERATURE", "nan", "is nan: should be a finite number"),
+    ("AUTORESPONSE_EVENTS__RETRY_MIN", "nan", "should be greater than or equal to 0"),
+    ("AUTORESPONSE_MEMORY__MAX_TOKENS", "0", "is '0': should be greater than or equal to 1"),
+])
+def test_a_number_no_one_can_mean_is_refused_before_the_start(variable: str, value: str, expected: str,
+                                                              tmp_path: Path) -> None:
+    env = environment(**{variable: value}, AUTORESPONSE_ADMIN__PORT=str(free_port()),
+                      AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    line = one_line_error(autoresponse("run", env=env))
+    assert line.startswith(f"autoresponse: {variable} ") and expected in line
+    assert not (tmp_path / "data" / "journal.sqlite3").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_an_llm_base_url_that_is_no_url_is_a_settings_error(command: str) -> None:
+    env = environment(AUTORESPONSE_LLM__BASE_URL="not a url", AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    line = one_line_error(autoresponse(command, env=env))
+    assert line == ("autoresponse: AUTORESPONSE_LLM__BASE_URL is 'not a url': should be an http:// or "
+                    "https:// URL with a host, e.g. http://127.0.0.1:11434/v1")
+
+
+def test_an_llm_base_url_that_does_not_parse_never_shows_its_password() -> None:
+    env = environment(AUTORESPONSE_LLM__BASE_URL="http://admin:hunter22@[::1",
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    done = autoresponse("run", env=env)
+    line = one_line_error(done)
+    assert line.startswith("autoresponse: AUTORESPONSE_LLM__BASE_URL is 'http://[secret]@[::1': "
+                           "should be an http")
+    assert "hunter22" not in done.stdout + done.stderr
+
+
+def test_a_directory_given_as_the_config_file_is_named_as_one(tmp_path: Path) -> None:
+    line = one_line_error(autoresponse("run", "--config", str(tmp_path)))
+    assert line == f"autoresponse: the config file {tmp_path} is a directory; give a TOML file"
+
+
+def test_an_empty_data_dir_is_refused_not_the_current_directory(tmp_path: Path) -> None:
+    env = environment(AUTORESPONSE_DATA_DIR="", AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    done = subprocess.run([sys.executable, "-m", "autoresponse", "run"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60, stdin=subprocess.DEVNULL, check=False)
+    line = one_line_error(done)
+    assert line == ("autoresponse: AUTORESPONSE_DATA_DIR is '': should be a path, not empty (that would be "
+                    "the current directory)")
+    assert list(tmp_path.iterdir()) == []  # no database written where the command was started
+
+
+STORES = {"memory": "conversation memory", "events": "reminder store"}
+
+
+@pytest.mark.parametrize(("command", "store"), [("run", "memory"), ("run", "events"), ("demo", "memory"),
+                                              ("demo", "events"), ("history", "memory")])
+@pytest.mark.parametrize("damage", ["corrupt", "a directory"])
+def test_a_store_that_cannot_be_read_is_one_line_that_says_how_to_move_it_aside(
+    command: str, store: str, damage: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / f"{store}.sqlite3"
+    if damage == "corrupt":
+        path.write_bytes(JUNK)
+    else:
+        path.mkdir()
+    env = environment(AUTORESPONSE_DATA_DIR=str(data), AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    line = one_line_error(autoresponse(command, env=env))
+    why = "file is not a database" if damage == "corrupt" else "it is a directory"
+    assert line == (f"autoresponse: the {STORES[store]} {path} cannot be read ({why}); it was left as it is. "
+                    f"To start with an empty {STORES[store]}, move it aside: mv {path} {path}.corrupt")
+    if damage == "corrupt":  # kept as it was, never replaced
+        assert path.read_bytes() == JUNK
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_a_directory_where_the_journal_goes_is_one_line(command: str, tmp_path: Path) -> None:
+    journal = tmp_path / "data" / "journal.sqlite3"
+    journal.mkdir(parents=True)
+    env = environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "data"),
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    line = one_line_error(autoresponse(command, env=env))
+    assert line == f"autoresponse: the journal {journal} cannot be used: it is a directory"
+
+
+def _has_loaded(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see how far the start got")
+@pytest.mark.parametrize("later", [0.0, 0.2, 0.5])
+def test_a_ctrl_c_while_the_daemon_starts_stops_it_without_a_traceback(later: float, tmp_path: Path) -> None:
+    import time
+
+    env = environment(AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # pydantic's core is loaded early in the modules' loading, which takes most of the first second.
+        until = time.monotonic() + 30
+        while not _has_loaded(proc.pid, "_pydantic_core") and time.monotonic() < until:
+            time.sleep(0.002)
+        time.sleep(later)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in stderr, stderr
+    assert proc.returncode in (0, 130), stderr
+    if proc.returncode == 130:  # before the daemon handles signals itself: one line
+        assert stderr.splitlines() == ["autoresponse: interrupted"]
+    else:  # after: the usual clean stop
+        assert stderr.rstrip().endswith("autoresponse: stopped")

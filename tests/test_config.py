@@ -193,3 +193,142 @@ def test_a_data_dir_that_is_a_file_is_refused_with_the_reason(tmp_path: Path) ->
                                           r".*/file is a file$"):
         Settings.load(data_dir=tmp_path / "file" / "data").check_data_dir()
     assert Settings.load(data_dir=tmp_path / "new" / "data").check_data_dir().is_dir()
+
+
+# ---------------------------------------------------------------- numbers, URLs and paths that cannot be meant
+
+
+def _float_settings(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The path of every float setting beneath ``model``, in nested sections too."""
+    from typing import get_args
+
+    found = []
+    for name, field in model.model_fields.items():
+        members = [field.annotation, *get_args(field.annotation)]
+        if float in members:
+            found.append((*path, name))
+        found += [p for m in members if isinstance(m, type) and issubclass(m, BaseModel)
+                  for p in _float_settings(m, (*path, name))]
+    return found
+
+
+FLOAT_SETTINGS = _float_settings(type(Settings()))
+
+
+def test_every_section_has_float_settings_to_check() -> None:
+    sections = {path[0] for path in FLOAT_SETTINGS}
+    assert {"llm", "runtime", "retry", "supervision", "memory", "journal", "events", "terminal"} <= sections
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_no_float_setting_of_any_section_takes_inf_or_nan(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    for path in FLOAT_SETTINGS:
+        variable = "AUTORESPONSE_" + "__".join(path).upper()
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ConfigError, match=f"^{variable} is "):  # its bound, or "a finite number"
+            Settings.load()
+        monkeypatch.delenv(variable)
+
+
+def test_a_float_with_no_bound_is_refused_as_not_finite(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[llm]\ntemperature = nan\n")  # TOML has nan and inf literals
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(config)
+    assert str(caught.value) == f"{config}: [llm] temperature is nan: should be a finite number"
+    with pytest.raises(ConfigError, match=r"^the argument runtime\.drain_seconds is inf: should be a finite"):
+        Settings.load(runtime={"drain_seconds": float("inf")})
+
+
+def test_a_time_longer_than_any_wait_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESPONSE_RUNTIME__DRAIN_SECONDS", "1e300")  # waiting for it overflows
+    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_RUNTIME__DRAIN_SECONDS is 1e\+300: should be less "
+                                          r"than or equal to \d+$"):
+        Settings.load()
+    monkeypatch.setenv("AUTORESPONSE_RUNTIME__DRAIN_SECONDS", "86400")
+    assert Settings.load().runtime.drain_seconds == 86400
+
+
+class MeterSettings(BaseModel):
+    interval: float = 1.0
+    routes: dict[str, Route] = {}
+    limits: list[float] = []
+
+
+def test_a_registered_platform_s_floats_are_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    with registered(Platform("meter", MeterSettings, lambda m: None)):
+        monkeypatch.setenv("AUTORESPONSE_METER__INTERVAL", "nan")
+        with pytest.raises(ConfigError, match="^AUTORESPONSE_METER__INTERVAL is nan: should be a finite number$"):
+            Settings.load()
+        monkeypatch.delenv("AUTORESPONSE_METER__INTERVAL")
+        monkeypatch.setenv("AUTORESPONSE_METER__LIMITS", "[1.5, Infinity]")
+        with pytest.raises(ConfigError, match=r"^AUTORESPONSE_METER__LIMITS\[1\] is inf: should be a finite"):
+            Settings.load()
+
+
+def test_memory_needs_a_positive_token_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESPONSE_MEMORY__MAX_TOKENS", "0")
+    with pytest.raises(ConfigError, match="^AUTORESPONSE_MEMORY__MAX_TOKENS is '0': should be greater than "
+                                          "or equal to 1$"):
+        Settings.load()
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:11434/v1", "https://api.openai.com/v1",
+                                 "http://[::1]:8080/v1", "https://user:pw@llm.example/v1"])
+def test_the_llm_base_url_takes_http_urls_with_a_host(url: str) -> None:
+    assert Settings.load(llm={"base_url": url}).llm.base_url == url
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_llm_base_url_is_the_offline_engine(monkeypatch: pytest.MonkeyPatch, blank: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LLM__BASE_URL", blank)
+    assert Settings.load().llm.base_url is None
+
+
+@pytest.mark.parametrize("url", ["not a url", "localhost:11434", "ftp://llm.example/v1", "http:///v1",
+                                 "http://llm.example:99999/v1", "http://llm.example:port/v1",
+                                 "http://llm example/v1", "http://u:hunter22@[::1"])
+def test_the_llm_base_url_must_be_an_http_url_with_a_host(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LLM__BASE_URL", url)
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    message = str(caught.value)
+    assert message.startswith("AUTORESPONSE_LLM__BASE_URL is ")
+    assert message.endswith(": should be an http:// or https:// URL with a host, e.g. http://127.0.0.1:11434/v1")
+    assert "hunter22" not in message
+
+
+def test_credentials_are_found_even_in_a_url_that_does_not_parse() -> None:
+    # The Telegram base URL is not checked as a URL; its credentials are still secrets,
+    # and finding them must not raise (urlsplit does, on an unclosed IPv6 bracket).
+    settings = Settings.load(telegram={"base_url": "http://bot:hunter22@[::1/bot"})
+    assert "hunter22" in settings.secrets()
+    assert "bot:hunter22" in settings.secrets()
+
+
+@pytest.mark.parametrize("blank", ["", " "])
+def test_an_empty_path_is_refused_not_taken_as_the_current_directory(monkeypatch: pytest.MonkeyPatch,
+                                                                     blank: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_DATA_DIR", blank)
+    with pytest.raises(ConfigError, match=f"^AUTORESPONSE_DATA_DIR is '{blank}': should be a path, not empty"):
+        Settings.load()
+    monkeypatch.delenv("AUTORESPONSE_DATA_DIR")
+    monkeypatch.setenv("AUTORESPONSE_JOURNAL__PATH", blank)
+    with pytest.raises(ConfigError, match="^AUTORESPONSE_JOURNAL__PATH is .*: should be a path, not empty"):
+        Settings.load()
+
+
+def test_a_directory_given_as_the_config_file_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"^the config file {tmp_path} is a directory; give a TOML file$"):
+        Settings.load(tmp_path)
+
+
+def test_a_directory_where_the_journal_goes_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "journal.sqlite3").mkdir()
+    with pytest.raises(ConfigError, match=r"^the journal .*/journal\.sqlite3 cannot be used: it is a directory$"):
+        Settings.load(data_dir=tmp_path).check_data_dir()
+    (tmp_path / "j").mkdir()
+    with pytest.raises(ConfigError, match=r"^the journal .*/j \(AUTORESPONSE_JOURNAL__PATH, \[journal\] path\) "
+                                          r"cannot be used: it is a directory$"):
+        Settings.load(data_dir=tmp_path, journal={"path": tmp_path / "j"}).check_data_dir()
+    assert Settings.load(data_dir=tmp_path, journal={"enabled": False}).check_data_dir() == tmp_path

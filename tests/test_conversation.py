@@ -14,6 +14,7 @@ import pytest
 from conftest import ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.conversation import FORGOTTEN
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.actors.prompts import SUGGESTED_RESPONSE_FORMAT
@@ -306,3 +307,38 @@ def test_history_shows_a_chats_memory(make_app: MakeApp, tmp_path: Path) -> None
     missing = subprocess.run([sys.executable, "-m", "autoresponse", "history", "nobody"], capture_output=True,
                              text=True, env=env, timeout=60)
     assert missing.returncode == 1 and "no memory of chat 'nobody'" in missing.stderr
+
+
+def test_forget_in_a_burst_takes_its_turn_and_leaves_nothing_before_it(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(delay=1.0, content=json.dumps({"actions": [say("ack first")]})),
+                    FakeResponse(delay=1.0, content=json.dumps({"actions": [say("ack password")]})))
+    app = make_app(base_url=fake_llm.base_url)
+    assert app.memory is not None
+    chat = "console:console:"
+    remembered_when_told: list[list[str]] = []
+
+    def on_reply(env: Any) -> None:  # what memory holds the moment the user is told
+        if isinstance(env.body, OutboundMessage) and env.body.text == FORGOTTEN:
+            remembered_when_told.append([e.content for e in app.memory.history(chat)])
+
+    stop_watching = app.runtime.watch(sender("console"), on_reply)
+    try:
+        with app.runtime.probe(sender("console")) as out:
+            app.runtime.send("interface.console", ConsoleInput(text="first"))
+            time.sleep(0.3)
+            app.runtime.send("interface.console", ConsoleInput(text="my password is hunter2"))
+            app.runtime.send("interface.console", ConsoleInput(text="/forget"))
+            assert app.runtime.wait_idle(timeout=20)
+            replies = [m.text for m in out.bodies(OutboundMessage)]
+    finally:
+        stop_watching()
+    assert replies == ["ack first", "ack password", FORGOTTEN]  # in the chat's order
+    assert remembered_when_told == [[]]
+    assert app.memory.history(chat) == []
+    # The message before /forget was answered on its own, not merged with it.
+    assert [t.messages[-1]["content"] for t in chat_turns(fake_llm)] == ["first", "my password is hunter2"]
+
+    ask(app, "what is my password?")
+    assert [m["role"] for m in chat_turns(fake_llm)[-1].messages] == ["system", "user"]

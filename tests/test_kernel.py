@@ -188,7 +188,13 @@ def test_a_stop_interrupts_what_is_still_queued_and_dead_letters_nothing() -> No
     rt.spawn("sink", Recorder)
     rt.spawn("gated", Gated, gate)
     accepted = [rt.accept("gated", Ping(n=n)).result(5) for n in (1, 3, 4)]
-    threading.Timer(0.1, gate.set).start()  # well within the stop's wait for the message in hand
+    wait_until(lambda: len(rt.cell("gated").mailbox) == 2)  # the first is in hand, two wait
+
+    def open_the_gate_once_stopping() -> None:  # the one in hand finishes during the stop
+        wait_until(lambda: rt.stopping)
+        gate.set()
+
+    threading.Thread(target=open_the_gate_once_stopping).start()
     assert rt.stop(drain=0.05) is False
     # A stop is a pause, not a failure: nothing was dead-lettered ...
     assert rt.dead_letters.letters() == []
@@ -367,3 +373,35 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < until, "condition not met in time"
         time.sleep(0.01)
+
+
+class HoldsAndWaits(TypedActor):
+    """Holds each Ping and also starts a long call for it (as the builder holds an output
+    and times its batch); crashes on Pong."""
+
+    handled: ClassVar[list[int]] = []
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        HoldsAndWaits.handled.append(ping.n)
+        self.hold(env)
+        self.run_io(asyncio.sleep(3600), cause=env)
+        self.run_io(asyncio.sleep(3600), cause=env)
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        raise ValueError("pong crashes me")
+
+
+def test_work_held_and_waited_on_twice_is_taken_up_once_after_a_crash() -> None:
+    HoldsAndWaits.handled.clear()
+    with running(("holder", HoldsAndWaits)) as rt:
+        ping = rt.send("holder", Ping(n=1))
+        assert ping is not None
+        wait_until(lambda: HoldsAndWaits.handled == [1])
+        rt.send("holder", Pong(n=0))
+        wait_until(lambda: HoldsAndWaits.handled == [1, 1])
+        time.sleep(0.2)
+        assert HoldsAndWaits.handled == [1, 1]  # once more, not once per task and hold
+        # Three claims on it (a hold, two calls) are still one message in flight.
+        assert rt.inflight.count(ping.correlation_id) == 3

@@ -17,7 +17,7 @@ from conftest import ask
 from autoresponse import Application, Settings
 from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
-from autoresponse.actors.llm.client import UNREACHABLE_NOTICE
+from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
 from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.interfaces.console import Console
@@ -141,6 +141,18 @@ def test_a_body_that_is_not_utf8_gives_the_user_a_notice(
     assert notice.notice and notice.text == UNREACHABLE_NOTICE
     [letter] = app.runtime.dead_letters.letters()
     assert letter.reason == "llm unavailable" and "UTF-8" in letter.detail
+
+
+def test_a_request_the_llm_finds_too_long_is_told_so_not_unreachable(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(status=413))
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "hello " * 1000)
+        [notice] = out.bodies(OutboundMessage)
+    assert notice.notice and notice.text == TOO_LONG_NOTICE
+    assert len(fake_llm.requests) == 1  # a 413 is not retried
 
 
 class BrokenEngine:

@@ -22,7 +22,7 @@ from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.reddit import PLATFORM, REFUSAL
 from autoresponse.interfaces.reddit.fake_server import FakeRedditServer
 from autoresponse.messages import OriginalContext, OutboundMessage
-from autoresponse.supervisors import platforms, registered
+from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot
 
 CLIENT_ID = "reddit-app-id"
@@ -35,9 +35,6 @@ RATELIMIT = ("RATELIMIT", "Looks like you've been doing that a lot. Take a break
 @pytest.fixture(autouse=True, scope="module")
 def reddit_platform() -> Iterator[None]:
     """Registered for these tests, unless it already is a built-in."""
-    if PLATFORM in platforms():
-        yield
-        return
     with registered(PLATFORM):
         yield
 

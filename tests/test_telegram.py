@@ -256,6 +256,24 @@ def test_a_malformed_update_is_dead_lettered_acknowledged_and_the_rest_flow_on(
     assert bot.runtime.cell("interface.telegram").restarts == 0
 
 
+def test_an_update_with_text_that_is_not_unicode_is_dead_lettered_and_acknowledged(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    # A lone surrogate (a JSON "\ud800" escape) cannot be journaled: once it stopped polling.
+    bad = fake_telegram.push_update({"message": {"message_id": 9, "date": 0, "text": "run echo \ud800",
+                                                 "chat": {"id": CHAT, "type": "private"},
+                                                 "from": {"id": ALLOWED, "is_bot": False, "first_name": "A\udfff"}}})
+    fake_telegram.push_text("run echo after the surrogate", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    assert "after the surrogate" in json.dumps(sent.params)
+    [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed input"]
+    assert "cannot be stored" in letter.detail and letter.actor == "interface.telegram"
+    wait_for(lambda: any(int(c.params.get("offset") or 0) > bad for c in fake_telegram.calls_to("getUpdates")))
+    assert bot.runtime.cell("interface.telegram").restarts == 0
+    assert bot.runtime.wait_idle(timeout=10)
+    assert bot.runtime.intake.free() == bot.runtime.intake.capacity  # its place was given back
+
+
 def test_a_blocked_bot_is_reachable_again_once_its_user_writes(
     bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
 ) -> None:

@@ -42,7 +42,7 @@ from autoresponse.interfaces.telegram import split_message, utf16_len
 from autoresponse.interfaces.telethon import PLATFORM, REFUSAL, USERBOT
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
 from autoresponse.messages import OriginalContext, OutboundMessage
-from autoresponse.supervisors import platforms, registered
+from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot
 
 ME, ADA, MALLORY = 500, 7, 66
@@ -54,9 +54,6 @@ SESSION = "1" + "telethon-session-string-that-is-the-accounts-key" * 4
 @pytest.fixture(autouse=True, scope="module")
 def telethon_platform() -> Iterator[None]:
     """Registered for these tests, unless it already is a built-in."""
-    if PLATFORM in platforms():
-        yield
-        return
     with registered(PLATFORM):
         yield
 

@@ -26,7 +26,7 @@ from autoresponse.interfaces.x import PLATFORM, REFUSAL
 from autoresponse.interfaces.x.counting import split_post, weighted_length
 from autoresponse.interfaces.x.fake_server import FakeXServer
 from autoresponse.messages import OriginalContext, OutboundMessage
-from autoresponse.supervisors import platforms, registered
+from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot
 
 ME, ADA, STRANGER = 1000, 7, 99
@@ -36,9 +36,6 @@ KEYS = ("x-consumer-key-0a1b2c", "x-consumer-secret-3d4e5f", "x-access-token-6a7
 @pytest.fixture(autouse=True, scope="module")
 def x_platform() -> Iterator[None]:
     """Registered for these tests, unless it already is a built-in."""
-    if PLATFORM in platforms():
-        yield
-        return
     with registered(PLATFORM):
         yield
 

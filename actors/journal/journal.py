@@ -54,6 +54,11 @@ CREATE TABLE IF NOT EXISTS sent (
     key TEXT PRIMARY KEY,
     time REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS traces (
+    correlation TEXT PRIMARY KEY,
+    time REAL NOT NULL,
+    hops TEXT NOT NULL                    -- the trace's hops as JSON (actors.trace)
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY,
     time REAL NOT NULL,
@@ -99,6 +104,8 @@ class DeliveryJournal(Protocol):
     def dead_letter(self, letter_id: int) -> dict[str, Any] | None: ...
     def last_dead_letter_id(self) -> int: ...
     def dead_letter_counts(self) -> dict[str, int]: ...
+    def record_trace(self, correlation: str, hops: list[dict[str, Any]]) -> concurrent.futures.Future[bool]: ...
+    def trace(self, correlation: str) -> list[dict[str, Any]] | None: ...
     def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
                 keep_dead_letters: int = ...) -> int: ...
     def close(self) -> None: ...
@@ -179,6 +186,8 @@ class SqliteJournal:
                     now = time.time()
                     self.compact(now - self.retention_seconds,
                                  dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
+                    with self._db_lock:  # and the write-ahead log starts again from nothing
+                        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
@@ -217,6 +226,16 @@ class SqliteJournal:
             ).fetchall()
         return [JournalItem(correlation=r[0], actor=r[1], type=r[2], payload=r[3]) for r in rows]
 
+    def record_trace(self, correlation: str, hops: list[dict[str, Any]]) -> concurrent.futures.Future[bool]:
+        """Keep a finished request's trace (replaced if the request ran again)."""
+        return self._write("INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES (?, ?, ?)",
+                           (correlation, time.time(), json.dumps(hops)))
+
+    def trace(self, correlation: str) -> list[dict[str, Any]] | None:
+        with self._db_lock:
+            row = self._db.execute("SELECT hops FROM traces WHERE correlation = ?", (correlation,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
     def dead_letters(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` dead letters, oldest first."""
         with self._db_lock:
@@ -249,6 +268,7 @@ class SqliteJournal:
             items = self._db.execute("DELETE FROM items WHERE state != 'open' AND finished < ?",
                                      (older_than,)).rowcount
             self._db.execute("DELETE FROM sent WHERE time < ?", (older_than,))
+            self._db.execute("DELETE FROM traces WHERE time < ?", (older_than,))
             self._db.execute("DELETE FROM dead_letters WHERE time < ? OR id <= "
                              "(SELECT MAX(id) FROM dead_letters) - ?", (letters_before, keep_dead_letters))
         return items

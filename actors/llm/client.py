@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 from autoresponse.actors.actor import TypedActor, handles
-from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT
+from autoresponse.actors.dispatcher import message_key, turn_key
+from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import DISPATCHER, autonomous_actions, chat_actions, sender
+from autoresponse.actors.streaming import preview_text, withdrawal
 from autoresponse.messages import (
     Envelope,
     LLMFailure,
@@ -19,11 +22,13 @@ from autoresponse.messages import (
     OutboundMessage,
     PromptRequest,
     UserRequest,
+    message_action_for,
 )
 
 log = logging.getLogger("autoresponse.llm")
 
 UNREACHABLE_NOTICE = "Sorry, I could not reach the language model, so I could not answer this."
+TOO_LONG_NOTICE = "Sorry, this is too long for the language model to read; please send it shorter."
 
 
 class LLMClient(TypedActor):
@@ -57,19 +62,57 @@ class LLMClient(TypedActor):
         self._ask(request.prompt, env)
 
     def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
-        self.run_io(self._complete(prompt, render_openai_messages(prompt)), cause=env)
+        watch = self._previewer(prompt, env) if getattr(self.engine, "stream", False) else None
+        self.run_io(self._complete(prompt, render_openai_messages(prompt), watch), cause=env)
 
-    async def _complete(self, prompt: PromptRequest, messages: list[dict[str, str]]) -> LLMReply | LLMFailure:
+    def _previewer(self, prompt: PromptRequest, env: Envelope) -> Callable[[str], bool] | None:
+        """While a first answer is streamed and reads as a reply to its chat, its text so
+        far goes to the chat's sender as a preview, at most one every PREVIEW_SECONDS,
+        keyed as the dispatcher will key the final reply (its first action)."""
+        ctx = prompt.original_context
+        model = message_action_for(ctx.interface_name)
+        if model is None or prompt.reask or prompt.carried_out:
+            return None  # a re-ask's first action may not be the reply the user saw growing
+        wanted, to = model.action_type(), sender(ctx.interface_name)
+        key = message_key(turn_key(env.correlation_id, prompt), 0)
+        # The first preview waits PREVIEW_SECONDS too: a reply that comes quickly is
+        # simply sent, and only a slow one is shown as it grows.
+        last_at, last_text = time.monotonic(), ""
+
+        def on_text(partial: str) -> bool:
+            nonlocal last_at, last_text
+            found = preview_text(partial)
+            now = time.monotonic()
+            if (found is None or found[0] != wanted or len(found[1].strip()) < PREVIEW_MIN_CHARS
+                    or now - last_at < PREVIEW_SECONDS or found[1] == last_text):
+                return bool(last_text)
+            last_at, last_text = now, found[1]
+            self.send(to, OutboundMessage.reply(ctx, last_text, key=key, preview=True), cause=env)
+            return True
+        return on_text
+
+    async def _complete(self, prompt: PromptRequest, messages: list[dict[str, str]],
+                        watch: Callable[[str], bool] | None = None) -> LLMReply | LLMFailure:
+        started = time.monotonic()
+        previewed = False
+
+        def on_text(partial: str) -> None:
+            nonlocal previewed
+            previewed = watch(partial) if watch is not None else False
+
         try:
-            text = await self.engine.complete(messages)
+            text = await (self.engine.complete(messages) if watch is None
+                          else self.engine.complete(messages, on_text))
         except LLMError as exc:
-            return LLMFailure(prompt=prompt, error=str(exc), status=exc.status)
+            return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed)
         except Exception as exc:
             # An engine bug or a surprise it let through: crashing would replay the call
             # and then drop the turn silently; as a failure the user still hears back.
             log.exception("the LLM engine %r failed unexpectedly", self.engine)
-            return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}")
-        return LLMReply(prompt=prompt, text=text)
+            return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}", previewed=previewed)
+        # Logged on the loop, with the request's correlation id (the task inherits it).
+        log.debug("the LLM answered in %.3fs (%d characters)", time.monotonic() - started, len(text))
+        return LLMReply(prompt=prompt, text=text, previewed=previewed)
 
     @handles
     def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
@@ -79,7 +122,10 @@ class LLMClient(TypedActor):
     def on_llm_failure(self, failure: LLMFailure, env: Envelope) -> None:
         self.runtime.dead_letters.post(env, "llm unavailable", actor=self.name, detail=failure.error)
         ctx = failure.prompt.original_context
+        if failure.previewed:  # the chat saw a reply start that will not be finished
+            key = message_key(turn_key(env.correlation_id, failure.prompt), 0)
+            self.send(sender(ctx.interface_name), withdrawal(ctx, key), cause=env)
         if receipt_failed(self, ctx, env, f"llm unavailable: {failure.error}"):
             return  # whoever asked for the receipt decides what the user hears
-        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, UNREACHABLE_NOTICE, notice=True),
-                  cause=env)
+        notice = TOO_LONG_NOTICE if failure.status == 413 else UNREACHABLE_NOTICE  # reached, and refused
+        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, notice, notice=True), cause=env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -17,8 +18,11 @@ class LLMError(Exception):
 
 
 class LLMEngine(Protocol):
-    async def complete(self, messages: list[dict[str, str]]) -> str:
-        """The text of the LLM's answer to ``messages``; raises ``LLMError``.
+    async def complete(self, messages: list[dict[str, str]],
+                       on_text: Callable[[str], None] | None = None) -> str:
+        """The text of the LLM's answer to ``messages``; raises ``LLMError``. An engine
+        that streams says so with a true ``stream`` attribute, and calls ``on_text``
+        with the text so far as it grows (an engine without it is never given one).
 
         Any other exception is a bug in the engine; the client still turns it
         into a failure the user hears about.

@@ -40,6 +40,10 @@ class FakeResponse:
     ``hang`` never answers (until the server stops). ``chunked`` streams the body
     in chunks without a Content-Length; ``drip`` sends the headers, then the body
     one byte every ``drip`` seconds (a server that is slow but never silent).
+
+    A request that asks to ``stream`` gets the reply as server-sent events, as
+    OpenAI streams it: ``piece`` characters a delta, one every ``every`` seconds;
+    ``unfinished`` cuts the stream off half way.
     """
 
     status: int = 200
@@ -51,6 +55,9 @@ class FakeResponse:
     hang: bool = False
     chunked: bool = False
     drip: float | None = None
+    piece: int = 16
+    every: float = 0.0
+    unfinished: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,12 +122,38 @@ class FakeLLMServer(LoopbackServer):
         if delay:
             await asyncio.sleep(delay)
         status = scripted.status if scripted is not None else 200
+        if body.get("stream") and status == 200 and (scripted is None or (scripted.raw is None
+                                                                          and scripted.body is None)):
+            return await self._events(request, scripted or FakeResponse(), body)
         data = await self._body(scripted, body)
         if scripted is not None and (scripted.chunked or scripted.drip is not None):
             return await self._stream(request, scripted, data)
         headers = scripted.headers if scripted is not None else {}
         return web.Response(status=status, body=data, headers=headers,
                             content_type="application/json")
+
+    async def _events(self, request: web.Request, scripted: FakeResponse, body: dict[str, Any]) -> web.StreamResponse:
+        """The reply as an OpenAI-style stream of deltas."""
+        content = scripted.content
+        if content is None:
+            content = await self._offline.complete(body.get("messages", []))
+        response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        if scripted.unfinished:
+            content = content[:len(content) // 2]
+        try:
+            for start in range(0, len(content), scripted.piece):
+                delta = {"choices": [{"index": 0, "delta": {"content": content[start:start + scripted.piece]}}]}
+                await response.write(f"data: {json.dumps(delta)}\n\n".encode())
+                if scripted.every and await self._stopped_within(scripted.every):
+                    return response
+            if not scripted.unfinished:
+                await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            pass
+        return response
 
     async def _body(self, scripted: FakeResponse | None, request: dict[str, Any]) -> bytes:
         """The bytes of the answer to ``request`` (see ``FakeResponse``)."""

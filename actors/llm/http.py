@@ -20,6 +20,7 @@ import base64
 import email.utils
 import json
 import time
+from collections.abc import Callable
 
 import aiohttp
 from pydantic import SecretStr
@@ -36,6 +37,7 @@ from autoresponse.actors.limits import (
     LLM_MAX_RETRY_AFTER_SECONDS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
+    STREAM_WATCH_SECONDS,
 )
 from autoresponse.actors.llm.engine import LLMError
 
@@ -110,6 +112,7 @@ class HttpEngine:
         max_attempts: int = LLM_MAX_ATTEMPTS,
         max_in_flight: int = LLM_MAX_IN_FLIGHT,
         temperature: float | None = None,
+        stream: bool = False,
     ) -> None:
         base, basic_auth = split_credentials(base_url)
         self.url = base.rstrip("/") + "/chat/completions"
@@ -132,6 +135,8 @@ class HttpEngine:
         self.max_attempts = max_attempts
         self.max_in_flight = max_in_flight
         self.temperature = temperature
+        #: Ask for the reply as a stream (server-sent events) when a caller watches it grow.
+        self.stream = stream
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -150,12 +155,18 @@ class HttpEngine:
             self._slots = asyncio.Semaphore(self.max_in_flight)
         return self._session
 
-    async def complete(self, messages: list[dict[str, str]]) -> str:
+    async def complete(self, messages: list[dict[str, str]],
+                       on_text: Callable[[str], None] | None = None) -> str:
+        """The reply's text. With ``on_text`` (and ``stream`` on), the reply is streamed and
+        ``on_text`` sees the text so far each time it grows; the whole text is returned."""
         session = self._open()
         assert self._slots is not None
         body: dict[str, object] = {"model": self.model, "messages": messages}
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        watch = on_text if self.stream else None
+        if watch is not None:
+            body["stream"] = True
         payload = json.dumps(body, ensure_ascii=False).encode()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_attempts),
@@ -172,7 +183,7 @@ class HttpEngine:
                     async for attempt in retrying:
                         attempts += 1
                         with attempt:
-                            return await self._post(session, payload)
+                            return await self._post(session, payload, watch)
                         # tenacity keeps the error in the outcome (and clears it before
                         # the next wait); keep it for the deadline's message.
                         outcome = attempt.retry_state.outcome
@@ -187,9 +198,12 @@ class HttpEngine:
         return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s "
                         f"deadline ({attempts} attempt(s)){because}")
 
-    async def _post(self, session: aiohttp.ClientSession, payload: bytes) -> str:
+    async def _post(self, session: aiohttp.ClientSession, payload: bytes,
+                    on_text: Callable[[str], None] | None = None) -> str:
         try:
             async with session.post(self.url, data=payload) as resp:
+                if resp.status == 200 and resp.content_type == "text/event-stream":
+                    return await self._streamed(resp, on_text)
                 raw = await self._read(resp)
                 if resp.status != 200:
                     # Only the start of an error body is shown; bad bytes are fine there.
@@ -202,6 +216,44 @@ class HttpEngine:
         except aiohttp.ClientError as exc:
             raise LLMError(f"cannot reach the LLM at {self.url}: {exc}", retryable=True) from exc
         return self._content(raw, encoding)
+
+    async def _streamed(self, resp: aiohttp.ClientResponse, on_text: Callable[[str], None] | None) -> str:
+        """The text of an OpenAI-style stream: ``data:`` lines of deltas, then ``[DONE]``.
+
+        Bounded like a whole body; a line that is not a delta is an error, and so is a
+        stream cut before its end (retried). ``on_text`` sees the text so far at most
+        every STREAM_WATCH_SECONDS, so a long reply is not joined once per delta.
+        """
+        text: list[str] = []
+        size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
+        clock = asyncio.get_running_loop().time
+        async for raw_line in resp.content:
+            size += len(raw_line)
+            if size > self.max_response_bytes:
+                raise LLMError(f"LLM response is larger than {self.max_response_bytes} bytes")
+            line = raw_line.strip()
+            if not line.startswith(b"data:"):
+                continue  # comments, blank lines between events
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                finished = True
+                break
+            try:
+                choice = json.loads(data)["choices"][0]
+                delta = choice.get("delta", {}).get("content") or ""
+                finished = finished or choice.get("finish_reason") is not None
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
+                raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
+            if not isinstance(delta, str):
+                raise LLMError(f"malformed LLM stream: {data[:200]!r}")
+            if delta:
+                text.append(delta)
+                if on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
+                    seen = clock()
+                    on_text("".join(text))
+        if not finished:
+            raise LLMError("the LLM's stream ended before the reply did", retryable=True)
+        return "".join(text)
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         """The body, at most ``max_response_bytes`` of it.

@@ -31,16 +31,46 @@ class Console:
         self.out = out or sys.stdout
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._streaming: tuple[str, str] | None = None  # the reply being printed as it grows
 
     def next_message_id(self) -> int:
         return next(self._ids)
 
     def write(self, who: str, tag: str, text: str) -> None:
         """``who  tag │ text``, continuation lines under the gutter."""
-        head = f"{who:<4} {tag:>5} │ "
-        pad = " " * (len(head) - 2) + "│ "
+        head, pad = self._gutter(who, tag)
         lines = text.splitlines() or [""]
         block = head + lines[0] + "".join(f"\n{pad}{line}" for line in lines[1:])
         with self._lock:
+            self._end_stream()
             self.out.write(block + "\n")
             self.out.flush()
+
+    def stream(self, key: str, who: str, tag: str, text: str, *, final: bool) -> None:
+        """Print ``text`` as it grows: what is new since the last call for ``key``, and the
+        line's end once ``final``. Anything else printed meanwhile ends the line first."""
+        head, pad = self._gutter(who, tag)
+        with self._lock:
+            if self._streaming is not None and self._streaming[0] != key:
+                self._end_stream()
+            shown = self._streaming[1] if self._streaming is not None else None
+            if shown is None or not text.startswith(shown):
+                if shown is not None:  # the text changed under us: start its line again
+                    self.out.write("\n")
+                self.out.write(head)
+                shown = ""
+            self.out.write(text[len(shown):].replace("\n", f"\n{pad}"))
+            self._streaming = (key, text)
+            if final:
+                self._end_stream()
+            self.out.flush()
+
+    def _end_stream(self) -> None:
+        if self._streaming is not None:
+            self.out.write("\n")
+            self._streaming = None
+
+    @staticmethod
+    def _gutter(who: str, tag: str) -> tuple[str, str]:
+        head = f"{who:<4} {tag:>5} │ "
+        return head, " " * (len(head) - 2) + "│ "

@@ -14,11 +14,32 @@ class ConsoleSender(TypedActor):
         super().__init__()
         self.console = console
         self.ledger = SendLedger(journal)
+        self._streamed: set[str] = set()  # keys of replies printed while they were written
 
     @handles
     def on_message(self, message: OutboundMessage, env: Envelope) -> None:
+        tag = f"↳#{message.reply_to_message_id}" if message.reply_to_message_id is not None else ""
+        if message.preview:  # the reply as far as the LLM has written it: printed as it grows
+            if message.key and not self.ledger.already_sent(message, 0):
+                self._preview(message, tag)
+            return
         if not self.ledger.already_sent(message, 0):
-            tag = f"↳#{message.reply_to_message_id}" if message.reply_to_message_id is not None else ""
-            self.console.write("bot" if not message.notice else "note", tag, message.text)
+            if message.key is not None and message.key in self._streamed:
+                self.console.stream(message.key, "bot", tag, message.text, final=True)
+            else:
+                self.console.write("bot" if not message.notice else "note", tag, message.text)
             self.ledger.confirm(message, 0)  # durable before the item's finish; no need to wait
+        self._streamed.discard(message.key or "")
         send_receipt(self, message, env, ok=True)
+
+    def _preview(self, message: OutboundMessage, tag: str) -> None:
+        key = message.key or ""
+        if not message.text:  # taken back: what was printed stays, marked as void
+            if key in self._streamed:
+                self._streamed.discard(key)
+                self.console.write("note", tag, "(the reply above was taken back)")
+            return
+        if len(self._streamed) > 1_000:  # previews whose final reply never came
+            self._streamed.clear()
+        self._streamed.add(key)
+        self.console.stream(key, "bot", tag, message.text, final=False)

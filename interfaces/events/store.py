@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from autoresponse.actors.memory import open_store
 from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.messages import OriginalContext
 
@@ -39,6 +40,15 @@ CREATE INDEX IF NOT EXISTS events_due ON events (state, due);
 """
 #: Columns added since the first release, for stores made by it.
 _MIGRATIONS = {"next_try": "ALTER TABLE events ADD COLUMN next_try REAL"}
+
+
+def _set_up(db: sqlite3.Connection) -> None:
+    """The schema, and the columns a store made by an older release lacks."""
+    db.executescript(_SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+    for column, statement in _MIGRATIONS.items():
+        if column not in columns:
+            db.execute(statement)
 
 
 class StoredEvent(BaseModel):
@@ -81,16 +91,10 @@ class EventStore:
     """Thread-safe; every write is committed before it returns."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
-        for column, statement in _MIGRATIONS.items():
-            if column not in columns:
-                self._db.execute(statement)
+        # Like the memory's: a file that is no database is named, and never replaced.
+        self._db = open_store(path, "reminder store", _set_up)
 
     def close(self) -> None:
         with self._lock:

@@ -35,7 +35,7 @@ from asyncprawcore.exceptions import (
     TooManyRequests,
 )
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.reddit.settings import (
@@ -49,8 +49,6 @@ from autoresponse.messages import OutboundMessage
 
 log = logging.getLogger("autoresponse.reddit")
 
-#: Wait after a failed post before the next attempt: 1 s, doubling.
-SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
 #: Things a reply can answer: a comment, a submission, a private message.
 _REPLYABLE = re.compile(r"^t[134]_[0-9a-z]+$")
 #: How Reddit says how long to wait: "... Take a break for 3 minutes before trying again."

@@ -23,16 +23,13 @@ from asyncprawcore.exceptions import AsyncPrawcoreException
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.inbound import take_request
+from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
+from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
 from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.reddit")
-
-#: Wait after a failed look at the inbox: 1 s, doubling, at most 5 minutes.
-POLL_BACKOFF = BackoffPolicy(min=1.0, max=300.0, jitter=0.1)
 
 
 class RedditItem(BaseModel):
@@ -94,7 +91,7 @@ class RedditInterface(TypedActor):
         super().__init__()
         self.settings = settings
         self._reddit = reddit  # shared with the sender; the platform closes it
-        self._mention = re.compile(rf"(?<![\w/])/?u/{re.escape(username)}\b", re.I)
+        self._mention = re.compile(rf"(?<![\w/])/?u/{re.escape(username)}\b", re.IGNORECASE)
 
     def setup(self) -> None:
         self.start_task(self._poll(), "inbox")
@@ -121,14 +118,10 @@ class RedditInterface(TypedActor):
         limit = max(1, min(REDDIT_UNREAD_PER_POLL, intake.free()))
         items = [item async for item in self._reddit.inbox.unread(limit=limit, mark_read=False)]
         for item in reversed(items):  # the listing is newest first
-            await self._journal(parse_item(item))
+            parsed = parse_item(item)
+            await accept_input(self, parsed, f"reddit-{parsed.fullname}")
         if items:
             await self._reddit.inbox.mark_read(items)
-
-    async def _journal(self, item: RedditItem) -> None:
-        """Accept ``item`` durably; while the runtime is full, wait for room on the loop."""
-        # One correlation per fullname: an item seen again after a crash is recognised.
-        await self.runtime.intake.accept_async(self.name, item, f"reddit-{item.fullname}")
 
     @handles
     def on_item(self, item: RedditItem, env: Envelope) -> None:

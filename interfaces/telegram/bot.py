@@ -10,10 +10,9 @@ from telegram.warnings import PTBUserWarning
 from autoresponse.interfaces.telegram.request import READ_TIMEOUT_SECONDS, AiohttpRequest
 from autoresponse.interfaces.telegram.settings import TelegramSettings
 
-
 # getUpdates and sendMessage go through do_api_request on purpose, for their raw JSON (see
 # TelegramInterface._poll and TelegramDelivery._send_message); PTB would warn about it.
-warnings.filterwarnings("ignore", message=r"Please use 'Bot\.(getUpdates|sendMessage)'", category=PTBUserWarning)
+warnings.filterwarnings("ignore", message=r"Please use 'Bot\.(getUpdates|sendMessage|editMessageText)'", category=PTBUserWarning)
 
 
 def make_bot(settings: TelegramSettings) -> Bot:

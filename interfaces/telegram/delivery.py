@@ -17,6 +17,7 @@ One ``TelegramDelivery`` per bot, used on the runtime's event loop:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import warnings
 from collections import OrderedDict, deque
@@ -25,7 +26,14 @@ from typing import Any
 
 from aiolimiter import AsyncLimiter
 from telegram import Bot
-from telegram.error import BadRequest, ChatMigrated, Forbidden, NetworkError, RetryAfter
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Forbidden,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
 from telegram.warnings import PTBDeprecationWarning
 
 from autoresponse.actors.backoff import BackoffPolicy
@@ -43,16 +51,30 @@ from autoresponse.interfaces.telegram.settings import (
 )
 from autoresponse.messages import ChatId, OutboundMessage
 
+log = logging.getLogger("autoresponse.telegram")
+
 #: Wait after a failed send before the next attempt: 0.5 s, doubling.
 SEND_BACKOFF = BackoffPolicy(min=0.5, max=8.0, jitter=0.1)
+#: Replies being previewed at once, at most (one whose final reply never came is forgotten).
+_PREVIEWS_KEPT = 1_000
 #: Per-chat pacing state is dropped for chats idle this long.
 _IDLE_SECONDS = 120.0
+
+
+class _Shown:
+    """A reply shown while it was being written: its message, and the text it shows."""
+
+    __slots__ = ("message_id", "text")
+
+    def __init__(self, message_id: int, text: str) -> None:
+        self.message_id = message_id
+        self.text = text
 
 
 class _ChatLane:
     """Order and pace for one chat: a FIFO lock and the times of recent sends."""
 
-    __slots__ = ("lock", "last", "recent", "used")
+    __slots__ = ("last", "lock", "recent", "used")
 
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -76,6 +98,7 @@ class TelegramDelivery:
         self._clock = clock
         self._sleep = sleep
         self._lanes: OrderedDict[ChatId, _ChatLane] = OrderedDict()
+        self._previews: OrderedDict[str, _Shown] = OrderedDict()  # reply key → what it shows
         self._overall: AsyncLimiter | None = None
         self._in_flight: asyncio.Semaphore | None = None
         #: Chats that blocked the bot or no longer exist.
@@ -112,23 +135,62 @@ class TelegramDelivery:
         return lane
 
     async def deliver(self, message: OutboundMessage) -> list[int]:
-        """Send every chunk of ``message``; the ids Telegram gave them. Raises Undeliverable."""
+        """Send every chunk of ``message``; the ids Telegram gave them. Raises Undeliverable.
+
+        A reply that was previewed while the LLM wrote it (``preview``) ends in that
+        message: its first chunk is edited in, once, and the rest are sent after it.
+        """
         chat_id: ChatId = self.migrated.get(str(message.chat_id), message.chat_id)
         if str(chat_id) in self.unreachable:
             raise Undeliverable("chat unreachable", f"chat {chat_id} blocked the bot earlier")
         lane = self._lane(chat_id)
         async with lane.lock:  # FIFO: replies to one chat keep their order
+            shown = self._previews.pop(message.key, None) if message.key else None
             ids: list[int] = []
             for n, chunk in enumerate(split_message(message.text)):
                 if self.ledger.already_sent(message, n):
                     continue  # confirmed before a restart: never twice
-                reply_to = message.reply_to_message_id if n == 0 else None
-                ids += await self._send(lane, message, chunk, reply_to)
+                if n == 0 and shown is not None:
+                    if chunk != shown.text:
+                        await self._send(lane, message, chunk, None, edit_of=shown.message_id)
+                    ids.append(shown.message_id)
+                else:
+                    reply_to = message.reply_to_message_id if n == 0 else None
+                    ids += await self._send(lane, message, chunk, reply_to)
                 await asyncio.wrap_future(self.ledger.confirm(message, n))
             return ids
 
+    async def preview(self, message: OutboundMessage) -> None:
+        """Show a reply while the LLM is still writing it: the first preview sends a
+        message, later ones edit it (paced as any send: one a second per chat), and one
+        with no text deletes it. Only the first chunk is shown; the final ``deliver``
+        sends the rest. Best effort: a preview that cannot be shown is dropped (the
+        final reply still goes out)."""
+        if not message.key or str(message.chat_id) in self.unreachable or self.ledger.already_sent(message, 0):
+            return  # a replayed turn whose reply went out before a restart shows nothing new
+        text = (split_message(message.text) or [""])[0]
+        chat_id: ChatId = self.migrated.get(str(message.chat_id), message.chat_id)
+        lane = self._lane(chat_id)
+        async with lane.lock:
+            shown = self._previews.get(message.key)
+            try:
+                if not text.strip():  # taken back
+                    if shown is not None:
+                        del self._previews[message.key]
+                        await self.bot.delete_message(chat_id, shown.message_id)
+                elif shown is None:
+                    [sent] = await self._send(lane, message, text, message.reply_to_message_id)
+                    self._previews[message.key] = _Shown(sent, text)
+                    while len(self._previews) > _PREVIEWS_KEPT:
+                        self._previews.popitem(last=False)
+                elif shown.text != text:
+                    await self._send(lane, message, text, None, edit_of=shown.message_id)
+                    shown.text = text
+            except (Undeliverable, TelegramError) as exc:
+                log.info("a preview was not shown (%s)", exc)
+
     async def _send_message(self, chat_id: ChatId, text: str, parse_mode: str | None, reply_to: Any,
-                            thread_id: Any) -> int:
+                            thread_id: Any, edit_of: int | None = None) -> int:
         """sendMessage, reading only the new message's id.
 
         The fast path: PTB's ``send_message`` builds a whole ``Message`` from the answer
@@ -139,6 +201,10 @@ class TelegramDelivery:
         params: dict[str, Any] = {"chat_id": chat_id, "text": text}
         if parse_mode is not None:
             params["parse_mode"] = parse_mode
+        if edit_of is not None:  # the same call, on a message already sent: editMessageText
+            params["message_id"] = edit_of
+            await self.bot.do_api_request("editMessageText", api_kwargs=params)
+            return edit_of
         if reply_to is not None:
             params["reply_parameters"] = {"message_id": reply_to, "allow_sending_without_reply": True}
         if thread_id is not None:
@@ -158,7 +224,7 @@ class TelegramDelivery:
         await self._overall.acquire()
 
     async def _send(self, lane: _ChatLane, message: OutboundMessage, text: str,
-                    reply_to: Any) -> list[int]:
+                    reply_to: Any, *, edit_of: int | None = None) -> list[int]:
         parse_mode = self.parse_mode
         failures = retry_afters = 0
         while True:
@@ -168,7 +234,8 @@ class TelegramDelivery:
                 self._in_flight = asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
             try:
                 async with self._in_flight:  # a bounded number of connections, as Telegram allows
-                    return [await self._send_message(chat_id, text, parse_mode, reply_to, message.thread_id)]
+                    return [await self._send_message(chat_id, text, parse_mode, reply_to, message.thread_id,
+                                                     edit_of)]
             except RetryAfter as exc:
                 retry_afters += 1
                 wait = _seconds(exc)
@@ -187,7 +254,9 @@ class TelegramDelivery:
                 problem = str(exc).lower()
                 if "parse entities" in problem and parse_mode is not None:
                     parse_mode = None  # fix the payload: plain text, once
-                elif "too long" in problem and utf16_len(text) > 1:
+                elif edit_of is not None and "not modified" in problem:
+                    return [edit_of]  # it already says this
+                elif "too long" in problem and utf16_len(text) > 1 and edit_of is None:
                     ids: list[int] = []
                     for part in split_message(text, max(1, utf16_len(text) // 2)):
                         ids += await self._send(lane, message, part, reply_to if not ids else None)

@@ -52,6 +52,7 @@ class Call:
     method: str
     params: dict[str, Any]
     ok: bool  # False when a scripted failure answered it
+    message_id: int | None = None  # the id a sendMessage was answered with
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,10 @@ class FakeTelegramServer(LoopbackServer):
         params = await self._params(request)
         chat_id = params.get("chat_id")
         failure = self._failure_for(method, None if chat_id is None else int(chat_id))
+        sent = self._message_sent(params) if failure is None and method == "sendMessage" else None
         with self._lock:
-            self.calls.append(Call(time.monotonic(), token, method, params, failure is None))
+            self.calls.append(Call(time.monotonic(), token, method, params, failure is None,
+                                   sent["message_id"] if sent else None))
         if failure is not None:
             body = {"ok": False, "error_code": failure.status, "description": failure.description}
             if failure.parameters:
@@ -179,8 +182,13 @@ class FakeTelegramServer(LoopbackServer):
             return web.json_response({"ok": True, "result": True})
         if method == "getUpdates":
             return web.json_response({"ok": True, "result": await self._get_updates(params)})
-        if method == "sendMessage":
-            return web.json_response({"ok": True, "result": self._message_sent(params)})
+        if sent is not None:
+            return web.json_response({"ok": True, "result": sent})
+        if method == "editMessageText":  # the edited message, as Telegram answers
+            return web.json_response({"ok": True, "result": {**self._message_sent(params),
+                                                             "message_id": int(params["message_id"])}})
+        if method == "deleteMessage":
+            return web.json_response({"ok": True, "result": True})
         return web.json_response({"ok": False, "error_code": 404, "description": "Not Found"}, status=404)
 
     async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from telegram.error import TelegramError
 
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.inbound import take_request
+from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_UPDATES, TelegramSettings
@@ -172,8 +172,7 @@ class TelegramInterface(TypedActor):
             self._malformed(item, f"{type(exc).__name__}: {exc}")
             return
         if parsed is not None:
-            # One correlation per update: fetched again after a crash, it is recognised.
-            await self.runtime.intake.accept_async(self.name, parsed, f"telegram-{bot.id}-{update_id}")
+            await accept_input(self, parsed, f"telegram-{bot.id}-{update_id}")
 
     def _malformed(self, item: Any, why: str) -> None:
         raw = json.dumps(item, ensure_ascii=False, default=repr)[:RAW_UPDATE_KEPT]

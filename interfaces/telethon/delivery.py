@@ -25,7 +25,7 @@ from typing import Any
 
 from telethon import errors
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.telegram.chunking import split_message
@@ -39,8 +39,6 @@ from autoresponse.messages import OutboundMessage
 
 log = logging.getLogger("autoresponse.telethon")
 
-#: Wait after a failed send before the next attempt: 1 s, doubling.
-SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
 #: Errors that mean the account cannot write to the chat: no retry helps.
 _UNREACHABLE = (errors.UserIsBlockedError, errors.ChatWriteForbiddenError, errors.PeerIdInvalidError,
                 errors.ChannelPrivateError, errors.InputUserDeactivatedError,

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.inbound import take_request
+from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient
 from autoresponse.interfaces.telethon.settings import TelethonSettings
@@ -92,12 +92,7 @@ class TelethonInterface(TypedActor):
         async for event in self._userbot.new_messages():
             text = parse_event(event, me=self._me.id)
             if text is not None:
-                await self._journal(text)
-
-    async def _journal(self, text: UserbotText) -> None:
-        """Accept ``text`` durably; while the runtime is full, wait for room on the loop."""
-        # One correlation per message: one delivered twice is recognised.
-        await self.runtime.intake.accept_async(self.name, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
+                await accept_input(self, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
 
     @handles
     def on_text(self, text: UserbotText, env: Envelope) -> None:

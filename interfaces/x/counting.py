@@ -42,8 +42,8 @@ _EMOJI = (f"[\U0001f1e6-\U0001f1ff]{{2}}"  # a flag: two regional indicators
 _LINK = r"https?://\S*[^\s.,;:!?'\"()\[\]{}<>]"
 _BARE_DOMAIN = r"(?<![\w@.])(?:[a-z0-9-]+\.)+[a-z]{2,24}(?:/\S*[^\s.,;:!?'\"()\[\]{}<>])?(?![\w@])"
 _UNIT = re.compile(f"(?P<link>{_LINK})|(?P<bare>{_BARE_DOMAIN})|(?P<emoji>{_EMOJI})|(?P<char>.)",
-                   re.S | re.I)
-_HOST_WITH_TLD = re.compile(r".+\.[a-z]{2,}", re.I)
+                   re.DOTALL | re.IGNORECASE)
+_HOST_WITH_TLD = re.compile(r".+\.[a-z]{2,}", re.IGNORECASE)
 
 
 def _char_weight(char: str) -> int:

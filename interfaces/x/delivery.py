@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from tweepy import HTTPException, TooManyRequests, TwitterServerError
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.x.client import XApi, seconds_until
@@ -37,9 +37,6 @@ from autoresponse.interfaces.x.settings import (
 from autoresponse.messages import OutboundMessage
 
 log = logging.getLogger("autoresponse.x")
-
-#: Wait after a failed post before the next attempt: 1 s, doubling.
-SEND_BACKOFF = BackoffPolicy(min=1.0, max=30.0, jitter=0.1)
 
 
 def _post_id(value: Any) -> int | None:

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict
 from tweepy import TooManyRequests, TweepyException
 
 from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.backoff import Backoff, BackoffPolicy
-from autoresponse.actors.inbound import take_request
+from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
+from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
@@ -31,9 +31,6 @@ from autoresponse.interfaces.x.settings import XSettings
 from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.x")
-
-#: Wait after a failed look at the mentions: 1 s, doubling, at most 5 minutes.
-POLL_BACKOFF = BackoffPolicy(min=1.0, max=300.0, jitter=0.1)
 
 
 class XMention(BaseModel):
@@ -73,7 +70,7 @@ class XInterface(TypedActor):
         self._api = api  # shared with the sender; the platform closes it
         self._me = me
         self._cursor = cursor
-        self._mention = re.compile(rf"(?<!\w)@{re.escape(me.username)}\b", re.I)
+        self._mention = re.compile(rf"(?<!\w)@{re.escape(me.username)}\b", re.IGNORECASE)
 
     def setup(self) -> None:
         self.start_task(self._poll(), "mentions")
@@ -106,13 +103,8 @@ class XInterface(TypedActor):
         for tweet, author in found:
             mention = parse_mention(tweet, author, me=self._me.id)
             if mention is not None:
-                await self._journal(mention)
+                await accept_input(self, mention, f"x-{mention.post_id}")
             await asyncio.to_thread(cursor.advance, tweet.id)
-
-    async def _journal(self, mention: XMention) -> None:
-        """Accept ``mention`` durably; while the runtime is full, wait for room on the loop."""
-        # One correlation per post: a mention seen again after a crash is recognised.
-        await self.runtime.intake.accept_async(self.name, mention, f"x-{mention.post_id}")
 
     @handles
     def on_mention(self, mention: XMention, env: Envelope) -> None:

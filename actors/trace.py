@@ -1,0 +1,136 @@
+"""Traces: every hop of a request, to see where it went, how long it waited, and how it ended.
+
+The runtime records each message of a correlation: the actor it went to, its
+type, when it was queued, when its handling started and ended, its attempt, and
+its outcome (handled, a crash, a dead letter's reason, or cut short by a stop).
+The newest ``keep`` correlations stay in memory; with a journal, each finished
+trace is also written there::
+
+    >>> runtime.tracer.trace("c-42")                                   # doctest: +SKIP
+    [{'actor': 'conversations', 'type': 'UserRequest', 'queued': ..., ...}, ...]
+
+Recording appends one tuple per event, with no lock; ``Runtime(trace=False)``
+turns it off (the benchmark measures its cost).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from autoresponse.actors.limits import TRACE_HOPS_KEPT, TRACES_KEPT
+from autoresponse.messages.envelope import Envelope
+
+_HOP_FIELDS = ("message_id", "causation_id", "actor", "type", "attempt", "queued", "started", "ended", "outcome")
+
+
+class TraceRecorder:
+    """Thread-safe without a lock, bounded in correlations and in events per correlation.
+
+    Recording is on every hop's path, so it only appends: a tuple to the correlation's
+    list (atomic under the GIL), and the hops are put together when a trace is read.
+    """
+
+    def __init__(self, keep: int = TRACES_KEPT, max_hops: int = TRACE_HOPS_KEPT) -> None:
+        self._traces: dict[str, list[tuple[Any, ...]]] = {}
+        self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
+        self._keep = keep
+        self._max_events = 3 * max_hops  # queued, started, ended
+        #: Called with (correlation, hops) once a correlation has finished (the journal).
+        self.on_finished: Callable[[str, list[dict[str, Any]]], None] | None = None
+
+    def _events(self, correlation: str) -> list[tuple[Any, ...]]:
+        events = self._traces.get(correlation)
+        if events is None:
+            events = self._traces.setdefault(correlation, [])
+            self._order.append(correlation)
+            if len(self._order) > self._keep:
+                try:
+                    self._traces.pop(self._order.popleft(), None)
+                except IndexError:  # another thread forgot it first
+                    pass
+        return events
+
+    def queued(self, env: Envelope, actor: str, kind: str | None = None) -> None:
+        """``env`` (or the result of its I/O, of type ``kind``) entered ``actor``'s mailbox."""
+        events = self._events(env.correlation_id)
+        if len(events) < self._max_events:
+            events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, time.time(),
+                           env.causation_id, actor))
+
+    def started(self, env: Envelope, kind: str) -> None:
+        events = self._traces.get(env.correlation_id)
+        if events is not None and len(events) < self._max_events:
+            events.append((_STARTED, env.message_id, env.attempt, kind, time.time()))
+
+    def ended(self, env: Envelope, kind: str, outcome: str) -> None:
+        events = self._traces.get(env.correlation_id)
+        if events is not None and len(events) < self._max_events:
+            events.append((_ENDED, env.message_id, env.attempt, kind, time.time(), outcome))
+
+    def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
+        """``env`` became a dead letter: its hop ends there (one that was never queued,
+        such as a re-ask given up on, gets a hop of its own)."""
+        kind = type(env.body).__name__
+        self.queued(env, actor or "dead letters", kind)  # ignored for a hop already queued
+        self.ended(env, kind, f"{_DEAD}{reason}")
+
+    def finished(self, correlation: str) -> None:
+        """The correlation has nothing left in flight: hand its trace to ``on_finished``."""
+        if self.on_finished is None:
+            return
+        hops = self.trace(correlation)
+        if hops:
+            self.on_finished(correlation, hops)
+
+    def trace(self, correlation: str) -> list[dict[str, Any]]:
+        """The hops of ``correlation`` in causal order: each after the one that caused it,
+        siblings in the order they were queued."""
+        hops: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for event in list(self._traces.get(correlation, ())):
+            key = event[1:4]  # message id, attempt, type
+            if event[0] is _QUEUED:
+                message_id, attempt, kind, at, causation_id, actor = event[1:]
+                hops.setdefault(key, dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt,
+                                                            at, None, None, None), strict=True)))
+            elif (hop := hops.get(key)) is not None:
+                if event[0] is _STARTED:
+                    hop["started"] = event[4]
+                elif hop["ended"] is None:
+                    hop["ended"], hop["outcome"] = event[4], event[5]
+                elif event[5].startswith(_DEAD):  # handled, and what it led to went nowhere
+                    hop["outcome"] = event[5]
+        return causal_order(list(hops.values()))
+
+    def correlations(self) -> list[str]:
+        """The correlations kept, newest last."""
+        return [c for c in list(self._order) if c in self._traces]
+
+
+_QUEUED, _STARTED, _ENDED = "queued", "started", "ended"
+_DEAD = "dead letter: "
+
+
+def causal_order(hops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Depth first from the messages nothing in the trace caused: each message, then the
+    results of its own I/O (same message id), then the messages it caused, in queue order."""
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for hop in sorted(hops, key=lambda h: h["queued"]):
+        by_id.setdefault(hop["message_id"], []).append(hop)
+    children: dict[str | None, list[str]] = {}
+    for message_id, same in by_id.items():  # in queue order of each message's first hop
+        cause = same[0]["causation_id"]
+        children.setdefault(cause if cause in by_id else None, []).append(message_id)
+    ordered: list[dict[str, Any]] = []
+    stack = list(reversed(children.get(None, [])))
+    seen: set[str] = set()
+    while stack:
+        message_id = stack.pop()
+        if message_id in seen:
+            continue
+        seen.add(message_id)
+        ordered.extend(by_id[message_id])
+        stack.extend(reversed(children.get(message_id, [])))
+    return ordered

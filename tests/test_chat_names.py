@@ -1,0 +1,75 @@
+"""Chats the LLM names by title or @username: names that name nothing are refused, never guessed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import system_messages, wait_for
+
+from autoresponse import Application
+from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN
+from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+
+
+@pytest.fixture
+def fake_telegram() -> Iterator[FakeTelegramServer]:
+    with FakeTelegramServer() as server:
+        yield server
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application]) -> Application:
+    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01}, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [7], "poll_timeout": 1})
+    # The bot has seen one titled group, "Ops".
+    fake_telegram.push_text("@synth_bot hi", chat_id=-100, user_id=7, chat_type="supergroup", title="Ops")
+    wait_for(lambda: fake_telegram.sent(-100))
+    assert app.runtime.wait_idle(timeout=10)
+    return app
+
+
+def to(target: Any) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": [
+        {"type": "message_telegram_bot", "payload": {"text": "psst", "target": target}}]}))
+
+
+@pytest.mark.parametrize(("target", "error"), [
+    ("", '"target" names no chat'),
+    ("@", '"target" names no chat'),
+    ("  ", '"target" names no chat'),
+    ("²", "no chat named '²'"),     # a digit to str.isdigit, and no chat id
+    ("-٣", "no chat named '-٣'"),
+])
+def test_a_name_that_names_no_chat_is_an_error_for_the_llm_not_a_guess(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, target: str, error: str
+) -> None:
+    fake_llm.script(to(target), FakeResponse(content=json.dumps({"actions": [
+        {"type": "message_telegram_bot", "payload": {"text": "I could not tell which chat you meant."}}]})))
+    fake_telegram.push_text("tell them", chat_id=42, user_id=7)
+    wait_for(lambda: fake_telegram.sent(42))
+    assert bot.runtime.wait_idle(timeout=10)
+    [message] = system_messages(fake_llm, "error")
+    assert error in message["errors"][0]
+    assert len(fake_telegram.sent(-100)) == 1  # only the bot's first answer there: nothing misdelivered
+    assert fake_telegram.sent(42)[-1].params["text"] == "I could not tell which chat you meant."
+
+
+def test_an_ambiguous_name_lists_a_bounded_number_of_chats(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    for n in range(CHAT_CANDIDATES_SHOWN + 5):
+        fake_telegram.push_text("@synth_bot hi", chat_id=-200 - n, user_id=7, chat_type="supergroup",
+                                title=f"Team {n}")
+    wait_for(lambda: len(fake_telegram.sent()) == CHAT_CANDIDATES_SHOWN + 6, timeout=30)
+    assert bot.runtime.wait_idle(timeout=10)
+    fake_llm.script(to("team"), FakeResponse(content=json.dumps({"actions": [
+        {"type": "message_telegram_bot", "payload": {"text": "Which team?"}}]})))
+    fake_telegram.push_text("tell the team", chat_id=42, user_id=7)
+    wait_for(lambda: fake_telegram.sent(42))
+    [message] = system_messages(fake_llm, "error")
+    assert message["errors"][0].count("(id -2") == CHAT_CANDIDATES_SHOWN
+    assert "and 5 more" in message["errors"][0]
