@@ -13,7 +13,7 @@ CHROMIUM := /usr/bin/chromium
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,reddit,x,telethon]'
+	$(BIN)/python -m pip install --quiet -e '.[test,reddit,x,telethon,nats]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -32,12 +32,12 @@ wheel-check: $(STAMP)
 	rm -rf build dist .wheel-venv
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 	$(PYTHON) -m venv .wheel-venv
-	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/autoresponse-*.whl)[reddit,x,telethon]" trustme
+	.wheel-venv/bin/python -m pip install --quiet "$$(ls dist/autoresponse-*.whl)[reddit,x,telethon,nats]" trustme
 	cd / && $(CURDIR)/.wheel-venv/bin/python $(CURDIR)/tests/import_every_module.py $(CURDIR)
 	rm -rf build
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks
 
 clean:

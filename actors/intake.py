@@ -26,7 +26,7 @@ from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, MAX_OPEN_ITEM
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
-    from autoresponse.actors.journal import DeliveryJournal
+    from autoresponse.actors.journal import DeliveryJournal, JournalItem
     from autoresponse.actors.runtime import Runtime
 
 log = logging.getLogger("autoresponse.intake")
@@ -64,6 +64,7 @@ class Intake:
         self._failed: set[str] = set()
         self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._paused = False
+        self._feed_started = False
 
     # ---------------------------------------------------------------- admission
 
@@ -86,6 +87,15 @@ class Intake:
         with self._lock:
             self._paused = False
             self._notify_room()
+            feed = self.distributed and not self._feed_started
+            self._feed_started = self._feed_started or feed
+        if feed:
+            self.journal.start_feed(self._take, self.free)  # type: ignore[union-attr]
+
+    @property
+    def distributed(self) -> bool:
+        """Work is shared with other daemons through the journal (NATS JetStream)."""
+        return bool(getattr(self.journal, "distributed", False))
 
     def _has_room(self) -> bool:
         return not self._paused and len(self._open) + self._reserved < self.capacity
@@ -166,13 +176,18 @@ class Intake:
             return accepted
 
         def journaled(written: concurrent.futures.Future[bool]) -> None:
+            # ``accepted`` may be cancelled meanwhile (its caller was stopped): the item's
+            # fate does not depend on it, and nobody is told.
             error = written.exception()
             if error is not None:
                 self._unreserve()
-                accepted.set_exception(error)
+                accepted.cancelled() or accepted.set_exception(error)
                 return
-            self._start(to, envelope, new=written.result())
-            accepted.set_result(envelope)
+            if self.distributed:  # one of the cluster's workers takes it from the journal
+                self._unreserve()
+            else:
+                self._start(to, envelope, new=written.result())
+            accepted.cancelled() or accepted.set_result(envelope)
 
         try:
             written = self.journal.accept(envelope, actor=to)
@@ -221,6 +236,26 @@ class Intake:
             self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation))
             resumed += 1
         return resumed
+
+    def _take(self, item: JournalItem) -> bool:
+        """Start one of the cluster's work items here (called by a distributed journal's
+        feed); False when there is no room now, and the item goes back for later."""
+        try:
+            body = self.runtime.rebuild(item.actor, item.type, item.payload)
+        except ValueError:  # written by another version, or corrupt: it cannot run anywhere
+            body = None
+        with self._lock:
+            if self.runtime.stopping or item.correlation in self._open or not self._has_room():
+                return False
+            self._open.add(item.correlation)
+            if body is None:
+                self._failed.add(item.correlation)
+        if body is None:
+            log.error("cannot run %s: %s does not handle %s", item.correlation, item.actor, item.type)
+            self.finished(item.correlation)
+            return True
+        self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation))
+        return True
 
     # ---------------------------------------------------------------- ending
 

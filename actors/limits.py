@@ -117,3 +117,20 @@ STREAM_WATCH_SECONDS = 0.1
 
 #: Chats listed when a chat name the LLM gave is ambiguous (the re-ask stays short).
 CHAT_CANDIDATES_SHOWN = 10
+
+#: Several daemons on NATS JetStream. A work item taken by a worker is redelivered to
+#: another once it has not heard from that worker for NATS_ACK_WAIT_SECONDS (a worker
+#: reports progress three times per period while the item runs). A poller's lease
+#: lapses NATS_LEASE_SECONDS after its holder last renewed it.
+NATS_ACK_WAIT_SECONDS = 30.0
+NATS_LEASE_SECONDS = 15.0
+#: A message id seen again within this window is not published twice (a re-poll, a
+#: second webhook call, a second poller).
+NATS_DUPLICATE_WINDOW_SECONDS = 600.0
+#: Work items asked for at once (never more than the intake has room for).
+NATS_FETCH_BATCH = 64
+#: A chat's item waiting for an earlier one of that chat is looked at again after this.
+NATS_ORDER_RETRY_SECONDS = 0.2
+#: Deliveries of one work item at most (a worker that takes it dies each time: stop).
+NATS_MAX_DELIVERIES = 10
+NATS_CONNECT_TIMEOUT_SECONDS = 5.0

@@ -224,15 +224,21 @@ class ConversationStore:
     def find_chats(self, interface: str, name: str) -> list[KnownChat]:
         """Chats of ``interface`` whose title or username is ``name`` (case folded, a leading
         @ ignored); if none matches whole, those whose title contains it."""
-        wanted = name.strip().lstrip("@").strip().casefold()
-        if not wanted:
-            return []  # an empty name is in every title: it names no chat
         with self._lock:
             rows = self._db.execute("SELECT interface, chat_id, title, username FROM chats WHERE interface = ?",
                                     (interface,)).fetchall()
-        known = [KnownChat(interface=r[0], chat_id=r[1], title=r[2], username=r[3]) for r in rows]
-        exact = [c for c in known if wanted in _names(c)]
-        return exact or [c for c in known if c.title and wanted in c.title.casefold()]
+        return matching_chats([KnownChat(interface=r[0], chat_id=r[1], title=r[2], username=r[3])
+                               for r in rows], name)
+
+
+def matching_chats(known: list[KnownChat], name: str) -> list[KnownChat]:
+    """The chats whose title or username is ``name`` (case folded, a leading @ ignored);
+    if none matches whole, those whose title contains it."""
+    wanted = name.strip().lstrip("@").strip().casefold()
+    if not wanted:
+        return []  # an empty name is in every title: it names no chat
+    exact = [c for c in known if wanted in _names(c)]
+    return exact or [c for c in known if c.title and wanted in c.title.casefold()]
 
 
 def _names(chat: KnownChat) -> Iterable[str]:

@@ -148,7 +148,23 @@ class RuntimeCollector:
             dead.add_metric([reason], count)
         in_flight = GaugeMetricFamily("autoresponse_in_flight", "Messages in flight")
         in_flight.add_metric([], self.runtime.inflight.count())
-        return [processed, restarts, mailbox, deliveries, dead, in_flight]
+        return [processed, restarts, mailbox, deliveries, dead, in_flight, *self._cluster()]
+
+    def _cluster(self) -> list[GaugeMetricFamily]:
+        """Several daemons on NATS: the work consumer's lag (items not yet taken by any
+        worker) and the items taken and not finished."""
+        journal = self.runtime.journal
+        if not getattr(journal, "distributed", False):
+            return []
+        try:
+            cluster = journal.status(timeout=2.0)  # type: ignore[union-attr]
+        except Exception:  # the server is away: /status says so; no stale figures here
+            return []
+        lag = GaugeMetricFamily("autoresponse_cluster_consumer_lag", "Work items waiting for a worker")
+        lag.add_metric([], cluster["pending"])
+        taken = GaugeMetricFamily("autoresponse_cluster_in_progress", "Work items taken, not finished")
+        taken.add_metric([], cluster["in_progress"])
+        return [lag, taken]
 
 
 def _busy(message: str, retry_after: float = INTAKE_RETRY_AFTER_SECONDS) -> web.Response:

@@ -26,13 +26,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoresponse.actors import Cell, Runtime, TypedActor
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
-from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.journal import DeliveryJournal, SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
 from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
 from autoresponse.actors.memory import ConversationStore
@@ -52,6 +52,9 @@ from autoresponse.supervisors import (
     SupervisorSpec,
     platforms,
 )
+
+if TYPE_CHECKING:
+    from autoresponse.actors.journal.shared_memory import SharedConversationStore
 
 log = logging.getLogger("autoresponse.app")
 
@@ -120,9 +123,9 @@ class Application:
             max_open=settings.runtime.max_open,
         )
         self.admin: AdminServer | None = None
-        self.journal: SqliteJournal | None = None
+        self.journal: DeliveryJournal | None = None
         #: Each chat's memory (None when memory is off).
-        self.memory: ConversationStore | None = None
+        self.memory: ConversationStore | SharedConversationStore | None = None
         self.mounts: dict[str, Mount] = {}
         self._closers: list[Callable[[], None]] = []
         #: Set when the root supervisor gave up; ``failure`` says why.
@@ -208,7 +211,23 @@ class Application:
 
     def _open_journal(self) -> None:
         s = self.settings
-        if s.journal.enabled:
+        if s.journal.enabled and s.journal.backend == "nats":
+            from autoresponse.actors.journal.jetstream import (
+                JetStreamJournal,
+                JournalUnavailable,
+                default_node,
+            )
+
+            try:
+                self.journal = JetStreamJournal(
+                    s.nats.url, node=s.nats.node or default_node(), retention_seconds=s.journal.retention_seconds,
+                    ack_wait=s.nats.ack_wait_seconds, lease_seconds=s.nats.lease_seconds,
+                    max_held=2 * s.llm.max_in_flight)
+            except JournalUnavailable as exc:
+                raise StartError(str(exc)) from None
+            self._closers.append(self.journal.close)
+            self.runtime.journal = self.journal
+        elif s.journal.enabled:
             self.journal = SqliteJournal(s.journal_path, retention_seconds=s.journal.retention_seconds)
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
@@ -219,7 +238,12 @@ class Application:
 
     def _open_memory(self) -> None:
         s = self.settings.memory
-        if s.enabled:
+        if s.enabled and getattr(self.journal, "distributed", False):  # shared by the cluster
+            from autoresponse.actors.journal.shared_memory import SharedConversationStore
+
+            self.memory = SharedConversationStore(self.journal, max_tokens=s.max_tokens,  # type: ignore[arg-type]
+                                                  retention_seconds=s.retention_seconds)
+        elif s.enabled:
             self.memory = ConversationStore(self.settings.data_path / "memory.sqlite3",
                                             max_tokens=s.max_tokens, retention_seconds=s.retention_seconds)
             self._closers.append(self.memory.close)

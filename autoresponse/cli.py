@@ -233,8 +233,20 @@ def status(args: argparse.Namespace) -> int:
 
     for root in data["tree"]:
         add(view, root)
+    cluster = data.get("cluster")
+    if cluster:
+        view.add(_cluster_label(cluster))
     RichConsole().print(view)
     return 0
+
+
+def _cluster_label(cluster: dict[str, Any]) -> str:
+    """The NATS cluster line of ``status``: this node, the leases and the work stream."""
+    if "error" in cluster:
+        return f"[red]cluster: {cluster['error']}[/]"
+    leases = ", ".join(f"{name} held by {holder}" for name, holder in sorted(cluster["leases"].items()))
+    return (f"cluster  node {cluster['node']}  pending {cluster['pending']}  in progress "
+            f"{cluster['in_progress']}  redelivered {cluster['redelivered']}  leases: {leases or 'none'}")
 
 
 def inject(args: argparse.Namespace) -> int:
@@ -359,6 +371,8 @@ def history(args: argparse.Namespace) -> int:
     CHAT is a chat key (``telegram:42:``, as ``history`` without one lists them) or a chat id.
     """
     settings = Settings.load(args.config)
+    if settings.journal.backend == "nats":
+        return _shared_history(args, settings)
     path = settings.data_path / "memory.sqlite3"
     if not path.exists():
         print(f"no conversation memory at {path}")
@@ -368,19 +382,40 @@ def history(args: argparse.Namespace) -> int:
     except StoreUnreadable as exc:
         raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
     try:
-        known = store.chats_with_memory()
-        if args.chat is None:
-            for chat, count in known:
-                print(f"{chat}  ({count} entries)")
-            return 0
-        chats = [c for c, _ in known if c == args.chat or c.split(":")[1] == args.chat]
-        if not chats:
-            print(f"autoresponse: no memory of chat {args.chat!r}; `autoresponse history` lists the chats",
-                  file=sys.stderr)
-            return 1
-        entries = [e for chat in chats for e in store.history(chat)]
+        return _show_history(args, store)
     finally:
         store.close()
+
+
+def _shared_history(args: argparse.Namespace, settings: Settings) -> int:
+    """``history`` of a cluster: the memory lives in the NATS server's buckets."""
+    from autoresponse.actors.journal.jetstream import JetStreamJournal, JournalUnavailable
+    from autoresponse.actors.journal.shared_memory import SharedConversationStore
+
+    try:
+        journal = JetStreamJournal(settings.nats.url, node="history-cli")
+    except JournalUnavailable as exc:
+        print(f"autoresponse: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _show_history(args, SharedConversationStore(journal, max_tokens=settings.memory.max_tokens))
+    finally:
+        journal.close()
+
+
+def _show_history(args: argparse.Namespace, store: ConversationStore | Any) -> int:
+    """Print the chats with memory, or one chat's entries (``store``: either kind)."""
+    known = store.chats_with_memory()
+    if args.chat is None:
+        for chat, count in known:
+            print(f"{chat}  ({count} entries)")
+        return 0
+    chats = [c for c, _ in known if c == args.chat or c.split(":")[1] == args.chat]
+    if not chats:
+        print(f"autoresponse: no memory of chat {args.chat!r}; `autoresponse history` lists the chats",
+              file=sys.stderr)
+        return 1
+    entries = [e for chat in chats for e in store.history(chat)]
     if args.json:
         print(json.dumps([e.model_dump() for e in entries], indent=2, ensure_ascii=False))
         return 0

@@ -83,6 +83,8 @@ from autoresponse.actors.limits import (
     MEMORY_MAX_TOKENS,
     MEMORY_RETENTION_SECONDS,
     MESSAGE_ATTEMPTS,
+    NATS_ACK_WAIT_SECONDS,
+    NATS_LEASE_SECONDS,
     RESTART_BACKOFF_JITTER,
     RESTART_BACKOFF_MAX_SECONDS,
     RESTART_BACKOFF_MIN_SECONDS,
@@ -231,9 +233,38 @@ class JournalSettings(BaseModel):
     """The delivery journal: ``<data_dir>/journal.sqlite3`` unless a path is given."""
 
     enabled: bool = True
+    #: ``sqlite`` (one daemon, the default) or ``nats``: several daemons share the work
+    #: through NATS JetStream (see the ``nats`` section).
+    backend: Literal["sqlite", "nats"] = "sqlite"
     path: _NonBlankPath | None = None
     #: Finished work (and its send keys) is forgotten after this long.
     retention_seconds: float = Field(default=JOURNAL_RETENTION_SECONDS, ge=0)
+
+
+class NatsSettings(BaseModel):
+    """The NATS JetStream server of ``journal.backend = "nats"``."""
+
+    url: str = "nats://127.0.0.1:4222"
+    #: This daemon's name in the cluster (lease holder, dead letters); default: host-pid.
+    node: str | None = Field(default=None, min_length=1, max_length=200)
+    #: A work item of a worker not heard from for this long goes to another worker.
+    ack_wait_seconds: float = Field(default=NATS_ACK_WAIT_SECONDS, gt=0.5)
+    #: A poller's lease lapses this long after its holder's last renewal.
+    lease_seconds: float = Field(default=NATS_LEASE_SECONDS, gt=0.5)
+
+    @field_validator("url")
+    @classmethod
+    def _nats_url(cls, url: str) -> str:
+        try:
+            parts: SplitResult | None = urlsplit(url)
+            assert parts is not None
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise PydanticCustomError("nats_url", "should be a nats:// or tls:// URL with a host and a "
+                                      "numeric port, e.g. nats://127.0.0.1:4222")
+        return url
 
 
 def _secret_values(value: Any) -> Iterator[str]:
@@ -303,6 +334,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     admin: AdminSettings = AdminSettings()
     journal: JournalSettings = JournalSettings()
+    nats: NatsSettings = NatsSettings()
     memory: MemorySettings = MemorySettings()
     log: LogSettings = LogSettings()
     data_dir: _NonBlankPath = Path("~/.local/share/autoresponse")

@@ -51,6 +51,9 @@ def main() -> None:
          lambda: cases.daemon_scale(1_000 if quick else 10_000)),
         ("soak", "6: soak",
          lambda: cases.soak(20_000 if quick else 200_000, every=2_000 if quick else 20_000)),
+        ("cluster", "7: several daemons on NATS JetStream",
+         lambda: cases.cluster([1, 2, 3], latency=0.5, in_flight=12,
+                               updates_per_worker=100 if quick else 400)),
     ]
     console = Console()
     console.print(f"machine: {machine()}")

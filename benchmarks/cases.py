@@ -12,6 +12,9 @@
    its memory per idle chat, with chat memory and Telegram lanes in play.
 5. the journal: case 1 with the journal on and off; and with tracing off (its cost).
 6. soak: 200,000 deliveries with the journal, RSS and journal size every 20,000.
+7. several daemons: 1, 2 and 3 real daemons sharing one bot through NATS JetStream,
+   on a load bound by LLM latency, beside one daemon on SQLite; CPU per delivery of
+   the daemons and of nats-server (the cost of the JetStream round trips).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from autoresponse.messages import (
 from benchmarks.harness import (
     Run,
     Tally,
+    cpu_seconds_of,
     drive,
     median_run,
     offered,
@@ -273,10 +277,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(module: str) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(module: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
     """A fake server in a process of its own, once it accepts connections."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until = time.monotonic() + 20
     while True:
@@ -516,3 +520,105 @@ def soak(deliveries: int, every: int, retention: float = 5.0) -> dict[str, Any]:
 
     return {"deliveries": deliveries, "retention_s": retention, "samples": samples,
             "rss_flat": flat("rss_kib"), "journal_flat": flat("journal_kib")}
+
+
+# ---------------------------------------------------------------- 7. several daemons on NATS
+
+
+def _start_nats(store: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    binary = Path(sys.executable).parent / "nats-server"
+    proc = subprocess.Popen([str(binary), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    until = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"nats://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > until or proc.poll() is not None:
+                proc.kill()
+                raise SystemExit("case 7: nats-server did not start") from None
+            time.sleep(0.05)
+
+
+def _cluster_point(workers: int, nats: bool, llm_url: str, in_flight: int, updates: int) -> dict[str, Any]:
+    """``workers`` real daemons answering ``updates`` Telegram chats once each."""
+    from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+
+    with tempfile.TemporaryDirectory() as tmp, FakeTelegramServer() as telegram:
+        server, nats_url = _start_nats(Path(tmp)) if nats else (None, "")
+        daemons: list[subprocess.Popen[bytes]] = []
+        try:
+            for n in range(workers):
+                port = _free_port()
+                env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESPONSE_")}
+                env.update({"AUTORESPONSE_TELEGRAM__TOKEN": TOKEN, "AUTORESPONSE_TELEGRAM__BASE_URL": telegram.base_url,
+                            "AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[7]", "AUTORESPONSE_TELEGRAM__POLL_TIMEOUT": "1",
+                            "AUTORESPONSE_CONSOLE__ENABLED": "false", "AUTORESPONSE_EVENTS__ENABLED": "false",
+                            "AUTORESPONSE_LLM__BASE_URL": llm_url, "AUTORESPONSE_LLM__STREAM": "false",
+                            "AUTORESPONSE_LLM__MAX_IN_FLIGHT": str(in_flight),
+                            "AUTORESPONSE_ADMIN__PORT": str(port), "AUTORESPONSE_DATA_DIR": f"{tmp}/d{n}",
+                            "AUTORESPONSE_LOG_LEVEL": "WARNING"})
+                if nats:
+                    env.update({"AUTORESPONSE_JOURNAL__BACKEND": "nats", "AUTORESPONSE_NATS__URL": nats_url,
+                                "AUTORESPONSE_NATS__NODE": f"worker-{n}"})
+                daemons.append(subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], env=env,
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL))
+                _wait_healthy(port, daemons[-1])
+
+            def answer(first: int, count: int) -> float:
+                started = time.perf_counter()
+                for n in range(first, first + count):
+                    telegram.push_text("hello", chat_id=n, user_id=7)
+                until = time.monotonic() + 600
+                while len({c.params["chat_id"] for c in telegram.sent()}) < first + count - 2_000_000:
+                    if time.monotonic() > until:
+                        raise SystemExit(f"case 7: only {len(telegram.sent())} answered")
+                    time.sleep(0.05)
+                return time.perf_counter() - started
+
+            answer(2_000_000, 2 * workers * in_flight)  # warm-up: connections, first-use allocations
+            pids = [d.pid for d in daemons]
+            cpu_before = sum(cpu_seconds_of(p) for p in pids)
+            nats_before = cpu_seconds_of(server.pid) if server else 0.0
+            seconds = answer(2_000_000 + 2 * workers * in_flight, updates)
+            daemon_cpu = sum(cpu_seconds_of(p) for p in pids) - cpu_before
+            nats_cpu = (cpu_seconds_of(server.pid) - nats_before) if server else 0.0
+        finally:
+            for daemon in daemons:
+                daemon.terminate()
+            for daemon in daemons:
+                daemon.wait(60)
+            if server is not None:
+                server.terminate()
+                server.wait(30)
+    return {"workers": workers, "backend": "nats" if nats else "sqlite", "updates": updates,
+            "per_second": round(updates / seconds, 1), "seconds": round(seconds, 2),
+            "daemon_cpu_ms_per_delivery": round(1000 * daemon_cpu / updates, 3),
+            "nats_cpu_ms_per_delivery": round(1000 * nats_cpu / updates, 3)}
+
+
+def cluster(levels: list[int], latency: float, in_flight: int, updates_per_worker: int) -> dict[str, Any]:
+    """Case 7: 1, 2, 3 daemons sharing one bot through NATS JetStream on a load bound by
+    LLM latency, beside one daemon on SQLite. Each daemon has ``in_flight`` LLM calls at
+    once (kept under Telegram's 30 sends a second, which each daemon paces on its own)."""
+    llm, llm_port = _serve("autoresponse.actors.llm.fake_server", "--delay", str(latency))
+    llm_url = f"http://127.0.0.1:{llm_port}/v1"
+    try:
+        single = _cluster_point(1, False, llm_url, in_flight, updates_per_worker)
+        points = []
+        for workers in levels:
+            point = _cluster_point(workers, True, llm_url, in_flight, updates_per_worker * workers)
+            target = 0.9 * workers * in_flight / latency
+            points.append({**point, "target": round(target, 1), "met": point["per_second"] >= target})
+    finally:
+        llm.terminate()
+        llm.wait(30)
+    return {"latency_s": latency, "in_flight_per_worker": in_flight, "cores": os.cpu_count(),
+            "sqlite": single, "points": points,
+            "nats_vs_sqlite_one_worker": round(points[0]["per_second"] / single["per_second"], 3),
+            "round_trip_cpu_ms": round(points[0]["daemon_cpu_ms_per_delivery"]
+                                       + points[0]["nats_cpu_ms_per_delivery"]
+                                       - single["daemon_cpu_ms_per_delivery"], 3)}

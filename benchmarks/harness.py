@@ -7,6 +7,7 @@ the whole process, so the work of every thread is in it.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -192,6 +193,12 @@ def rss_kib(pid: int | str = "self") -> int:
 
 def threads_of(pid: int | str = "self") -> int:
     return _status_field(pid, "Threads")
+
+
+def cpu_seconds_of(pid: int | str = "self") -> float:
+    """User plus system CPU of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _status_field(pid: int | str, name: str) -> int:

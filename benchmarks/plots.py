@@ -17,7 +17,7 @@ def draw(f: dict[str, Any], into: Path) -> list[Path]:
         return []
     drawn = []
     for name, plot in (("in_process", _in_process), ("loopback_http", _loopback), ("latency_bound", _latency),
-                       ("soak", _soak)):
+                       ("soak", _soak), ("cluster", _cluster)):
         if name in f:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             plot(ax, f[name])
@@ -70,4 +70,17 @@ def _soak(ax: Any, c: dict[str, Any]) -> None:
     ax.plot(done, [s["journal_kib"] / 1024 for s in samples], "s-", label="journal, MiB")
     ax.set_xlabel("deliveries")
     ax.set_title(f"Case 6: soak, journal retention {c['retention_s']:g} s")
+    ax.legend()
+
+
+def _cluster(ax: Any, c: dict[str, Any]) -> None:
+    points = c["points"]
+    workers = [p["workers"] for p in points]
+    ax.plot(workers, [p["per_second"] for p in points], "o-", label="daemons on NATS JetStream")
+    ax.plot(workers, [p["target"] for p in points], "--", label="target: 0.9 × daemons × in flight / latency")
+    ax.axhline(c["sqlite"]["per_second"], linestyle=":", color="gray", label="one daemon on SQLite")
+    ax.set_xticks(workers)
+    ax.set_xlabel("daemons")
+    ax.set_ylabel("deliveries per second")
+    ax.set_title(f"Case 7: several daemons, LLM {c['latency_s']} s, {c['in_flight_per_worker']} in flight each")
     ax.legend()

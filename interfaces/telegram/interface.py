@@ -1,4 +1,5 @@
-"""The Telegram interface: long polling with python-telegram-bot, embedded in our loop.
+"""The Telegram interface: long polling or webhooks with python-telegram-bot, embedded
+in our loop.
 
 PTB's ``Bot`` runs on the runtime's event loop, in a polling task this actor's
 incarnation owns (never ``run_polling``: no thread, no signal handlers). Each
@@ -10,6 +11,10 @@ Updates are fetched as raw JSON and parsed one by one, so one malformed update
 is logged, dead-lettered with its raw form and acknowledged, and the updates
 behind it flow on. Polling asks for no more updates than the intake has room
 for, and waits while it has none.
+
+With ``webhook_url`` set, the incarnation owns a webhook server instead
+(``webhook.py``): Telegram posts each update, and gets its 200 once the update is
+journaled, through the same ``_receive`` as a polled one.
 """
 
 from __future__ import annotations
@@ -26,9 +31,15 @@ from telegram.error import TelegramError
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.polling import polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
-from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_UPDATES, TelegramSettings
+from autoresponse.interfaces.telegram.settings import (
+    TELEGRAM_MAX_UPDATES,
+    TelegramSettings,
+    listen_address,
+)
+from autoresponse.interfaces.telegram.webhook import CLOSE_SECONDS, WebhookServer
 from autoresponse.messages import Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.telegram")
@@ -37,6 +48,8 @@ log = logging.getLogger("autoresponse.telegram")
 POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
 #: Characters of a malformed update kept in its dead letter.
 RAW_UPDATE_KEPT = 16_000
+#: A webhook secret shorter than this is easy to guess; the daemon says so at start.
+WEBHOOK_SECRET_ADVISED = 16
 
 
 class TelegramText(BaseModel):
@@ -107,7 +120,8 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
 
 
 class TelegramInterface(TypedActor):
-    """Polls the Bot API in a task this incarnation owns; a crash or stop cancels it."""
+    """Polls the Bot API, or serves its webhook calls, in a task this incarnation owns; a
+    crash or stop cancels it (and closes the webhook server)."""
 
     def __init__(self, settings: TelegramSettings, delivery: TelegramDelivery) -> None:
         super().__init__()
@@ -115,12 +129,52 @@ class TelegramInterface(TypedActor):
         self.delivery = delivery
         self._bot: Bot = delivery.bot  # the platform initializes and shuts it down
         self._username: str | None = None
+        self._webhook: WebhookServer | None = None
 
     def setup(self) -> None:
         self._username = self._bot.username
+        if self.settings.webhook_url is not None:
+            self._serve_webhook(self.settings.webhook_url)
+            return
         self.runtime.io.run(self._bot.delete_webhook(), timeout=60)
         self.start_task(self._poll(), "getUpdates")
         log.info("polling Telegram as @%s", self._username)
+
+    def _serve_webhook(self, url: str) -> None:
+        """Listen first, then tell Telegram where to post, so no call finds nobody there."""
+        secret = self.settings.webhook_secret
+        assert secret is not None  # the settings refuse a webhook_url without one
+        server = self._webhook = WebhookServer(listen_address(self.settings.webhook_listen), url, secret,
+                                               receive=self._receive, malformed=self._malformed)
+        self.runtime.io.run(server.start(), timeout=30)  # a port in use fails this start, saying so
+        self.start_task(server.serve(), "webhook")  # owned: closed when this incarnation ends
+        try:
+            self.runtime.io.run(self._bot.set_webhook(url=url, secret_token=secret.get_secret_value(),
+                                                      allowed_updates=self.allowed_updates), timeout=60)
+        except BaseException:
+            self._close_webhook()  # a failed setup gets no teardown; the next one needs the port
+            raise
+        log.info("receiving Telegram webhooks on %s (for %s) as @%s", server.url, url, self._username)
+        if len(secret.get_secret_value()) < WEBHOOK_SECRET_ADVISED:
+            log.warning("the Telegram webhook secret has fewer than %d characters: whoever guesses "
+                        "it can post updates as your allowed users", WEBHOOK_SECRET_ADVISED)
+
+    def teardown(self) -> None:
+        # The webhook stays registered with Telegram on purpose: another daemon behind the
+        # same balancer may still serve it, and Telegram keeps what it could not deliver
+        # (for a day) until one of them, or this one restarted, answers.
+        self._close_webhook()
+
+    def _close_webhook(self) -> None:
+        """Free the webhook's port before a next incarnation binds it (the owned task's
+        cancellation starts the close; this waits for it)."""
+        if self._webhook is None:
+            return
+        try:
+            self.runtime.io.run(self._webhook.close(), timeout=CLOSE_SECONDS + 5)
+        except Exception as exc:  # the loop already gone: the server went with it
+            log.warning("closing the Telegram webhook server failed: %s: %s", type(exc).__name__, exc)
+        self._webhook = None
 
     @property
     def allowed_updates(self) -> list[str]:
@@ -136,31 +190,44 @@ class TelegramInterface(TypedActor):
         timeout = self.settings.poll_timeout
         offset: int | None = None
         failures = Backoff(POLL_BACKOFF)
-        while True:
-            await intake.room()  # backpressure: fetch nothing while the runtime is full
-            limit = max(1, min(TELEGRAM_MAX_UPDATES, intake.free()))
-            try:
-                # Raw JSON on purpose (PTB warns once): get_updates parses the whole batch, so
-                # one malformed update would fail them all, forever.
-                raw = await bot.do_api_request(
-                    "getUpdates", api_kwargs={"offset": offset, "limit": limit, "timeout": timeout,
-                                              "allowed_updates": self.allowed_updates},
-                    read_timeout=timeout + 10)
-                if not isinstance(raw, list):
-                    raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
-            except TelegramError as exc:
-                delay = failures.next_delay()
-                log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures.reset()
-            for item in raw[:TELEGRAM_MAX_UPDATES]:
-                update_id = item.get("update_id") if isinstance(item, dict) else None
-                if not isinstance(update_id, int) or isinstance(update_id, bool):
-                    self._malformed(item, "it has no update_id")  # cannot be acknowledged by id
+        # Several daemons: only the holder of the account's lease polls, from the shared offset.
+        async with polling(self.runtime.journal, f"telegram-{bot.id}") as shared:
+            if shared is not None and shared.position:
+                offset = int(shared.position)
+            while True:
+                await intake.room()  # backpressure: fetch nothing while the runtime is full
+                limit = max(1, min(TELEGRAM_MAX_UPDATES, intake.free()))
+                try:
+                    # Raw JSON on purpose (PTB warns once): get_updates parses the whole batch, so
+                    # one malformed update would fail them all, forever.
+                    raw = await bot.do_api_request(
+                        "getUpdates", api_kwargs={"offset": offset, "limit": limit, "timeout": timeout,
+                                                  "allowed_updates": self.allowed_updates},
+                        read_timeout=timeout + 10)
+                    if not isinstance(raw, list):
+                        raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
+                except TelegramError as exc:
+                    delay = failures.next_delay()
+                    log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
                     continue
-                await self._take(item, update_id)
-                offset = max(offset or 0, update_id + 1)
+                failures.reset()
+                for item in raw[:TELEGRAM_MAX_UPDATES]:
+                    update_id = await self._receive(item)
+                    if update_id is not None:
+                        offset = max(offset or 0, update_id + 1)
+                if shared is not None and offset is not None and raw:
+                    await shared.save(str(offset))
+
+    async def _receive(self, item: Any) -> int | None:
+        """Journal one update as Telegram sent it (polled or posted), or dead-letter it;
+        its update_id, or None when it has none (it cannot be acknowledged by id)."""
+        update_id = item.get("update_id") if isinstance(item, dict) else None
+        if not isinstance(update_id, int) or isinstance(update_id, bool):
+            self._malformed(item, "it has no update_id")
+            return None
+        await self._take(item, update_id)
+        return update_id
 
     async def _take(self, item: dict[str, Any], update_id: int) -> None:
         """Journal one update (or dead-letter it when it cannot be read)."""

@@ -1,8 +1,18 @@
-"""Telegram's settings, and the Bot API's limits."""
+"""Telegram's settings, and the Bot API's limits.
+
+>>> TelegramSettings(token="123:ABC", webhook_url="https://bot.example.com/telegram",
+...                  webhook_secret="a-long-random-secret").webhook_listen
+'127.0.0.1:8443'
+"""
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import ipaddress
+import re
+from urllib.parse import SplitResult, urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoresponse.actors.inbound import StrangerSettings
 
@@ -25,6 +35,40 @@ TELEGRAM_MAX_RETRY_AFTER_SECONDS = 60.0
 #: Telegram sends in flight at once (Telegram takes 30 a second overall anyway);
 #: more only grows the HTTP connection pool, which costs CPU per request.
 TELEGRAM_MAX_CONCURRENT_SENDS = 32
+#: Largest webhook call body read; a larger one is answered 413 unread. A real update is a
+#: few kilobytes (one quoting a 4096-unit message with its entities stays under 100 KB).
+TELEGRAM_WEBHOOK_MAX_BYTES = 1024 * 1024
+#: Deepest nesting of lists and objects a webhook update may have (a real one nests about
+#: eight deep); deeper is a malformed update, refused before anything walks it.
+TELEGRAM_WEBHOOK_MAX_DEPTH = 32
+#: Where the webhook server listens unless told otherwise: loopback, behind a TLS proxy.
+TELEGRAM_WEBHOOK_LISTEN = "127.0.0.1:8443"
+
+#: What Telegram takes as a webhook's secret token.
+_WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """``host:port`` as the host and the port to bind; ValueError for anything else.
+
+    >>> listen_address("127.0.0.1:8443"), listen_address("[::1]:8443")
+    (('127.0.0.1', 8443), ('::1', 8443))
+    """
+    host, colon, port = listen.rpartition(":")
+    if not colon:
+        raise ValueError(f"no port in {listen!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)  # brackets hold an IPv6 address, nothing else
+    elif re.fullmatch(r"[0-9.]+", host):
+        ipaddress.IPv4Address(host)  # "999.1.1.1" is no address, and no name either
+    elif not _HOSTNAME.fullmatch(host):  # "::1" unbracketed, "", a space, ...
+        raise ValueError(f"no host name or address in {listen!r}")
+    if not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise ValueError(f"no port from 1 to 65535 in {listen!r}")
+    return host, int(port)
 
 
 class TelegramSettings(StrangerSettings):
@@ -43,6 +87,69 @@ class TelegramSettings(StrangerSettings):
     #: A reply Telegram asks to hold back longer than this (flood control) is not waited
     #: for: it becomes a dead letter (replayable), and the chat's other replies go on.
     max_retry_after: float = Field(default=TELEGRAM_MAX_RETRY_AFTER_SECONDS, gt=0)
+    #: The public https URL Telegram posts updates to (a TLS proxy in front forwards them to
+    #: ``webhook_listen``, same path). Set: webhooks instead of getUpdates long polling.
+    webhook_url: str | None = None
+    #: ``host:port`` the webhook server binds: loopback, unless no proxy runs on this machine.
+    webhook_listen: str = TELEGRAM_WEBHOOK_LISTEN
+    #: Sent by Telegram with every webhook call (``X-Telegram-Bot-Api-Secret-Token``); a
+    #: call without it is refused. Required with ``webhook_url``.
+    webhook_secret: SecretStr | None = None
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _https_url(cls, url: str | None) -> str | None:
+        """An https URL with a host, or None (empty too: long polling). Telegram posts to
+        nothing else, so it is refused here rather than by setWebhook at start."""
+        if url is None or not url.strip():
+            return None
+        try:
+            parts: SplitResult | None = urlsplit(url)
+            _ = parts.port  # raises ValueError for a port that is no number, or too big
+        except ValueError:  # that, or an unclosed IPv6 bracket
+            parts = None
+        if (parts is None or parts.scheme != "https" or not parts.hostname or parts.fragment
+                or any(c.isspace() or c in "{}" for c in url)):
+            raise PydanticCustomError("https_url", "should be an https:// URL with a host, e.g. "
+                                                   "https://bot.example.com/telegram")
+        return url
+
+    @field_validator("webhook_listen")
+    @classmethod
+    def _host_and_port(cls, listen: str) -> str:
+        try:
+            listen_address(listen)
+        except ValueError:
+            raise PydanticCustomError("host_port", "should be host:port with a port from 1 to 65535, "
+                                                   "e.g. 127.0.0.1:8443 or [::1]:8443") from None
+        return listen
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _telegram_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        """Blank is no secret (as for the admin token); otherwise what Telegram accepts."""
+        if secret is None or not secret.get_secret_value().strip():
+            return None
+        if not _WEBHOOK_SECRET.fullmatch(secret.get_secret_value()):
+            raise PydanticCustomError("webhook_secret", "should be 1 to 256 characters of A-Z, a-z, "
+                                                        "0-9, _ and -, as Telegram requires")
+        return secret
+
+    @model_validator(mode="after")
+    def _webhook_needs_a_secret(self) -> TelegramSettings:
+        """A webhook without a secret would take updates from anyone who finds its URL.
+
+        Raised as a ValidationError located at ``webhook_url``, so the operator reads which
+        variable or key switched webhooks on, and what is missing.
+        """
+        if self.webhook_url is not None and self.webhook_secret is None:
+            missing = PydanticCustomError(
+                "webhook_secret_missing",
+                "webhook mode needs a secret too: set AUTORESPONSE_TELEGRAM__WEBHOOK_SECRET "
+                "([telegram] webhook_secret) to 1 to 256 characters of A-Z, a-z, 0-9, _ and -")
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=missing, loc=("webhook_url",), input=self.webhook_url)])
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -24,6 +24,7 @@ from tweepy import TooManyRequests, TweepyException
 from autoresponse.actors import TypedActor, handles
 from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.polling import SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
@@ -78,9 +79,19 @@ class XInterface(TypedActor):
 
     async def _poll(self) -> None:
         failures = Backoff(POLL_BACKOFF)
+        # Several daemons: only the holder of the account's lease reads the mentions, from
+        # the since_id they share.
+        async with polling(self.runtime.journal, f"x-{self._me.id}") as shared:
+            if shared is not None and shared.position:
+                await asyncio.to_thread(self._cursor.advance, int(shared.position))
+            await self._read_mentions(failures, shared)
+
+    async def _read_mentions(self, failures: Backoff, shared: SharedPoller | None) -> None:
         while True:
             try:
                 await self._take_new()
+                if shared is not None and self._cursor.since_id is not None:
+                    await shared.save(str(self._cursor.since_id))
             except TooManyRequests as exc:
                 wait = seconds_until(exc.reset_time)
                 log.warning("X rate-limited the mentions timeline; looking again in %.0fs", wait)

@@ -1,0 +1,155 @@
+"""Chat memory in JetStream key-value buckets: any daemon of a cluster continues any chat.
+
+The same interface as ``ConversationStore`` (SQLite, one daemon). A chat's memory is
+one value, its entries in order, bounded by the token budget like the SQLite store's;
+writes are compare-and-set on the value's revision, so two daemons appending to one
+chat at once both land (the loser reads again and retries). Entries expire with the
+bucket's TTL, counted from the chat's last write (the SQLite store counts from each
+entry's). Known chats (to find one by name) are one value per chat.
+
+>>> store = SharedConversationStore(journal, max_tokens=2000)   # doctest: +SKIP
+>>> store.append("telegram:42:", "user", "how full is the disk?")
+>>> store.recent("telegram:42:")
+[Turn(role='user', content='how full is the disk?')]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from autoresponse.actors.journal.jetstream import compare_and_set, kv_key
+from autoresponse.actors.limits import MEMORY_MAX_TOKENS, MEMORY_RETENTION_SECONDS
+from autoresponse.actors.memory import Entry, Kind, KnownChat, Role, estimate_tokens, matching_chats
+from autoresponse.messages import OriginalContext, Turn
+
+if TYPE_CHECKING:
+    from autoresponse.actors.journal.jetstream import JetStreamJournal
+
+MEMORY_BUCKET = "autoresponse_memory"
+CHATS_BUCKET = "autoresponse_chats"
+
+
+class SharedConversationStore:
+    """Thread-safe (every call runs on the journal's loop thread)."""
+
+    def __init__(self, journal: JetStreamJournal, *, max_tokens: int = MEMORY_MAX_TOKENS,
+                 retention_seconds: float = MEMORY_RETENTION_SECONDS) -> None:
+        self.max_tokens = max_tokens
+        self.retention_seconds = retention_seconds
+        self._journal = journal
+        self._memory = journal.bucket(MEMORY_BUCKET, ttl=retention_seconds)
+        self._chats = journal.bucket(CHATS_BUCKET, ttl=retention_seconds)
+
+    def close(self) -> None:
+        """Nothing of its own to close: the journal owns the connection."""
+
+    # ---------------------------------------------------------------- memory
+
+    async def _read(self, chat: str) -> tuple[dict[str, Any], int | None]:
+        from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+        try:
+            entry = await self._memory.get(kv_key(chat))
+        except (KeyNotFoundError, KeyDeletedError):
+            return {"chat": chat, "entries": []}, None
+        return json.loads(entry.value or b"{}") or {"chat": chat, "entries": []}, entry.revision
+
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
+        """Remember one message; the chat's oldest entries go once it is over its budget."""
+        content = content[: self.max_tokens * 4]
+        self._journal.run(self._append(chat, role, kind, content))
+
+    async def _append(self, chat: str, role: Role, kind: Kind, content: str) -> None:
+        def add(data: bytes | None) -> bytes:
+            value = json.loads(data) if data else {"chat": chat, "entries": []}
+            entries = value["entries"]
+            entries.append({"id": (entries[-1]["id"] + 1) if entries else 1, "role": role, "kind": kind,
+                            "content": content, "tokens": estimate_tokens(content), "time": time.time()})
+            total, keep = 0, len(entries)
+            for index in range(len(entries) - 1, -1, -1):
+                total += entries[index]["tokens"]
+                if total > self.max_tokens:
+                    keep = len(entries) - 1 - index
+                    break
+            value["entries"] = entries[len(entries) - keep:]
+            return json.dumps(value).encode()
+        await compare_and_set(self._memory, kv_key(chat), add)
+
+    def recent(self, chat: str, budget: int | None = None) -> list[Turn]:
+        return [Turn(role=e.role, content=e.content) for e in self.history(chat, budget)]
+
+    def history(self, chat: str, budget: int | None = None) -> list[Entry]:
+        limit = self.max_tokens if budget is None else budget
+        value, _ = self._journal.run(self._read(chat))
+        kept, total = [], 0
+        for raw in reversed(value["entries"]):
+            total += raw["tokens"]
+            if total > limit:
+                break
+            kept.append(Entry(chat=chat, **raw))
+        return kept[::-1]
+
+    def forget(self, chat: str) -> int:
+        """Forget a chat's memory (a user's ``/forget``); how many entries went."""
+        async def forget() -> int:
+            value, revision = await self._read(chat)
+            if revision is not None:
+                await self._memory.purge(kv_key(chat))
+            return len(value["entries"])
+        return self._journal.run(forget())
+
+    def compact(self, now: float | None = None) -> int:
+        """Nothing to do: the bucket's TTL forgets a chat not written for the retention."""
+        return 0
+
+    def chats_with_memory(self) -> list[tuple[str, int]]:
+        async def listing() -> list[tuple[str, int]]:
+            from nats.js.errors import NoKeysError
+
+            try:
+                keys = await self._memory.keys()
+            except NoKeysError:
+                return []
+            out = []
+            for key in keys:
+                entry = await self._memory.get(key)
+                value = json.loads(entry.value or b"{}")
+                if value.get("entries"):
+                    out.append((value["chat"], len(value["entries"])))
+            return sorted(out)
+        return self._journal.run(listing(), timeout=60)
+
+    # ---------------------------------------------------------------- known chats
+
+    def seen(self, context: OriginalContext) -> None:
+        """Remember the chat a message came from, with its names (the newest names win)."""
+        username = context.user_name if context.chat_type in (None, "private") else None
+
+        async def put() -> None:
+            from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+            key = kv_key(f"{context.interface_name}:{context.chat_id}")
+            try:
+                old = KnownChat.model_validate_json((await self._chats.get(key)).value or b"{}")
+            except (KeyNotFoundError, KeyDeletedError, ValueError):
+                old = KnownChat(interface=context.interface_name, chat_id=str(context.chat_id))
+            known = old.model_copy(update={"title": context.chat_title or old.title,
+                                           "username": username or old.username})
+            await self._chats.put(key, known.model_dump_json().encode())
+        self._journal.run(put())
+
+    def find_chats(self, interface: str, name: str) -> list[KnownChat]:
+        """As ``ConversationStore.find_chats`` (every known chat is read: names are rare)."""
+        async def everything() -> list[KnownChat]:
+            from nats.js.errors import NoKeysError
+
+            try:
+                keys = await self._chats.keys()
+            except NoKeysError:
+                return []
+            return [KnownChat.model_validate_json((await self._chats.get(k)).value or b"{}") for k in keys]
+        known = [c for c in self._journal.run(everything(), timeout=60) if c.interface == interface]
+        return matching_chats(known, name)
+

@@ -1,0 +1,221 @@
+"""Telegram's webhook calls, received: a small aiohttp server that a TelegramInterface
+incarnation owns.
+
+Telegram POSTs each update as JSON to the public https URL given to setWebhook; a TLS
+proxy in front forwards the call here (loopback by default), path unchanged. Every call
+must carry the secret token given to setWebhook::
+
+    >>> server = WebhookServer(("127.0.0.1", 8443), "https://bot.example.com/telegram",
+    ...                        secret, receive=interface._receive,
+    ...                        malformed=interface._malformed)     # doctest: +SKIP
+    >>> await server.start()   # bound now: a port in use fails here   # doctest: +SKIP
+    >>> await server.serve()   # until cancelled; then closed          # doctest: +SKIP
+
+What a call gets:
+
+- 401 without ``X-Telegram-Bot-Api-Secret-Token`` or with a wrong one; nothing is read
+  and nothing happens.
+- 413 for a body over ``TELEGRAM_WEBHOOK_MAX_BYTES``.
+- 200 once ``receive`` returns, that is once the update is journaled: Telegram resends
+  what it has no 200 for, so an update we have not stored is never forgotten. A body
+  that cannot be an update (not UTF-8, not JSON, nested deeper than
+  ``TELEGRAM_WEBHOOK_MAX_DEPTH``) is dead-lettered (``malformed``) and answered 200 too,
+  or Telegram would resend the poison forever.
+- 404 for any other path, 405 for any other method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import SecretStr
+from yarl import URL
+
+from autoresponse.interfaces.telegram.settings import (
+    TELEGRAM_WEBHOOK_MAX_BYTES,
+    TELEGRAM_WEBHOOK_MAX_DEPTH,
+)
+
+log = logging.getLogger("autoresponse.telegram")
+
+#: The header Telegram carries the webhook's secret token in.
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+#: At close, calls under way get this long to finish (a journal write takes milliseconds);
+#: then they are cut, unanswered, and Telegram sends them again.
+CLOSE_SECONDS = 2.0
+#: Refused calls are logged at most this often, so that a scanner cannot flood the log.
+REFUSED_LOG_SECONDS = 60.0
+
+
+class MalformedBody(ValueError):
+    """A webhook body that cannot be an update; ``text`` is what it held, for its dead letter."""
+
+    def __init__(self, why: str, text: str) -> None:
+        super().__init__(why)
+        self.text = text
+
+
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and dicts nest in ``value`` more than ``limit`` deep (walked without
+    recursion, so that the walk itself cannot overflow).
+
+    >>> nests_deeper_than({"a": [[1]]}, 2), nests_deeper_than({"a": [[1]]}, 3)
+    (True, False)
+    """
+    pending = [(value, 0)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (list, dict)):
+            if level + 1 > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, level + 1) for child in children)
+    return False
+
+
+def read_update(body: bytes) -> Any:
+    """The JSON value a webhook call carries; MalformedBody when it is not UTF-8, not
+    JSON, or nested deeper than TELEGRAM_WEBHOOK_MAX_DEPTH.
+
+    >>> read_update(b'{"update_id": 7}')
+    {'update_id': 7}
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedBody(f"the body is not UTF-8: {exc}", body.decode("utf-8", "backslashreplace")) from None
+    too_deep = f"the body nests deeper than {TELEGRAM_WEBHOOK_MAX_DEPTH} levels"
+    try:
+        value = json.loads(text)
+    except RecursionError:  # "[[[[..." past the interpreter's limit
+        raise MalformedBody(too_deep, text) from None
+    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
+        raise MalformedBody(f"the body is not JSON: {exc}", text) from None
+    if nests_deeper_than(value, TELEGRAM_WEBHOOK_MAX_DEPTH):
+        raise MalformedBody(too_deep, text)
+    return value
+
+
+class WebhookServer:
+    """Serves ``url``'s path on ``listen``; runs on the runtime's event loop.
+
+    ``receive`` journals one update as Telegram sent it (a parsed JSON value) and
+    returns once it is stored or dead-lettered; ``malformed`` dead-letters a body that
+    is no JSON value at all, with the reason.
+    """
+
+    def __init__(self, listen: tuple[str, int], url: str, secret: SecretStr, *,
+                 receive: Callable[[Any], Awaitable[object]],
+                 malformed: Callable[[Any, str], None]) -> None:
+        self.host, self.port = listen
+        #: The path Telegram posts to; the proxy forwards it as it is.
+        self.path = URL(url).path or "/"
+        self._secret = secret.get_secret_value().encode()
+        self._receive = receive
+        self._malformed = malformed
+        self._runner: web.AppRunner | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self._refused = 0  # calls refused since the last log line about them
+        self._refused_logged = float("-inf")
+
+    @property
+    def url(self) -> str:
+        """Where the proxy forwards to."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.path}"
+
+    async def start(self) -> None:
+        """Listen; OSError (saying where) when the address cannot be bound."""
+        app = web.Application(client_max_size=TELEGRAM_WEBHOOK_MAX_BYTES)
+        # One route for everything, so that the path is compared as Telegram sent it (an
+        # aiohttp route would read "{...}" in it as a pattern) and every refusal is ours.
+        app.router.add_route("*", "/{tail:.*}", self._call)
+        # Not cancelled when Telegram hangs up: a call waiting for room is still journaled
+        # once there is room, and Telegram's retry of it is then recognised, not run twice.
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               shutdown_timeout=CLOSE_SECONDS, handler_cancellation=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(exc.errno, f"cannot listen for Telegram webhooks on {self.url}: "
+                                     f"{exc.strerror or exc}") from None
+        self._runner = runner
+
+    async def serve(self) -> None:
+        """Wait until cancelled (the owning incarnation ends), then close."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        """Stop listening, and give the calls under way CLOSE_SECONDS to finish. Idempotent:
+        the owner's task and its teardown both call it, and both wait for the same close."""
+        if self._closed is None:
+            self._closed = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closed)
+
+    async def _close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # ---------------------------------------------------------------- one call
+
+    async def _call(self, request: web.Request) -> web.Response:
+        if request.path != self.path:
+            return web.Response(status=404, text="not found")
+        if request.method != "POST":
+            return web.Response(status=405, text="method not allowed", headers={"Allow": "POST"})
+        if not self._authentic(request):
+            self._log_refused(request)
+            return web.Response(status=401, text="unauthorized")
+        if (request.content_length or 0) > TELEGRAM_WEBHOOK_MAX_BYTES:
+            return self._too_large(request.content_length)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit
+            return self._too_large(None)
+        try:
+            update = read_update(body)
+        except MalformedBody as exc:
+            self._malformed(exc.text, str(exc))
+            return web.Response(status=200)
+        # When the runtime is full this waits for room, as polling does, rather than answer
+        # 429 or 503: Telegram gives an update up after some failed attempts, so a refusal
+        # could lose it, while a waiting call costs one connection (Telegram opens at most
+        # 40) and is journaled the moment there is room.
+        await self._receive(update)
+        return web.Response(status=200)
+
+    def _authentic(self, request: web.Request) -> bool:
+        """The call carries our secret token. Constant-time; aiohttp keeps header bytes that
+        are not UTF-8 as surrogates, encoded back the same way, so such a header is a
+        mismatch rather than a UnicodeEncodeError."""
+        given = request.headers.get(SECRET_HEADER)
+        return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                                         self._secret)
+
+    def _log_refused(self, request: web.Request) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_SECONDS:
+            log.warning("refused %d Telegram webhook call(s) without the right secret token "
+                        "(the last from %s)", self._refused, request.remote)
+            self._refused, self._refused_logged = 0, now
+
+    @staticmethod
+    def _too_large(size: int | None) -> web.Response:
+        log.warning("refused a Telegram webhook call of %s bytes (at most %d are read)",
+                    size if size is not None else "more than that", TELEGRAM_WEBHOOK_MAX_BYTES)
+        return web.Response(status=413, text="request entity too large")
