@@ -40,7 +40,6 @@ from autoresponse.actors._loop import EventLoopThread
 from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
-from autoresponse.actors.llm.fake_server import FakeLLMServer
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
 from autoresponse.messages import (
@@ -249,12 +248,14 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
 
 
 def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict[str, Any]:
-    """Deliveries/s against chats in parallel, with a fake LLM that takes ``latency`` s."""
+    """Deliveries/s against chats in parallel, with a fake LLM that takes ``latency`` s (in
+    a process of its own, as a real LLM would be: it does not share our interpreter)."""
     points = []
-    with FakeLLMServer(delay=latency) as llm:
+    llm, port = _serve("autoresponse.actors.llm.fake_server", "--delay", str(latency))
+    try:
         for chats in levels:
             tally = Tally(expected=2 * chats)
-            engine = HttpEngine(llm.base_url, model="fake", max_in_flight=max_in_flight)
+            engine = HttpEngine(f"http://127.0.0.1:{port}/v1", model="fake", max_in_flight=max_in_flight)
             runtime = pipeline(engine, tally)
             runtime.io.add_closer(engine.aclose)
             try:
@@ -265,6 +266,9 @@ def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict
             points.append({"chats": chats, "per_second": round(run.rate, 2), "target": round(target, 2),
                            "met": run.rate >= target, "order_kept": run.in_order,
                            "one_at_a_time": round(1 / latency, 2), **run.summary()})
+    finally:
+        llm.terminate()
+        llm.wait(30)
     return {"latency_s": latency, "max_in_flight": max_in_flight, "points": points}
 
 

@@ -412,7 +412,8 @@ class JetStreamJournal:
 
     def finish(self, correlation: str, state: str = "done") -> None:
         """The item ended here (``done`` or ``dead``): ack it, which deletes it."""
-        self._loop.call_soon_threadsafe(self._ack, correlation)
+        if not self._closed:  # after close, what was held went back to the cluster
+            self._loop.call_soon_threadsafe(self._ack, correlation)
 
     def _ack(self, correlation: str) -> None:
         msg = self._held.pop(correlation, None)
