@@ -330,3 +330,25 @@ def test_a_daemon_without_its_nats_server_exits_with_one_line(tmp_path: Path) ->
     lines = [line for line in daemon.log().splitlines() if line.strip()]
     assert any("cannot reach NATS at nats://127.0.0.1" in line for line in lines), lines
     assert "Traceback" not in daemon.log()
+
+
+def test_a_nats_outage_pauses_the_daemons_and_loses_nothing(tmp_path: Path, nats_server: NatsServer) -> None:
+    updates, base = 100, 80_000
+    with FakeLLMServer(delay=0.2) as llm, FakeTelegramServer() as telegram:
+        daemons = [cluster_daemon(tmp_path, name, nats_server, llm, telegram).start() for name in "ab"]
+        try:
+            for n in range(updates // 2):
+                telegram.push_text(f"hello {n}", chat_id=base + n, user_id=ALLOWED, message_id=n)
+            time.sleep(0.5)
+            nats_server.stop()  # mid-flow
+            for n in range(updates // 2, updates):
+                telegram.push_text(f"hello {n}", chat_id=base + n, user_id=ALLOWED, message_id=n)
+            time.sleep(3.0)
+            nats_server.start()
+            wait_for(lambda: len(replies_per_chat(telegram, base)) >= updates, timeout=120)
+            assert all(d.proc is not None and d.proc.poll() is None for d in daemons)  # both still up
+        finally:
+            for daemon in daemons:
+                if daemon.proc is not None and daemon.proc.poll() is None:
+                    daemon.stop()
+    assert sorted(replies_per_chat(telegram, base)) == list(range(updates))

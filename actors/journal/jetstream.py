@@ -188,7 +188,8 @@ class Lease:
             try:
                 self._revision = await kv.update(self.name, node, last=self._revision)
             except KeyWrongLastSequenceError:
-                log.error("lost the lease %s: another daemon took it", self.name)
+                log.error("lost the lease %s: it lapsed (no renewal within its TTL), and another "
+                          "daemon may hold it now", self.name)
                 self.lost.set()
                 return
             except Exception as exc:  # not lost yet: it lapses only after ttl
