@@ -134,3 +134,7 @@ NATS_ORDER_RETRY_SECONDS = 0.2
 #: Deliveries of one work item at most (a worker that takes it dies each time: stop).
 NATS_MAX_DELIVERIES = 10
 NATS_CONNECT_TIMEOUT_SECONDS = 5.0
+
+#: JSON bodies from outside (the admin endpoint, Telegram's webhook) nest at most this
+#: deep; what comes after the parse walks them.
+JSON_BODY_MAX_DEPTH = 32

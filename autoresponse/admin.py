@@ -34,7 +34,6 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -46,7 +45,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors import Cell, IntakeFull, Runtime, Unstorable
-from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS
+from autoresponse.actors.jsonbody import read_json_body
+from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
 from autoresponse.actors.routes import SENDER_PREFIX
 from autoresponse.config import AdminSettings
 from autoresponse.messages import Crash
@@ -55,10 +55,8 @@ from autoresponse.supervisors.status import snapshot
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-#: Deepest nesting of lists and objects an injected body may have. Messages are
-#: shallow; a deeper body is refused before it can exhaust the stack of whoever
-#: walks it (validation, the journal, a log line).
-MAX_BODY_DEPTH = 32
+#: Deepest nesting of lists and objects an injected body may have (messages are shallow).
+MAX_BODY_DEPTH = JSON_BODY_MAX_DEPTH
 
 
 def unsafe_bind(settings: AdminSettings) -> str | None:
@@ -70,35 +68,10 @@ def unsafe_bind(settings: AdminSettings) -> str | None:
             "set AUTORESPONSE_ADMIN__TOKEN, or bind to 127.0.0.1")
 
 
-def depth(value: Any) -> int:
-    """How deeply lists and dicts nest in ``value`` (0 for a scalar), without recursion."""
-    deepest, pending = 0, [(value, 0)]
-    while pending:
-        item, level = pending.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level + 1)
-            children = item.values() if isinstance(item, dict) else item
-            pending.extend((child, level + 1) for child in children)
-    return deepest
-
-
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; ValueError with a one-line reason when it is not
-    UTF-8, not JSON, or nested deeper than MAX_BODY_DEPTH."""
-    raw = await request.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"the body is not UTF-8: {exc}") from None
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise ValueError(f"the body nests deeper than {MAX_BODY_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
-        raise ValueError(f"the body is not JSON: {exc}") from None
-    if depth(data) > MAX_BODY_DEPTH:
-        raise ValueError(f"the body nests deeper than {MAX_BODY_DEPTH} levels")
-    return data
+    """The request body as JSON; ValueError (``MalformedJson``) with a one-line reason when
+    it is not UTF-8, not JSON, or nested deeper than MAX_BODY_DEPTH."""
+    return read_json_body(await request.read(), MAX_BODY_DEPTH)
 
 
 def is_loopback(host: str) -> bool:

@@ -284,17 +284,21 @@ def _free_port() -> int:
 def _serve(module: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
     """A fake server in a process of its own, once it accepts connections."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _listening([sys.executable, "-m", module, "--port", str(port), *args], port, module), port
+
+
+def _listening(command: list[str], port: int, what: str) -> subprocess.Popen[bytes]:
+    """``command`` started, once something accepts connections on ``port``."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     until = time.monotonic() + 20
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
+            return proc
         except OSError:
             if time.monotonic() > until or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError(f"{module} did not start") from None
+                raise RuntimeError(f"{what} did not start") from None
             time.sleep(0.05)
 
 
@@ -531,19 +535,9 @@ def soak(deliveries: int, every: int, retention: float = 5.0) -> dict[str, Any]:
 
 def _start_nats(store: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    binary = Path(sys.executable).parent / "nats-server"
-    proc = subprocess.Popen([str(binary), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    until = time.monotonic() + 20
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"nats://127.0.0.1:{port}"
-        except OSError:
-            if time.monotonic() > until or proc.poll() is not None:
-                proc.kill()
-                raise SystemExit("case 7: nats-server did not start") from None
-            time.sleep(0.05)
+    binary = str(Path(sys.executable).parent / "nats-server")
+    proc = _listening([binary, "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)], port, "nats-server")
+    return proc, f"nats://127.0.0.1:{port}"
 
 
 def _cluster_point(workers: int, nats: bool, llm_url: str, in_flight: int, updates: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
@@ -36,6 +37,7 @@ import re
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -242,7 +244,6 @@ class JetStreamJournal:
         except BaseException:
             self._stop_loop()
             raise
-        self._dead_ids = self._dead_id_base()
 
     # ---------------------------------------------------------------- plumbing
 
@@ -463,11 +464,15 @@ class JetStreamJournal:
             return json.loads(entry.value or b"null")
         return self.run(get())
 
-    def _dead_id_base(self) -> int:
-        """Dead-letter ids go on from this daemon's last one. Each node numbers in a
-        range of its own (from a hash of its name), so two daemons do not reuse ids."""
-        mine = [d["id"] for d in self.dead_letters(DEAD_LETTERS_KEPT) if d.get("node") == self.node]
-        return max(mine, default=(zlib.crc32(self.node.encode()) % 1000) * 1_000_000)
+    @functools.cached_property
+    def _stored_dead_letters(self) -> tuple[int, dict[str, int]]:
+        """This node's last dead-letter id and the cluster's counts by reason, read once
+        (when the dead-letter office attaches; it counts on from there). Each node numbers
+        in a range of its own (from a hash of its name), so two daemons do not reuse ids."""
+        letters = self.dead_letters(DEAD_LETTERS_KEPT)
+        mine = [d["id"] for d in letters if d.get("node") == self.node]
+        return (max(mine, default=(zlib.crc32(self.node.encode()) % 1000) * 1_000_000),
+                dict(Counter(d.get("reason", "?") for d in letters)))
 
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
         data = json.dumps({**summary, "node": self.node}, default=str).encode()
@@ -498,13 +503,10 @@ class JetStreamJournal:
         return next((d for d in reversed(self.dead_letters(DEAD_LETTERS_KEPT)) if d.get("id") == letter_id), None)
 
     def last_dead_letter_id(self) -> int:
-        return getattr(self, "_dead_ids", 0)
+        return self._stored_dead_letters[0]
 
     def dead_letter_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for letter in self.dead_letters(DEAD_LETTERS_KEPT):
-            counts[letter.get("reason", "?")] = counts.get(letter.get("reason", "?"), 0) + 1
-        return counts
+        return self._stored_dead_letters[1]
 
     def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
                 keep_dead_letters: int = DEAD_LETTERS_KEPT) -> int:

@@ -38,9 +38,6 @@ TELEGRAM_MAX_CONCURRENT_SENDS = 32
 #: Largest webhook call body read; a larger one is answered 413 unread. A real update is a
 #: few kilobytes (one quoting a 4096-unit message with its entities stays under 100 KB).
 TELEGRAM_WEBHOOK_MAX_BYTES = 1024 * 1024
-#: Deepest nesting of lists and objects a webhook update may have (a real one nests about
-#: eight deep); deeper is a malformed update, refused before anything walks it.
-TELEGRAM_WEBHOOK_MAX_DEPTH = 32
 #: Where the webhook server listens unless told otherwise: loopback, behind a TLS proxy.
 TELEGRAM_WEBHOOK_LISTEN = "127.0.0.1:8443"
 

@@ -19,7 +19,7 @@ What a call gets:
 - 200 once ``receive`` returns, that is once the update is journaled: Telegram resends
   what it has no 200 for, so an update we have not stored is never forgotten. A body
   that cannot be an update (not UTF-8, not JSON, nested deeper than
-  ``TELEGRAM_WEBHOOK_MAX_DEPTH``) is dead-lettered (``malformed``) and answered 200 too,
+  ``JSON_BODY_MAX_DEPTH``) is dead-lettered (``malformed``) and answered 200 too,
   or Telegram would resend the poison forever.
 - 404 for any other path, 405 for any other method.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,10 +37,8 @@ from aiohttp import web
 from pydantic import SecretStr
 from yarl import URL
 
-from autoresponse.interfaces.telegram.settings import (
-    TELEGRAM_WEBHOOK_MAX_BYTES,
-    TELEGRAM_WEBHOOK_MAX_DEPTH,
-)
+from autoresponse.actors.jsonbody import MalformedJson, read_json_body
+from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BYTES
 
 log = logging.getLogger("autoresponse.telegram")
 
@@ -52,55 +49,6 @@ SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 CLOSE_SECONDS = 2.0
 #: Refused calls are logged at most this often, so that a scanner cannot flood the log.
 REFUSED_LOG_SECONDS = 60.0
-
-
-class MalformedBody(ValueError):
-    """A webhook body that cannot be an update; ``text`` is what it held, for its dead letter."""
-
-    def __init__(self, why: str, text: str) -> None:
-        super().__init__(why)
-        self.text = text
-
-
-def nests_deeper_than(value: Any, limit: int) -> bool:
-    """Whether lists and dicts nest in ``value`` more than ``limit`` deep (walked without
-    recursion, so that the walk itself cannot overflow).
-
-    >>> nests_deeper_than({"a": [[1]]}, 2), nests_deeper_than({"a": [[1]]}, 3)
-    (True, False)
-    """
-    pending = [(value, 0)]
-    while pending:
-        item, level = pending.pop()
-        if isinstance(item, (list, dict)):
-            if level + 1 > limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            pending.extend((child, level + 1) for child in children)
-    return False
-
-
-def read_update(body: bytes) -> Any:
-    """The JSON value a webhook call carries; MalformedBody when it is not UTF-8, not
-    JSON, or nested deeper than TELEGRAM_WEBHOOK_MAX_DEPTH.
-
-    >>> read_update(b'{"update_id": 7}')
-    {'update_id': 7}
-    """
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MalformedBody(f"the body is not UTF-8: {exc}", body.decode("utf-8", "backslashreplace")) from None
-    too_deep = f"the body nests deeper than {TELEGRAM_WEBHOOK_MAX_DEPTH} levels"
-    try:
-        value = json.loads(text)
-    except RecursionError:  # "[[[[..." past the interpreter's limit
-        raise MalformedBody(too_deep, text) from None
-    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
-        raise MalformedBody(f"the body is not JSON: {exc}", text) from None
-    if nests_deeper_than(value, TELEGRAM_WEBHOOK_MAX_DEPTH):
-        raise MalformedBody(too_deep, text)
-    return value
 
 
 class WebhookServer:
@@ -187,8 +135,8 @@ class WebhookServer:
         except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit
             return self._too_large(None)
         try:
-            update = read_update(body)
-        except MalformedBody as exc:
+            update = read_json_body(body)  # a real update nests about eight deep
+        except MalformedJson as exc:
             self._malformed(exc.text, str(exc))
             return web.Response(status=200)
         # When the runtime is full this waits for room, as polling does, rather than answer

@@ -1,0 +1,64 @@
+"""JSON that comes from outside in a body (the admin endpoint, Telegram's webhook calls):
+UTF-8, JSON, and nested no deeper than a limit, or ``MalformedJson`` saying which.
+
+Depth is bounded because everything after the parse walks the value (validation, the
+journal, a log line), and a walk that recurses would overflow on ``[[[[...``.
+
+>>> read_json_body(b'{"update_id": 7}')
+{'update_id': 7}
+>>> read_json_body(b"[[[1]]]", max_depth=2)
+Traceback (most recent call last):
+autoresponse.actors.jsonbody.MalformedJson: the body nests deeper than 2 levels
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autoresponse.actors.limits import JSON_BODY_MAX_DEPTH
+
+
+class MalformedJson(ValueError):
+    """A body that is no acceptable JSON value; ``text`` is what it held (for a dead letter)."""
+
+    def __init__(self, why: str, text: str) -> None:
+        super().__init__(why)
+        self.text = text
+
+
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and dicts nest in ``value`` more than ``limit`` deep (walked without
+    recursion, so that the walk itself cannot overflow).
+
+    >>> nests_deeper_than({"a": [[1]]}, 2), nests_deeper_than({"a": [[1]]}, 3)
+    (True, False)
+    """
+    pending = [(value, 0)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, (list, dict)):
+            if level + 1 > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, level + 1) for child in children)
+    return False
+
+
+def read_json_body(body: bytes, max_depth: int = JSON_BODY_MAX_DEPTH) -> Any:
+    """The JSON value ``body`` carries; MalformedJson when it is not UTF-8, not JSON, or
+    nested deeper than ``max_depth``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedJson(f"the body is not UTF-8: {exc}", body.decode("utf-8", "backslashreplace")) from None
+    too_deep = f"the body nests deeper than {max_depth} levels"
+    try:
+        value = json.loads(text)
+    except RecursionError:  # "[[[[..." past the interpreter's limit
+        raise MalformedJson(too_deep, text) from None
+    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
+        raise MalformedJson(f"the body is not JSON: {exc}", text) from None
+    if nests_deeper_than(value, max_depth):
+        raise MalformedJson(too_deep, text)
+    return value
