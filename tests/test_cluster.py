@@ -52,6 +52,19 @@ def test_the_journal_dedupes_by_id_and_shares_send_keys_traces_and_dead_letters(
         two.close()
 
 
+def test_an_item_larger_than_the_server_takes_is_refused_at_the_door(nats_server: NatsServer) -> None:
+    journal = JetStreamJournal(nats_server.url, node="one")
+    try:
+        huge = Envelope.new(request(1, "x" * 1_100_000), correlation_id="inject-huge")
+        with pytest.raises(ValueError, match="larger than the NATS server takes"):
+            journal.accept(huge, actor="llm")
+        small = Envelope.new(request(1, "hello"), correlation_id="inject-small")
+        assert journal.accept(small, actor="llm").result(5) is True  # nothing else held up
+        assert journal.status()["pending"] == 1
+    finally:
+        journal.close()
+
+
 def test_only_one_daemon_holds_a_lease_and_another_takes_it_when_released(nats_server: NatsServer) -> None:
     one = JetStreamJournal(nats_server.url, node="one", lease_seconds=1.0)
     two = JetStreamJournal(nats_server.url, node="two", lease_seconds=1.0)

@@ -329,7 +329,10 @@ class JetStreamJournal:
         body = envelope.body
         item = json.dumps({"correlation": envelope.correlation_id, "actor": actor,
                            "type": type(body).__name__, "payload": body.model_dump_json()})
-        return self._submit(self._publish(chat_subject(envelope, actor), item.encode(), envelope.correlation_id))
+        data = item.encode()
+        if len(data) > self._nc.max_payload:  # refused at the door, like what SQLite cannot store
+            raise ValueError(f"it is larger than the NATS server takes ({self._nc.max_payload} bytes)")
+        return self._submit(self._publish(chat_subject(envelope, actor), data, envelope.correlation_id))
 
     async def _publish(self, subject: str, data: bytes, msg_id: str) -> bool:
         ack = await self._js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
