@@ -1,35 +1,15 @@
-"""The runtime kernel and the platform-neutral pipeline actors.
+"""The actors: the generic kernel (``autoresponse.actors.kernel``) and, beside it, the
+platform-neutral pipeline written on it.
 
->>> from autoresponse.actors import Runtime, TypedActor, handles
+- ``kernel/``: the runtime: typed actors, cells, mailboxes, the event loop, the clock,
+  in-flight counting, the intake, dead letters, traces, backoff, the test kit.
+- the pipeline: ``conversation`` (each chat's turns in order), ``llm/`` (the LLM client
+  and its engines), ``dispatcher`` and ``extractor`` (from a reply to actions),
+  ``builder`` (action output back through the LLM), ``retry`` (re-asks), ``sender``,
+  ``inbound``, ``receipts``, ``prompts``, ``memory``, ``streaming``, ``routes``.
+- the infrastructure they stand on: ``journal/`` (SQLite and NATS), ``limits`` (every
+  limit, once), ``loopback`` (a server on 127.0.0.1), ``polling`` (poller leases),
+  ``jsonbody`` (bounded JSON from outside).
+
+>>> from autoresponse.actors.kernel import Runtime, TypedActor, handles
 """
-
-from autoresponse.actors._loop import IoTask
-from autoresponse.actors._mailbox import Mailbox, MailboxClosed, OverflowPolicy
-from autoresponse.actors.actor import ActorGaveUp, TypedActor, handles
-from autoresponse.actors.cell import Cell, restart_and_dead_letter
-from autoresponse.actors.deadletters import DeadLetter, DeadLetterOffice
-from autoresponse.actors.inflight import InFlight
-from autoresponse.actors.intake import Intake, IntakeFull, Unstorable
-from autoresponse.actors.probe import Probe, ProbeTimeout
-from autoresponse.actors.runtime import Runtime
-
-__all__ = [
-    "ActorGaveUp",
-    "Cell",
-    "DeadLetter",
-    "DeadLetterOffice",
-    "InFlight",
-    "IoTask",
-    "Intake",
-    "IntakeFull",
-    "Unstorable",
-    "Mailbox",
-    "MailboxClosed",
-    "OverflowPolicy",
-    "Probe",
-    "ProbeTimeout",
-    "Runtime",
-    "TypedActor",
-    "handles",
-    "restart_and_dead_letter",
-]

@@ -28,13 +28,13 @@ from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors import IoTask
-from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.kernel import IoTask
+from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.limits import BATCH_WAIT_SECONDS
 from autoresponse.actors.memory import ConversationStore, action_record
 from autoresponse.actors.prompts import build_delivery_request, full_json_instructions
 from autoresponse.actors.routes import BUILDER, LLM, autonomous_actions, delivery_actions
-from autoresponse.actors.runtime import Runtime
+from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.messages import (
     ActionOutput,
     ActionResult,
@@ -46,7 +46,7 @@ from autoresponse.messages import (
 )
 
 if TYPE_CHECKING:
-    from autoresponse.actors.cell import Cell
+    from autoresponse.actors.kernel.cell import Cell
 
 #: Batches remembered (whose wait ran out, or that are gathering), the oldest forgotten first.
 _BATCHES_KEPT = 1_000

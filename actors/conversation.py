@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.messages import Envelope, OutboundMessage, ReplyDelivered, UserRequest

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from difflib import SequenceMatcher
 
-from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.extractor import extract_actions, rejection
 from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY
 from autoresponse.actors.memory import ConversationStore

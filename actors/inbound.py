@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from autoresponse.actors.actor import TypedActor
-from autoresponse.actors.intake import Unstorable
+from autoresponse.actors.kernel.actor import TypedActor
+from autoresponse.actors.kernel.intake import Unstorable
 from autoresponse.actors.routes import CONVERSATIONS, sender
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 

@@ -9,7 +9,7 @@ gives up), so the runtime's usual failure notice is not sent for it.
 
 from __future__ import annotations
 
-from autoresponse.actors.actor import TypedActor
+from autoresponse.actors.kernel.actor import TypedActor
 from autoresponse.actors.routes import CONVERSATIONS
 from autoresponse.messages import (
     Envelope,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from autoresponse.actors.actor import TypedActor, handles
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel.actor import TypedActor, handles
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
     MAX_ERRORS_SHOWN,
     RETRY_BACKOFF_MAX_SECONDS,

@@ -19,7 +19,7 @@ from autoresponse.messages import (
 )
 
 if TYPE_CHECKING:
-    from autoresponse.actors.runtime import Runtime
+    from autoresponse.actors.kernel.runtime import Runtime
 
 LLM = "llm"
 DISPATCHER = "dispatcher"

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.messages import Envelope, OutboundMessage
 

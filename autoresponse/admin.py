@@ -44,7 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from autoresponse.actors import Cell, IntakeFull, Runtime, Unstorable
+from autoresponse.actors.kernel import Cell, IntakeFull, Runtime, Unstorable
 from autoresponse.actors.jsonbody import read_json_body
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
 from autoresponse.actors.routes import SENDER_PREFIX

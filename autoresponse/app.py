@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from autoresponse.actors import Cell, Runtime, TypedActor
+from autoresponse.actors.kernel import Cell, Runtime, TypedActor
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher

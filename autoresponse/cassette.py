@@ -37,8 +37,8 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ValidationError
 
 from autoresponse import messages
-from autoresponse.actors import Runtime
-from autoresponse.actors.actor import current_correlation
+from autoresponse.actors.kernel import Runtime
+from autoresponse.actors.kernel.actor import current_correlation
 from autoresponse.actors.llm import LLMEngine, LLMError
 from autoresponse.actors.routes import CONVERSATIONS, LLM, SENDER_PREFIX, sender
 from autoresponse.actors.sender import DeliverySender

@@ -63,7 +63,7 @@ from pydantic_settings import (
 )
 
 import autoresponse.interfaces  # noqa: F401  (registers the built-in platforms)
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
     BATCH_WAIT_SECONDS,
     DRAIN_SECONDS,

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from autoresponse.actors.actor import current_correlation
+from autoresponse.actors.kernel.actor import current_correlation
 from autoresponse.redaction import Redactor
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"

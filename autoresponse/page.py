@@ -27,8 +27,8 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from autoresponse.actors import Runtime
-from autoresponse.actors.deadletters import DeadLetter
+from autoresponse.actors.kernel import Runtime
+from autoresponse.actors.kernel.deadletters import DeadLetter
 from autoresponse.supervisors.status import ActorStatus, Status, snapshot
 
 #: Seconds between two pushes to a listening page.

@@ -36,7 +36,7 @@ from typing import Any
 
 import pykka
 
-from autoresponse.actors._loop import EventLoopThread
+from autoresponse.actors.kernel._loop import EventLoopThread
 from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
@@ -251,7 +251,7 @@ def latency_bound(levels: list[int], latency: float, max_in_flight: int) -> dict
     """Deliveries/s against chats in parallel, with a fake LLM that takes ``latency`` s (in
     a process of its own, as a real LLM would be: it does not share our interpreter)."""
     points = []
-    llm, port = _serve("autoresponse.actors.llm.fake_server", "--delay", str(latency))
+    llm, port = _serve("autoresponse.testing.fake_llm", "--delay", str(latency))
     try:
         for chats in levels:
             tally = Tally(expected=2 * chats)
@@ -400,8 +400,8 @@ def _ceiling(requests: int, concurrency: int, llm_url: str, telegram_url: str) -
 
 def loopback_http(concurrency: int, repeats: int, *, seconds: float) -> dict[str, Any]:
     """Case 2: against fakes in their own processes, the three clients interleaved."""
-    llm, llm_port = _serve("autoresponse.actors.llm.fake_server")
-    telegram, telegram_port = _serve("autoresponse.interfaces.telegram.fake_server")
+    llm, llm_port = _serve("autoresponse.testing.fake_llm")
+    telegram, telegram_port = _serve("autoresponse.testing.fake_telegram")
     llm_url, telegram_url = f"http://127.0.0.1:{llm_port}/v1", f"http://127.0.0.1:{telegram_port}/bot"
     variants = {"runtime": _ours, "asyncio + PTB defaults": _baseline, "plain aiohttp ceiling": _ceiling}
     try:
@@ -432,7 +432,7 @@ def daemon_scale(chats: int, warm_up: int = 1_000) -> dict[str, Any]:
     """A real ``autoresponse run`` serving ``chats`` Telegram chats once each (fake Bot API,
     offline LLM), with its journal, chat memory and Telegram lanes: its threads, read from
     /proc, and its memory per idle chat once they are done."""
-    from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+    from autoresponse.testing.fake_telegram import FakeTelegramServer
 
     with tempfile.TemporaryDirectory() as tmp, FakeTelegramServer() as telegram:
         port = _free_port()
@@ -542,7 +542,7 @@ def _start_nats(store: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def _cluster_point(workers: int, nats: bool, llm_url: str, in_flight: int, updates: int) -> dict[str, Any]:
     """``workers`` real daemons answering ``updates`` Telegram chats once each."""
-    from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+    from autoresponse.testing.fake_telegram import FakeTelegramServer
 
     with tempfile.TemporaryDirectory() as tmp, FakeTelegramServer() as telegram:
         server, nats_url = _start_nats(Path(tmp)) if nats else (None, "")
@@ -602,7 +602,7 @@ def cluster(levels: list[int], latency: float, in_flight: int, updates_per_worke
     """Case 7: 1, 2, 3 daemons sharing one bot through NATS JetStream on a load bound by
     LLM latency, beside one daemon on SQLite. Each daemon has ``in_flight`` LLM calls at
     once (kept under Telegram's 30 sends a second, which each daemon paces on its own)."""
-    llm, llm_port = _serve("autoresponse.actors.llm.fake_server", "--delay", str(latency))
+    llm, llm_port = _serve("autoresponse.testing.fake_llm", "--delay", str(latency))
     llm_url = f"http://127.0.0.1:{llm_port}/v1"
     try:
         single = _cluster_point(1, False, llm_url, in_flight, updates_per_worker)

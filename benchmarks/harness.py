@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import autoresponse.interfaces  # noqa: F401  (registers the platforms' actions)
-from autoresponse.actors import Runtime, TypedActor, handles
+from autoresponse.actors.kernel import Runtime, TypedActor, handles
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SendLedger, SqliteJournal

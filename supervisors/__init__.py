@@ -4,7 +4,7 @@ and the platform registry that the application tree is assembled from.
 >>> from autoresponse.supervisors import ChildSpec, Strategy, Supervisor, SupervisorSpec
 """
 
-from autoresponse.actors.backoff import Backoff, BackoffPolicy
+from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.supervisors.platform import (
     Mount,
     MountError,

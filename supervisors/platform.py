@@ -38,7 +38,7 @@ from autoresponse.messages import (
 from autoresponse.supervisors.spec import ChildSpec
 
 if TYPE_CHECKING:
-    from autoresponse.actors import Runtime
+    from autoresponse.actors.kernel import Runtime
     from autoresponse.actors.journal import DeliveryJournal
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from autoresponse.actors import OverflowPolicy, TypedActor
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel import OverflowPolicy, TypedActor
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import MAX_RESTARTS, RESTART_PERIOD_SECONDS
 
 

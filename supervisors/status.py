@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from autoresponse.actors import Runtime
+from autoresponse.actors.kernel import Runtime
 from autoresponse.messages import Failure
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors import ActorGaveUp, TypedActor, handles
-from autoresponse.actors.backoff import Backoff
+from autoresponse.actors.kernel import ActorGaveUp, TypedActor, handles
+from autoresponse.actors.kernel.backoff import Backoff
 from autoresponse.messages import Envelope, Exit
 from autoresponse.supervisors.spec import ChildSpec, Restart, Spec, Strategy, SupervisorSpec
 

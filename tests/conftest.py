@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from autoresponse import Application, Settings
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS

@@ -14,7 +14,7 @@ from conftest import ask, console_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresponse import Application
-from autoresponse.actors import Runtime
+from autoresponse.actors.kernel import Runtime
 from autoresponse.admin import MAX_BODY_DEPTH, AdminServer
 from autoresponse.app import names_in
 from autoresponse.config import AdminSettings
@@ -221,7 +221,7 @@ def test_a_flood_is_backpressure_not_loss(make_app: MakeApp, fake_llm: Any) -> N
     import threading
     import time as clock
 
-    from autoresponse.actors.llm.fake_server import FakeResponse
+    from autoresponse.testing.fake_llm import FakeResponse
 
     fake_llm.responder = lambda body: FakeResponse(delay=0.05, content=json.dumps(
         {"actions": [{"type": "message_console", "payload": {"text": "ok"}}]}))
@@ -253,7 +253,7 @@ def test_a_flood_is_backpressure_not_loss(make_app: MakeApp, fake_llm: Any) -> N
 
 
 def test_the_busy_answer_carries_retry_after(make_app: MakeApp, fake_llm: Any) -> None:
-    from autoresponse.actors.llm.fake_server import FakeResponse
+    from autoresponse.testing.fake_llm import FakeResponse
 
     fake_llm.script(FakeResponse(delay=3))  # the first request holds the only place a while
     app = make_app(base_url=fake_llm.base_url, admin=ADMIN, runtime={"max_open": 1})

@@ -13,7 +13,7 @@ import pytest
 from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import BUILDER, interface, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import ActionOutput, Crash, Envelope, OutboundMessage

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Daemon, environment, wait_for
 
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.cassette import Cassette, CassetteError, replay
 
 CASSETTES = sorted((Path(__file__).parent / "cassettes").glob("*.jsonl"))

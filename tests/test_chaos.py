@@ -9,9 +9,9 @@ from collections.abc import Callable
 from conftest import console_text
 
 from autoresponse import Application
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import interface, sender
-from autoresponse.actors.testkit import FaultInjector
+from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import OutboundMessage
 

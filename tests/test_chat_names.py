@@ -11,8 +11,8 @@ from conftest import system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import environment, free_port
 
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 
 
 def autoresponse(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

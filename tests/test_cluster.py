@@ -17,10 +17,10 @@ from conftest import Daemon, NatsServer, actors, wait_for
 
 from autoresponse.actors.journal.jetstream import JetStreamJournal
 from autoresponse.actors.journal.shared_memory import SharedConversationStore
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.events import EventPayload, due_in
 from autoresponse.interfaces.events.shared_store import SharedEventStore
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 
 ALLOWED = 7
@@ -278,7 +278,7 @@ def test_reminders_are_shared_and_handed_out_by_one_daemon_only(tmp_path: Path, 
 
 
 def test_two_daemons_read_one_reddit_inbox_through_one_lease(tmp_path: Path, nats_server: NatsServer) -> None:
-    from autoresponse.interfaces.reddit.fake_server import FakeRedditServer
+    from autoresponse.testing.fake_reddit import FakeRedditServer
 
     secret, password = "reddit-secret-c1", "reddit-password-c1"
     with FakeLLMServer() as llm, FakeTelegramServer() as telegram, FakeRedditServer(password=password) as reddit:
@@ -306,7 +306,7 @@ def test_two_daemons_read_one_reddit_inbox_through_one_lease(tmp_path: Path, nat
 def test_a_webhook_call_posted_to_two_daemons_is_answered_once(tmp_path: Path, nats_server: NatsServer) -> None:
     from conftest import free_port
 
-    from autoresponse.interfaces.telegram.fake_server import post_update
+    from autoresponse.testing.fake_telegram import post_update
 
     secret = "webhook-secret-5f2c9a0d1e"
     chat = 70_000

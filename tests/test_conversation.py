@@ -15,14 +15,14 @@ from conftest import ask, console_text, system_message, system_messages, wait_fo
 
 from autoresponse import Application, Settings
 from autoresponse.actors.conversation import FORGOTTEN
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.actors.prompts import SUGGESTED_RESPONSE_FORMAT
 from autoresponse.actors.routes import CONVERSATIONS, sender
 from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.events import EventStore, due_in
 from autoresponse.interfaces.events.actions import EventPayload
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext, OutboundMessage, UserRequest, parse_action
 
 MakeApp = Callable[..., Application]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from conftest import Daemon, actors, free_port
 
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 API_KEY = "sk-live-do-not-print-0123456789"
 TOKEN = "admin-secret-token-9876543210"

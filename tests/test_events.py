@@ -13,10 +13,10 @@ import pytest
 from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application, Settings
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
 from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",

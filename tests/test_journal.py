@@ -16,8 +16,8 @@ import pytest
 from conftest import Daemon
 
 from autoresponse.actors.journal import SqliteJournal
-from autoresponse.actors.llm.fake_server import FakeLLMServer
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_llm import FakeLLMServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 
 CTX = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")
@@ -137,7 +137,7 @@ def test_dead_letters_survive_a_restart_and_can_be_replayed_after_it(tmp_path: P
     from conftest import console_text
 
     from autoresponse import Application, Settings
-    from autoresponse.actors.llm.fake_server import FakeResponse
+    from autoresponse.testing.fake_llm import FakeResponse
     from autoresponse.interfaces.console import Console, ConsoleInput
 
     with FakeLLMServer() as llm:
@@ -172,7 +172,7 @@ def test_dead_letters_survive_a_restart_and_can_be_replayed_after_it(tmp_path: P
 def test_dead_letters_are_bounded_in_the_journal(tmp_path: Path) -> None:
     journal = SqliteJournal(tmp_path / "j.sqlite3")
     try:
-        from autoresponse.actors import DeadLetterOffice
+        from autoresponse.actors.kernel import DeadLetterOffice
 
         office = DeadLetterOffice(store=journal)
         for n in range(30):

@@ -13,15 +13,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Each room, and the rooms its modules may import. The composition root
-#: (autoresponse/: app, config, admin, CLI) may import every room; nothing imports it.
+#: (autoresponse/: app, config, admin, CLI) may import every product room; nothing imports
+#: it. The kernel (actors/kernel/) is generic: it knows the protocol, the limits and the
+#: journal's interface, never the pipeline built on it. The test doubles
+#: (autoresponse/testing/) may import anything, and the product never imports them.
 ROOMS = {
     "messages": set(),
-    "actors": {"messages"},
-    "supervisors": {"actors", "messages"},
-    "interfaces": {"supervisors", "actors", "messages"},
-    "autoresponse": {"interfaces", "supervisors", "actors", "messages"},
+    "foundation": {"messages"},
+    "kernel": {"foundation", "messages"},
+    "actors": {"kernel", "foundation", "messages"},
+    "supervisors": {"actors", "kernel", "foundation", "messages"},
+    "interfaces": {"supervisors", "actors", "kernel", "foundation", "messages"},
+    "autoresponse": {"interfaces", "supervisors", "actors", "kernel", "foundation", "messages"},
+    "testing": {"autoresponse", "interfaces", "supervisors", "actors", "kernel", "foundation",
+                "messages"},
 }
-#: Where each room's folder is, relative to the repository root.
+#: What the kernel stands on, in the actors folder: the table of limits and the SQLite
+#: journal it writes through. Neither imports the pipeline.
+FOUNDATION = {"autoresponse.actors.limits", "autoresponse.actors.journal",
+              "autoresponse.actors.journal.journal"}
+#: Where each room's folder is, relative to the repository root (the kernel and the
+#: test doubles are found inside actors/ and autoresponse/).
 FOLDERS = {"messages": "messages", "actors": "actors", "supervisors": "supervisors",
            "interfaces": "interfaces", "autoresponse": "autoresponse"}
 
@@ -31,6 +43,12 @@ def room_of(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "autoresponse":
         return None
+    if parts[1:3] == ["actors", "kernel"]:
+        return "kernel"
+    if module in FOUNDATION:
+        return "foundation"
+    if len(parts) > 1 and parts[1] == "testing":
+        return "testing"
     return parts[1] if len(parts) > 1 and parts[1] in ROOMS and parts[1] != "autoresponse" else "autoresponse"
 
 
@@ -87,16 +105,39 @@ def test_arrows_point_down_only() -> None:
 
 def test_the_arrow_check_catches_a_wrong_arrow() -> None:
     modules = {
-        "autoresponse.messages.bad": "from autoresponse.actors.runtime import Runtime\n",
+        "autoresponse.messages.bad": "from autoresponse.actors.kernel.runtime import Runtime\n",
         "autoresponse.actors.lazy": "def f():\n    from autoresponse.interfaces import telegram\n",
         "autoresponse.interfaces.x": "from autoresponse.app import Application\n",
         "autoresponse.actors.fine": "from autoresponse.messages import Envelope\n",
     }
     assert violations(modules) == [
-        "autoresponse.messages.bad imports autoresponse.actors.runtime (messages → actors)",
+        "autoresponse.messages.bad imports autoresponse.actors.kernel.runtime (messages → kernel)",
         "autoresponse.actors.lazy imports autoresponse.interfaces (actors → interfaces)",
         "autoresponse.interfaces.x imports autoresponse.app (interfaces → autoresponse)",
     ]
+
+
+def test_the_kernel_and_the_doubles_keep_to_their_rooms() -> None:
+    modules = {
+        "autoresponse.actors.kernel.bad": "from autoresponse.actors.dispatcher import Dispatcher\n",
+        "autoresponse.actors.kernel.fine": "from autoresponse.actors.limits import MAX_HOPS\n",
+        "autoresponse.interfaces.telegram.bad": "from autoresponse.testing.fake_telegram import F\n",
+        "autoresponse.testing.fine": "from autoresponse.app import Application\n",
+    }
+    assert violations(modules) == [
+        "autoresponse.actors.kernel.bad imports autoresponse.actors.dispatcher (kernel → actors)",
+        "autoresponse.interfaces.telegram.bad imports autoresponse.testing.fake_telegram "
+        "(interfaces → testing)",
+    ]
+
+
+def test_the_doubles_are_out_of_the_product_rooms() -> None:
+    """Fake servers live under autoresponse.testing only, never beside a platform's code."""
+    strays = [str(p.relative_to(ROOT)) for room in ("actors", "interfaces", "supervisors", "messages")
+              for p in (ROOT / room).rglob("*fake*.py")]
+    assert strays == []
+    assert sorted(p.name for p in (ROOT / "autoresponse" / "testing").glob("fake_*.py")) == [
+        "fake_llm.py", "fake_reddit.py", "fake_telegram.py", "fake_x.py"]
 
 
 def test_the_protocol_loads_without_telegram_aiohttp_or_prometheus() -> None:

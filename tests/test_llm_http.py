@@ -18,7 +18,7 @@ from autoresponse import Application, Settings
 from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
 from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.interfaces.console import Console
 from autoresponse.messages import OutboundMessage

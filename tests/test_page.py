@@ -26,8 +26,8 @@ import pytest
 from conftest import ask, console_text, wait_for
 
 from autoresponse import Application
-from autoresponse.actors.deadletters import DeadLetter
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.actors.kernel.deadletters import DeadLetter
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.page import Rates, render_dead_letters

@@ -11,9 +11,9 @@ import pytest
 from conftest import ask, console_text
 
 from autoresponse import Application, request_llm_delivery
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
-from autoresponse.actors.testkit import FaultInjector
+from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.app import RETRY
 from autoresponse.messages import (
     ActionRequest,

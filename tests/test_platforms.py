@@ -13,7 +13,8 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from autoresponse import Application, Settings
-from autoresponse.actors import TypedActor, handles, routes
+from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors import routes
 from autoresponse.actors.prompts import full_json_instructions
 from autoresponse.app import names_in
 from autoresponse.cli import RedactSecrets

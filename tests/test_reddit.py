@@ -15,12 +15,12 @@ from conftest import Daemon, system_messages, wait_for
 
 import autoresponse.interfaces
 from autoresponse import Application, Settings
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.reddit import PLATFORM, REFUSAL
-from autoresponse.interfaces.reddit.fake_server import FakeRedditServer
+from autoresponse.testing.fake_reddit import FakeRedditServer
 from autoresponse.messages import OriginalContext, OutboundMessage
 from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot

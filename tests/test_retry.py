@@ -11,7 +11,7 @@ import pytest
 from conftest import ask, system_message
 
 from autoresponse import Application
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.prompts import error_retry_policy
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, sender

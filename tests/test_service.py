@@ -21,7 +21,7 @@ from conftest import Daemon, actors, environment, wait_for
 
 import autoresponse
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DRAIN_SECONDS
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.notify import STOP_MARGIN_SECONDS, Notifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def test_json_logs_are_one_object_a_line_with_the_requests_correlation_id(
 
 LOGGING_SCRIPT = """
 import logging, sys
-from autoresponse.actors.actor import current_correlation
+from autoresponse.actors.kernel.actor import current_correlation
 from autoresponse.logs import configure
 configure("DEBUG", format=sys.argv[1], secrets=["s3cr3t-token-value"])
 log = logging.getLogger("autoresponse.test")

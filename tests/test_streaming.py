@@ -11,13 +11,13 @@ from conftest import console_text, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.llm.engine import LLMError
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.llm.http import HttpEngine
 from autoresponse.actors.routes import interface
 from autoresponse.actors.streaming import preview_text
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.telegram import utf16_len
-from autoresponse.interfaces.telegram.fake_server import Call, FakeTelegramServer
+from autoresponse.testing.fake_telegram import Call, FakeTelegramServer
 
 CHAT, ALLOWED = 42, 7
 ANSWER = ("Your disks are fine: the root filesystem is 41% full, /home has 120 GB free, "

@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_for
 from pydantic import BaseModel
 
-from autoresponse.actors import Runtime, TypedActor, handles
+from autoresponse.actors.kernel import Runtime, TypedActor, handles
 from autoresponse.messages import Crash, Envelope
 from autoresponse.supervisors import (
     Backoff,

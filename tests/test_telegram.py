@@ -11,10 +11,10 @@ import pytest
 from conftest import system_messages, wait_for
 
 from autoresponse import Application
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext, OutboundMessage
 
 ALLOWED = 7
@@ -330,7 +330,7 @@ def test_an_update_waiting_at_start_is_handled_exactly_once_even_on_a_slow_start
 ) -> None:
     """Resuming the journal never races with intake: an update polled while the journal is
     being resumed would otherwise be both accepted and resumed, and run twice."""
-    from autoresponse.actors.intake import Intake
+    from autoresponse.actors.kernel.intake import Intake
 
     slow_resume = Intake.resume
 

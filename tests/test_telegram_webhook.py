@@ -21,9 +21,9 @@ import pytest
 from conftest import environment, free_port, wait_for
 
 from autoresponse import Application, Settings, StartError
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.config import ConfigError
-from autoresponse.interfaces.telegram.fake_server import (
+from autoresponse.testing.fake_telegram import (
     BOT_USER,
     FakeTelegramServer,
     Webhook,

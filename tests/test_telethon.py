@@ -33,7 +33,7 @@ from telethon.sessions import StringSession
 from telethon.tl import types
 
 from autoresponse import Application, Settings
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets

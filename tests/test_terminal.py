@@ -14,7 +14,7 @@ import pytest
 from conftest import ask, system_messages
 
 from autoresponse import Application
-from autoresponse.actors.llm.fake_server import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import BUILDER, executor
 from autoresponse.interfaces.terminal import (
     DEFAULT_ARGUMENT_RULES,
@@ -43,7 +43,7 @@ def test_the_terminal_is_off_by_default() -> None:
 
 
 def test_a_disabled_executor_refuses_and_says_so() -> None:
-    from autoresponse.actors.testkit import Recorder, running
+    from autoresponse.actors.kernel.testkit import Recorder, running
 
     with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, TerminalSettings(
             allowed_commands=["echo"]))) as rt:

@@ -18,13 +18,13 @@ import pytest
 from conftest import system_messages, wait_for
 
 from autoresponse import Application, Settings
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.x import PLATFORM, REFUSAL
 from autoresponse.interfaces.x.counting import split_post, weighted_length
-from autoresponse.interfaces.x.fake_server import FakeXServer
+from autoresponse.testing.fake_x import FakeXServer
 from autoresponse.messages import OriginalContext, OutboundMessage
 from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from autoresponse.actors.actor import TypedActor, handles
+from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
 from autoresponse.actors.llm.engine import LLMEngine, LLMError

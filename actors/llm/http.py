@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from yarl import URL
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
     LLM_CONNECT_TIMEOUT_SECONDS,
     LLM_DEADLINE_SECONDS,

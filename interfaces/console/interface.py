@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import TextIO
 
-from autoresponse.actors import IntakeFull, Runtime, TypedActor, handles
+from autoresponse.actors.kernel import IntakeFull, Runtime, TypedActor, handles
 from autoresponse.actors.routes import CONVERSATIONS
 from autoresponse.interfaces.console.console import Console, ConsoleInput
 from autoresponse.messages import Envelope, OriginalContext, UserRequest

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.interfaces.console.console import Console

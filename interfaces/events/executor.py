@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
 from autoresponse.interfaces.events.store import EventStore
 from autoresponse.messages import ActionRequest, ActionResult, Envelope

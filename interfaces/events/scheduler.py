@@ -16,7 +16,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.polling import SharedPoller
 from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.interfaces.events.settings import EventsSettings

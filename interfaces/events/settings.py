@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 
 #: How often due reminders are looked for.
 EVENTS_CHECK_SECONDS = 5.0

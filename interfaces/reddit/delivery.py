@@ -35,7 +35,7 @@ from asyncprawcore.exceptions import (
     TooManyRequests,
 )
 
-from autoresponse.actors.backoff import SEND_BACKOFF
+from autoresponse.actors.kernel.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.reddit.settings import (

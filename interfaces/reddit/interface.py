@@ -22,8 +22,8 @@ from asyncpraw.exceptions import AsyncPRAWException
 from asyncprawcore.exceptions import AsyncPrawcoreException
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
+from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME

@@ -36,7 +36,7 @@ from telegram.error import (
 )
 from telegram.warnings import PTBDeprecationWarning
 
-from autoresponse.actors.backoff import BackoffPolicy
+from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len

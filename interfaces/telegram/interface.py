@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from telegram import Bot, Message, MessageEntity, Update
 from telegram.error import TelegramError
 
-from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.backoff import Backoff, BackoffPolicy
+from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME

@@ -25,7 +25,7 @@ from typing import Any
 
 from telethon import errors
 
-from autoresponse.actors.backoff import SEND_BACKOFF
+from autoresponse.actors.kernel.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.telegram.chunking import split_message

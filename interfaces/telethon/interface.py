@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient

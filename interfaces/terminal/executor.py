@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoresponse.actors import TypedActor, handles
+from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
 from autoresponse.interfaces.terminal.command import CommandRefused, parse_command, run_command
 from autoresponse.interfaces.terminal.settings import TerminalSettings

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from tweepy import HTTPException, TooManyRequests, TwitterServerError
 
-from autoresponse.actors.backoff import SEND_BACKOFF
+from autoresponse.actors.kernel.backoff import SEND_BACKOFF
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.x.client import XApi, seconds_until

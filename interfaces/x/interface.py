@@ -21,8 +21,8 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict
 from tweepy import TooManyRequests, TweepyException
 
-from autoresponse.actors import TypedActor, handles
-from autoresponse.actors.backoff import POLL_BACKOFF, Backoff
+from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME

@@ -20,8 +20,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from conftest import Daemon, wait_for
 
-from autoresponse.actors.llm.fake_server import FakeLLMServer, FakeResponse
-from autoresponse.interfaces.telegram.fake_server import FakeTelegramServer
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 SETTINGS = {"AUTORESPONSE_TERMINAL__ENABLED": "true",
             "AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS": '["echo", "date", "uname"]',

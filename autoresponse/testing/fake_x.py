@@ -20,7 +20,7 @@ It serves ``GET /2/users/me``, ``GET /2/users/:id/mentions`` (``since_id``,
 ``POST /2/tweets`` (with ``reply.in_reply_to_tweet_id``), records every call with its
 time, and can be told to fail the next calls (a 429 with ``x-rate-limit-reset``, 403s,
 5xx). The same routes answer on a plain-HTTP port too, for curl. Run it alone with
-``python -m autoresponse.interfaces.x.fake_server --ca-file x-ca.pem``.
+``python -m autoresponse.testing.fake_x --ca-file x-ca.pem``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from autoresponse.actors.actor import TypedActor, handles
-from autoresponse.actors.runtime import Runtime
+from autoresponse.actors.kernel.actor import TypedActor, handles
+from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.messages.envelope import Envelope
 
 

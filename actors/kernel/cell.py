@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
-from autoresponse.actors._mailbox import Mailbox
-from autoresponse.actors.actor import ActorGaveUp, TypedActor, adopting
+from autoresponse.actors.kernel._mailbox import Mailbox
+from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, adopting
 from autoresponse.actors.limits import START_SECONDS
 from autoresponse.messages.control import Exit, Failure
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
-    from autoresponse.actors.runtime import Runtime
+    from autoresponse.actors.kernel.runtime import Runtime
 
 log = logging.getLogger("autoresponse.runtime")
 

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
-from autoresponse.actors._loop import EventLoopThread
-from autoresponse.actors._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
-from autoresponse.actors.actor import ActorGaveUp, IoDone, TypedActor
-from autoresponse.actors.cell import Cell, restart_and_dead_letter
-from autoresponse.actors.deadletters import DeadLetterOffice
-from autoresponse.actors.inflight import InFlight
-from autoresponse.actors.intake import Intake
+from autoresponse.actors.kernel._loop import EventLoopThread
+from autoresponse.actors.kernel._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
+from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
+from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
+from autoresponse.actors.kernel.deadletters import DeadLetterOffice
+from autoresponse.actors.kernel.inflight import InFlight
+from autoresponse.actors.kernel.intake import Intake
 from autoresponse.actors.limits import (
     DRAIN_SECONDS,
     MAILBOX_BLOCK_SECONDS,
@@ -38,8 +38,8 @@ from autoresponse.actors.limits import (
     MAX_OPEN_ITEMS,
     MESSAGE_ATTEMPTS,
 )
-from autoresponse.actors.probe import Probe
-from autoresponse.actors.trace import TraceRecorder
+from autoresponse.actors.kernel.probe import Probe
+from autoresponse.actors.kernel.trace import TraceRecorder
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:

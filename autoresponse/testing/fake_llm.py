@@ -10,7 +10,7 @@ With nothing scripted it answers like the offline engine would, so the full
 loop works against it. Scripted responses are served first, in order; a
 ``responder(body)`` answers the rest (a reply text, or a whole ``FakeResponse``
 with its delay), or returns None to leave it to the default.
-Run it alone with ``python -m autoresponse.actors.llm.fake_server --port 8089``.
+Run it alone with ``python -m autoresponse.testing.fake_llm --port 8089``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ outlives it.
 
 A handler that raises crashes the actor: what happens next (restart, dead
 letter, retry) is decided by whoever supervises it, never by the actor; see
-``autoresponse.actors.cell`` for the whole crash path.
+``autoresponse.actors.kernel.cell`` for the whole crash path.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
 
-from autoresponse.actors._loop import IoTask
-from autoresponse.actors._mailbox import InboxView, Letter, MailboxClosed
+from autoresponse.actors.kernel._loop import IoTask
+from autoresponse.actors.kernel._mailbox import InboxView, Letter, MailboxClosed
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
-    from autoresponse.actors.cell import Cell
-    from autoresponse.actors.runtime import Runtime
+    from autoresponse.actors.kernel.cell import Cell
+    from autoresponse.actors.kernel.runtime import Runtime
 
 Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()

@@ -27,7 +27,7 @@ from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
     from autoresponse.actors.journal import DeliveryJournal, JournalItem
-    from autoresponse.actors.runtime import Runtime
+    from autoresponse.actors.kernel.runtime import Runtime
 
 log = logging.getLogger("autoresponse.intake")
 

@@ -16,7 +16,7 @@ reply to a comment or to a private message), with ``X-Ratelimit-*`` headers on e
 answer. It records every call with its time, and can be told to fail the next calls
 (a Reddit API error such as RATELIMIT inside a 200, or an HTTP status), or to report
 a spent rate-limit budget. Run it alone with
-``python -m autoresponse.interfaces.reddit.fake_server --port 8082``.
+``python -m autoresponse.testing.fake_reddit --port 8082``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""The actor kernel: typed actors with stable names, bounded mailboxes, one event
+loop, one clock, in-flight counting, the intake, dead letters and the test kit.
+
+Everything here is generic: no platform, no LLM, no prompt. The pipeline's actors
+(``autoresponse.actors.builder``, ``.dispatcher``, ``.llm``, ...) are written on top of it.
+
+>>> from autoresponse.actors.kernel import Runtime, TypedActor, handles
+>>> class Echo(TypedActor):
+...     @handles(Ping)
+...     def ping(self, envelope):
+...         self.send("sink", Pong(n=envelope.body.n))           # doctest: +SKIP
+"""
+
+from autoresponse.actors.kernel._loop import IoTask
+from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, OverflowPolicy
+from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, handles
+from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
+from autoresponse.actors.kernel.deadletters import DeadLetter, DeadLetterOffice
+from autoresponse.actors.kernel.inflight import InFlight
+from autoresponse.actors.kernel.intake import Intake, IntakeFull, Unstorable
+from autoresponse.actors.kernel.probe import Probe, ProbeTimeout
+from autoresponse.actors.kernel.runtime import Runtime
+
+__all__ = [
+    "ActorGaveUp",
+    "Cell",
+    "DeadLetter",
+    "DeadLetterOffice",
+    "InFlight",
+    "IoTask",
+    "Intake",
+    "IntakeFull",
+    "Unstorable",
+    "Mailbox",
+    "MailboxClosed",
+    "OverflowPolicy",
+    "Probe",
+    "ProbeTimeout",
+    "Runtime",
+    "TypedActor",
+    "handles",
+    "restart_and_dead_letter",
+]
