@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench wheel-check clean
+.PHONY: demo test typecheck stress bench wheel-check clean
 
 # The status page's browser tests drive Debian's Chromium through Playwright (whose own
 # browser download is never used).
@@ -19,8 +19,20 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/autoresponse demo
 
-test: $(STAMP) $(CHROMIUM)
-	$(BIN)/pytest
+# The type check runs first; --durations names the slowest tests at the end.
+test: typecheck $(STAMP) $(CHROMIUM)
+	$(BIN)/pytest --durations=15
+
+# mypy, with every module under its installed autoresponse.* name (tests/typecheck.py reads
+# setup.cfg's package_dir); which rooms it holds to which rules is in pyproject.toml.
+typecheck: $(STAMP)
+	$(BIN)/python tests/typecheck.py
+
+# The stop, kill, cluster and race tests, STRESS_COUNT times each (tests/stress.py names
+# them), with the passes per test; fails if any run failed.
+STRESS_COUNT ?= 20
+stress: $(STAMP)
+	STRESS_COUNT=$(STRESS_COUNT) $(BIN)/python tests/stress.py
 
 $(CHROMIUM):
 	if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \

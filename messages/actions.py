@@ -94,7 +94,7 @@ class _Registry:
                 models = tuple(self.models.values())
                 if not models:
                     raise LookupError("no action types are registered")
-                union = models[0] if len(models) == 1 else Annotated[
+                union: Any = models[0] if len(models) == 1 else Annotated[
                     Union[models], Field(discriminator="type")]  # noqa: UP007
                 adapter = TypeAdapter(union)
                 self._adapter = (self.generation, adapter)

@@ -102,12 +102,12 @@ class EventLoopThread:
         if self._thread is not None:
             raise RuntimeError("the event loop thread was already started")
         ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
+        loop = self._loop = asyncio.new_event_loop()
 
         def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.call_soon(ready.set)
-            self._loop.run_forever()
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
 
         self._thread = threading.Thread(target=run, name=self._name, daemon=True)
         self._thread.start()

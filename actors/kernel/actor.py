@@ -154,7 +154,7 @@ class TypedActor(pykka.ThreadingActor):
         cls._handlers = table
 
     @staticmethod
-    def _create_actor_inbox() -> InboxView:  # type: ignore[override]
+    def _create_actor_inbox() -> InboxView:
         cell = getattr(_adoption, "cell", None)
         if cell is None:
             raise RuntimeError("start actors with Runtime.spawn(), not Actor.start()")

@@ -141,7 +141,7 @@ class Intake:
         self._room.notify_all()
         waiters, self._room_waiters = self._room_waiters, []
         for loop, waiter in waiters:
-            loop.call_soon_threadsafe(lambda w=waiter: w.done() or w.set_result(None))
+            loop.call_soon_threadsafe(_wake, waiter)
 
     # ---------------------------------------------------------------- accepting
 
@@ -181,13 +181,15 @@ class Intake:
             error = written.exception()
             if error is not None:
                 self._unreserve()
-                accepted.cancelled() or accepted.set_exception(error)
+                if not accepted.cancelled():
+                    accepted.set_exception(error)
                 return
             if self.distributed:  # one of the cluster's workers takes it from the journal
                 self._unreserve()
             else:
                 self._start(to, envelope, new=written.result())
-            accepted.cancelled() or accepted.set_result(envelope)
+            if not accepted.cancelled():
+                accepted.set_result(envelope)
 
         try:
             written = self.journal.accept(envelope, actor=to)
@@ -292,3 +294,9 @@ class Intake:
         journal, those resume on the next start)."""
         with self._lock:
             return len(self._left_open) + len(self._open)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """On the waiter's loop: there may be room now (unless it stopped waiting)."""
+    if not waiter.done():
+        waiter.set_result(None)

@@ -316,7 +316,7 @@ class Runtime:
         when the actor does not handle such a message."""
         cell = self._cells.get(actor)
         types = {t.__name__: t for t in (cell.actor_class._handlers if cell else ()) if isinstance(t, type)}
-        model = types.get(type_name)
+        model: Any = types.get(type_name)
         if model is None or not hasattr(model, "model_validate"):
             return None
         return model.model_validate_json(data) if isinstance(data, str) else model.model_validate(data)

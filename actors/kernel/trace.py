@@ -39,7 +39,7 @@ class TraceRecorder:
         self._keep = keep
         self._max_events = 3 * max_hops  # queued, started, ended
         #: Called with (correlation, hops) once a correlation has finished (the journal).
-        self.on_finished: Callable[[str, list[dict[str, Any]]], None] | None = None
+        self.on_finished: Callable[[str, list[dict[str, Any]]], object] | None = None
 
     def _events(self, correlation: str) -> list[tuple[Any, ...]]:
         events = self._traces.get(correlation)
