@@ -53,11 +53,13 @@ class Envelope:
         self.body = body
 
     @classmethod
-    def new(cls, body: Any, *, correlation_id: str | None = None, timeout: float | None = None) -> Envelope:
-        """Start a new chain (a new user request unless a correlation is given)."""
+    def new(cls, body: Any, *, correlation_id: str | None = None, timeout: float | None = None,
+            now: float | None = None) -> Envelope:
+        """Start a new chain (a new user request unless a correlation is given). A ``timeout``
+        counts from ``now`` (the runtime's clock; the wall clock when not given)."""
         message_id = new_id()
-        return cls(message_id, correlation_id or message_id, body,
-                   deadline=None if timeout is None else time.time() + timeout)
+        deadline = None if timeout is None else (time.time() if now is None else now) + timeout
+        return cls(message_id, correlation_id or message_id, body, deadline=deadline)
 
     def child(self, body: Any) -> Envelope:
         """The envelope of a message caused by this one: same chain, one hop on."""
@@ -70,7 +72,8 @@ class Envelope:
                         hops=self.hops, attempt=self.attempt + 1, deadline=self.deadline)
 
     def expired(self, now: float | None = None) -> bool:
-        return self.deadline is not None and (now or time.time()) > self.deadline
+        """Past its deadline at ``now`` (the runtime's clock; the wall clock when not given)."""
+        return self.deadline is not None and (time.time() if now is None else now) > self.deadline
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready view, the body included, for logs, dead letters and the journal."""

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -80,7 +79,7 @@ def snapshot(runtime: Runtime) -> Status:
 
     counts = runtime.dead_letters.counts()
     return Status(
-        time=time.time(),
+        time=runtime.clock.time(),
         tree=[node(c.name) for c in cells if c.supervisor is None or not runtime.has(c.supervisor)],
         in_flight=runtime.inflight.count(),
         open_items=runtime.intake.open_count,

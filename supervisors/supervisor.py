@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -51,11 +50,14 @@ class StartChild(BaseModel):
 
 
 class Supervisor(TypedActor):
-    def __init__(self, spec: SupervisorSpec, *, clock: Callable[[], float] = time.monotonic,
+    """``clock`` reads the time for the restart intensity and the backoff (default: the
+    runtime's clock, ``runtime.clock.monotonic``); the backoff waits on the runtime's clock."""
+
+    def __init__(self, spec: SupervisorSpec, *, clock: Callable[[], float] | None = None,
                  rng: Callable[[], float] = random.random) -> None:
         super().__init__()
         self.spec = spec
-        self._clock = clock
+        self._clock = clock if clock is not None else self.runtime.clock.monotonic
         self._rng = rng
         self._children: list[tuple[str, Spec]] = []  # in start order
         self._restarts: deque[float] = deque()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import Clock, ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import Console, ConsoleInput
@@ -53,12 +54,20 @@ def fake_llm() -> Iterator[FakeLLMServer]:
 
 
 @pytest.fixture
+def manual_clock() -> ManualClock:
+    """A clock that moves only when the test advances it: give it to ``make_app(clock=...)``
+    or ``running(..., clock=...)``, wait for a timer (``wait_for_sleepers``), ``advance``."""
+    return ManualClock()
+
+
+@pytest.fixture
 def make_app(tmp_path: Path) -> Iterator[Callable[..., Application]]:
     """Start an Application on a captured console; every one is stopped after the test."""
     apps: list[Application] = []
 
     def make(*, base_url: str | None = None, terminal: bool = True,
-             allowed: tuple[str, ...] | list[str] = DEMO_COMMANDS, **settings: Any) -> Application:
+             allowed: tuple[str, ...] | list[str] = DEMO_COMMANDS, clock: Clock | None = None,
+             **settings: Any) -> Application:
         settings.setdefault("admin", {"enabled": False})
         settings.setdefault("events", {"enabled": False})
         settings.setdefault("data_dir", tmp_path / "data")
@@ -69,7 +78,7 @@ def make_app(tmp_path: Path) -> Iterator[Callable[..., Application]]:
                       **settings.pop("terminal", {})},
             **settings,
         )
-        app = Application(config, console=Console(io.StringIO())).start()
+        app = Application(config, console=Console(io.StringIO()), clock=clock).start()
         apps.append(app)
         return app
 

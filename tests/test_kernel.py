@@ -12,7 +12,7 @@ import pykka
 import pytest
 from pydantic import BaseModel
 
-from autoresponse.actors.kernel import OverflowPolicy, Runtime, TypedActor, handles
+from autoresponse.actors.kernel import ManualClock, OverflowPolicy, Runtime, TypedActor, handles
 from autoresponse.actors.kernel.testkit import Recorder, running
 from autoresponse.messages import Envelope
 
@@ -235,12 +235,12 @@ def test_a_looping_chain_ends_at_the_hop_limit() -> None:
 
 
 def test_expired_work_is_skipped_and_dead_lettered() -> None:
-    gate = threading.Event()
-    with running(("gated", Gated, gate), ("sink", Recorder)) as rt:
+    gate, clock = threading.Event(), ManualClock()
+    with running(("gated", Gated, gate), ("sink", Recorder), clock=clock) as rt:
         with rt.probe("sink") as sink:
             rt.send("gated", Ping(n=1))
             rt.send("gated", Ping(n=3), timeout=0.05)
-            time.sleep(0.2)
+            clock.advance(0.2)  # its deadline passes while the first is in hand
             gate.set()
             assert rt.wait_idle(timeout=10)
             assert [p.n for p in sink.bodies(Pong)] == [1]
@@ -330,9 +330,14 @@ class Ticker(TypedActor):
         self.schedule(0.02, Tick())
 
 
-def ticks_in(rt: Runtime, name: str, seconds: float) -> int:
+def ticks_in(rt: Runtime, clock: ManualClock, name: str, steps: int) -> int:
+    """The ticks ``name`` gets while its clock moves on 20 ms at a time, ``steps`` times."""
     with rt.probe(name) as probe:
-        time.sleep(seconds)
+        for step in range(steps):
+            wait_until(lambda: clock.sleepers >= 1)  # the next tick is set
+            clock.advance(0.02)
+            wait_until(lambda step=step: len(probe.bodies(Tick)) > step)
+        wait_until(lambda: clock.sleepers >= 1)
         return len(probe.bodies(Tick))
 
 
@@ -341,14 +346,16 @@ def test_a_timer_dies_with_the_incarnation_that_started_it() -> None:
     (the old incarnations' timer chains are cancelled, not left running)."""
     from autoresponse.messages import Crash
 
-    with running(("ticker", Ticker)) as rt:
-        before = ticks_in(rt, "ticker", 1.0)
+    clock = ManualClock()
+    with running(("ticker", Ticker), clock=clock) as rt:
+        before = ticks_in(rt, clock, "ticker", 10)
         for n in range(3):
             rt.send("ticker", Crash(reason=f"drill {n}"))
             wait_until(lambda n=n: rt.cell("ticker").restarts == n + 1)
-        after = ticks_in(rt, "ticker", 1.0)
-    assert before > 10
-    assert after < before * 1.5, f"{before} ticks a second before the restarts, {after} after"
+        wait_until(lambda: rt.cell("ticker").alive and clock.sleepers == 1)  # one chain is left
+        after = ticks_in(rt, clock, "ticker", 10)
+        assert clock.sleepers == 1
+    assert before == after == 10, f"{before} ticks in 10 steps before the restarts, {after} after"
 
 
 class Slow(TypedActor):

@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_for
 from pydantic import BaseModel
 
-from autoresponse.actors.kernel import Runtime, TypedActor, handles
+from autoresponse.actors.kernel import ManualClock, Runtime, TypedActor, handles
 from autoresponse.messages import Crash, Envelope
 from autoresponse.supervisors import (
     Backoff,
@@ -83,8 +83,9 @@ def journal() -> Journal:
 def supervise(journal: Journal) -> Iterator[Callable[..., Runtime]]:
     runtimes: list[Runtime] = []
 
-    def start(strategy: Strategy, *children: ChildSpec | SupervisorSpec, **spec: object) -> Runtime:
-        rt = Runtime().start()
+    def start(strategy: Strategy, *children: ChildSpec | SupervisorSpec, clock: ManualClock | None = None,
+              **spec: object) -> Runtime:
+        rt = Runtime(clock=clock).start()
         runtimes.append(rt)
         spec.setdefault("backoff", NO_DELAY)
         rt.spawn("top", Supervisor, SupervisorSpec("top", strategy, children, **spec))  # type: ignore[arg-type]
@@ -204,17 +205,21 @@ def test_backoff_follows_min_max_and_jitter_and_resets_when_quiet() -> None:
 
 
 def test_a_restart_waits_for_its_backoff(supervise: Callable[..., Runtime], journal: Journal) -> None:
+    clock = ManualClock()
     rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "w"),
-                   backoff=BackoffPolicy(min=0.3, max=0.3, jitter=0))
+                   backoff=BackoffPolicy(min=30, max=30, jitter=0), clock=clock)
     wait_for(lambda: rt.has("w") and rt.cell("w").alive)
     rt.send("w", Note(text="queued before"))
-    crashed_at = time.monotonic()
     rt.send("w", Crash())
     rt.send("w", Note(text="queued after"))
     wait_for(lambda: rt.cell("w").last_failure is not None)
-    assert rt.cell("w").state == "restarting"
+    assert clock.wait_for_sleepers(1)  # the supervisor's backoff timer, on the runtime's clock
+    assert clock.pending() == [30.0]
+    clock.advance(29.9)
+    assert rt.cell("w").state == "restarting" and not rt.cell("w").alive
+    assert journal.of("note") == ["w=queued before"]
+    clock.advance(0.1)
     wait_for(lambda: rt.cell("w").alive and "w=queued after" in journal.of("note"))
-    assert time.monotonic() - crashed_at >= 0.3
     assert journal.of("note") == ["w=queued before", "w=queued after"]
 
 

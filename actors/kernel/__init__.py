@@ -15,6 +15,7 @@ from autoresponse.actors.kernel._loop import IoTask
 from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
+from autoresponse.actors.kernel.clock import Clock, ManualClock
 from autoresponse.actors.kernel.deadletters import DeadLetter, DeadLetterOffice
 from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.actors.kernel.intake import Intake, IntakeFull, Unstorable
@@ -24,6 +25,7 @@ from autoresponse.actors.kernel.runtime import Runtime
 __all__ = [
     "ActorGaveUp",
     "Cell",
+    "Clock",
     "DeadLetter",
     "DeadLetterOffice",
     "InFlight",
@@ -33,6 +35,7 @@ __all__ = [
     "Unstorable",
     "Mailbox",
     "MailboxClosed",
+    "ManualClock",
     "OverflowPolicy",
     "Probe",
     "ProbeTimeout",

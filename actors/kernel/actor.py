@@ -40,6 +40,7 @@ from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
     from autoresponse.actors.kernel.cell import Cell
+    from autoresponse.actors.kernel.clock import Clock
     from autoresponse.actors.kernel.runtime import Runtime
 
 Handler = Callable[[Any, Any, Envelope], None]
@@ -117,8 +118,8 @@ class IoDone:
         self.cause = cause
 
 
-async def _after(delay: float, message: Any) -> Any:
-    await asyncio.sleep(delay)
+async def _after(clock: Clock, delay: float, message: Any) -> Any:
+    await clock.sleep(delay)
     return message
 
 
@@ -198,15 +199,15 @@ class TypedActor(pykka.ThreadingActor):
         return self.io_limit is None or self._running_io < self.io_limit
 
     def schedule(self, delay: float, message: Any, *, cause: Envelope | None = None) -> IoTask | None:
-        """Hand ``message`` to this actor after ``delay`` seconds; ``cancel`` the handle to
-        call it off.
+        """Hand ``message`` to this actor after ``delay`` seconds of the runtime's clock
+        (``runtime.clock``); ``cancel`` the handle to call it off.
 
         With ``cause`` it is part of that work (in flight, as after ``run_io``);
         without, it starts a new correlation and is not work in flight (a periodic
         tick does not hold up a drain). Either way the timer dies with this incarnation.
         """
         if cause is not None:
-            return self.run_io(_after(delay, message), cause=cause)
+            return self.run_io(_after(self.runtime.clock, delay, message), cause=cause)
         return self._own(self._tick_after(delay, message), None)
 
     def cancel(self, task: IoTask | None) -> None:
@@ -233,7 +234,7 @@ class TypedActor(pykka.ThreadingActor):
         self._own(coro, name)
 
     async def _tick_after(self, delay: float, message: Any) -> None:
-        await asyncio.sleep(delay)
+        await self.runtime.clock.sleep(delay)
         self.runtime.send(self.name, message)
 
     def _own(self, coro: Coroutine[Any, Any, Any], owner: Envelope | str | None) -> IoTask | None:
@@ -340,7 +341,7 @@ class TypedActor(pykka.ThreadingActor):
 
     def _handle(self, body: Any, env: Envelope) -> None:
         runtime = self.runtime
-        if env.expired():
+        if env.deadline is not None and env.expired(runtime.clock.time()):
             runtime.dead_letter(env, "deadline", actor=self.name, detail="expired before it was handled")
             return
         handler = self._handler_for(type(body))

@@ -82,8 +82,10 @@ class DeadLetterOffice:
     when there is one (bounded by the store's retention), and counts them by reason."""
 
     def __init__(self, keep: int = DEAD_LETTERS_KEPT, store: DeadLetterStore | None = None,
-                 redact: Callable[[str], str] = _no_redaction) -> None:
+                 redact: Callable[[str], str] = _no_redaction, *,
+                 now: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
+        self._now = now  # the runtime's clock (wall time), for each letter's time
         self._keep = keep
         self._letters: deque[DeadLetter] = deque(maxlen=keep)
         self._counts: Counter[str] = Counter()
@@ -114,7 +116,7 @@ class DeadLetterOffice:
     ) -> DeadLetter:
         error_text = None if error is None else self.redact(f"{type(error).__name__}: {error}")
         with self._lock:
-            letter = DeadLetter(id=next(self._ids), time=time.time(), reason=reason,
+            letter = DeadLetter(id=next(self._ids), time=self._now(), reason=reason,
                                 detail=self.redact(detail), actor=actor, error=error_text,
                                 correlation_id=envelope.correlation_id, record=envelope.describe(),
                                 envelope=envelope)

@@ -27,6 +27,7 @@ from autoresponse.actors.kernel._loop import EventLoopThread
 from autoresponse.actors.kernel._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
+from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.kernel.deadletters import DeadLetterOffice
 from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.actors.kernel.intake import Intake
@@ -59,7 +60,11 @@ class _Tap:
 
 
 class Runtime:
-    """Owns the actors, the event loop thread and the dead-letter office."""
+    """Owns the actors, the event loop thread, the clock and the dead-letter office.
+
+    ``clock`` is the one clock every timer of the runtime waits on (``Clock()``, real
+    time, by default; a ``ManualClock`` in tests): see ``autoresponse.actors.kernel.clock``.
+    """
 
     _current: Runtime | None = None
 
@@ -71,13 +76,16 @@ class Runtime:
         message_attempts: int = MESSAGE_ATTEMPTS,
         max_open: int = MAX_OPEN_ITEMS,
         trace: bool = True,
+        clock: Clock | None = None,
     ) -> None:
+        #: What time it is, and the timers' sleep: every actor reads ``self.runtime.clock``.
+        self.clock: Clock = clock if clock is not None else Clock()
         self.max_hops = max_hops
         self.message_attempts = message_attempts
         self.mailbox_capacity = mailbox_capacity
-        self.dead_letters = DeadLetterOffice()
+        self.dead_letters = DeadLetterOffice(now=self.clock.time)
         #: Every hop of the recent requests (None: not recorded).
-        self.tracer: TraceRecorder | None = TraceRecorder() if trace else None
+        self.tracer: TraceRecorder | None = TraceRecorder(now=self.clock.time) if trace else None
         if self.tracer is not None:
             self.dead_letters.observer = self.tracer.dead_letter
         self.io = EventLoopThread()
@@ -151,7 +159,8 @@ class Runtime:
         so no new work arrives while in-flight work finishes. A stop is a pause:
         whatever is still under way afterwards is *interrupted*, not dead-lettered;
         its journal item stays open and resumes on the next start. ``hurry`` (a
-        second signal) ends the drain at once.
+        second signal) ends the drain at once. The drain waits in real time, on the
+        in-flight count (a condition with a deadline), whatever the clock.
         """
         if self._state != "running":
             return True
@@ -227,7 +236,8 @@ class Runtime:
         if cause is not None:
             envelope = cause.child(body)
         else:
-            envelope = Envelope.new(body, correlation_id=correlation_id, timeout=timeout)
+            envelope = Envelope.new(body, correlation_id=correlation_id, timeout=timeout,
+                                    now=None if timeout is None else self.clock.time())
         return self.deliver(to, envelope)
 
     def deliver(self, to: str, envelope: Envelope) -> Envelope | None:

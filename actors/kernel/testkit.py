@@ -6,6 +6,16 @@
 ...         out.expect(OutboundMessage, timeout=5)
 
 ``Runtime.send`` injects, ``Runtime.probe`` watches, ``Probe.expect`` waits.
+
+On a ``ManualClock`` no timer fires until the test advances it::
+
+    >>> clock = ManualClock()
+    >>> with running(("ticker", Ticker), clock=clock) as rt:                  # doctest: +SKIP
+    ...     with rt.probe("ticker") as seen:
+    ...         rt.send("ticker", Start())        # its handler schedule()s a Tick in 30 s
+    ...         clock.wait_for_sleepers(1)        # the timer is set; no time has passed
+    ...         clock.advance(30)
+    ...         seen.expect(Tick, timeout=5)
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from collections.abc import Collection, Iterator
 from typing import Any
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
+from autoresponse.actors.kernel.clock import Clock, ManualClock  # noqa: F401  (for tests)
 from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.messages.envelope import Envelope
 
@@ -30,9 +41,15 @@ class Recorder(TypedActor):
 
 
 @contextlib.contextmanager
-def running(*specs: tuple[Any, ...], runtime: Runtime | None = None) -> Iterator[Runtime]:
-    """A started runtime with ``(name, actor_class, *args)`` spawned in order; stopped after."""
-    rt = runtime or Runtime()
+def running(*specs: tuple[Any, ...], runtime: Runtime | None = None,
+            clock: Clock | None = None) -> Iterator[Runtime]:
+    """A started runtime with ``(name, actor_class, *args)`` spawned in order; stopped after.
+
+    ``clock`` is the new runtime's clock (a ``ManualClock`` to drive its timers); a
+    ``runtime`` given already has its own."""
+    if runtime is not None and clock is not None and runtime.clock is not clock:
+        raise ValueError("give the clock to the Runtime you pass, not to running()")
+    rt = runtime or Runtime(clock=clock)
     rt.start()
     try:
         for name, actor_class, *args in specs:

@@ -33,7 +33,9 @@ class TraceRecorder:
     list (atomic under the GIL), and the hops are put together when a trace is read.
     """
 
-    def __init__(self, keep: int = TRACES_KEPT, max_hops: int = TRACE_HOPS_KEPT) -> None:
+    def __init__(self, keep: int = TRACES_KEPT, max_hops: int = TRACE_HOPS_KEPT, *,
+                 now: Callable[[], float] = time.time) -> None:
+        self._now = now  # the runtime's clock (wall time); Clock().time is time.time itself
         self._traces: dict[str, list[tuple[Any, ...]]] = {}
         self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
         self._keep = keep
@@ -57,18 +59,18 @@ class TraceRecorder:
         """``env`` (or the result of its I/O, of type ``kind``) entered ``actor``'s mailbox."""
         events = self._events(env.correlation_id)
         if len(events) < self._max_events:
-            events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, time.time(),
+            events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, self._now(),
                            env.causation_id, actor))
 
     def started(self, env: Envelope, kind: str) -> None:
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
-            events.append((_STARTED, env.message_id, env.attempt, kind, time.time()))
+            events.append((_STARTED, env.message_id, env.attempt, kind, self._now()))
 
     def ended(self, env: Envelope, kind: str, outcome: str) -> None:
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
-            events.append((_ENDED, env.message_id, env.attempt, kind, time.time(), outcome))
+            events.append((_ENDED, env.message_id, env.attempt, kind, self._now(), outcome))
 
     def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
         """``env`` became a dead letter: its hop ends there (one that was never queued,
