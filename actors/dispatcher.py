@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
-from collections.abc import Iterable
-from difflib import SequenceMatcher
+from typing import Literal
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
-from autoresponse.actors.extractor import extract_actions, rejection
-from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY
+from autoresponse.actors.extractor import Extraction, Slot, extract_actions, extract_tool_calls, rejection
+from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY, REASK_EXCERPT_CHARS
 from autoresponse.actors.memory import ConversationStore
+from autoresponse.actors.prompts import excerpt
 from autoresponse.actors.receipts import settle_receipt
 from autoresponse.actors.routes import route_of, sender
 from autoresponse.actors.streaming import withdrawal
@@ -21,12 +22,26 @@ from autoresponse.messages import (
     ChatId,
     Envelope,
     LLMReply,
+    MAX_MESSAGE_CHARS,
     OriginalContext,
     OutboundMessage,
+    Position,
     PromptRequest,
     Rejection,
     action_key,
+    action_model,
+    message_action_for,
 )
+
+log = logging.getLogger("autoresponse.dispatcher")
+
+#: What a reply in plain words (no action, no tool call) is: an answer delivered to the
+#: original chat, or an error the LLM is re-asked about.
+ProseRule = Literal["reply", "reask"]
+
+#: Text of the runtime's own instructions: a reply that quotes them is no answer for a user.
+_RUNTIME_WORDS = ("$defs", "system_message", "full_json_instructions", "error_retry_policy",
+                  "Allowed action types in this turn")
 
 
 def turn_key(correlation_id: str, prompt: PromptRequest) -> str:
@@ -55,20 +70,33 @@ def message_key(turn: str, index: int) -> str:
 #: digits to str.isdigit, and no chat's id).
 _CHAT_ID = re.compile(r"-?[0-9]+")
 
-#: Two messages to one chat whose texts are at least this similar (difflib's ratio, after
-#: folding case and spaces) say the same thing: a re-ask does not send the second.
-SAME_MESSAGE_RATIO = 0.8
+def echoes_runtime(text: str) -> bool:
+    """True when ``text`` quotes the runtime's schema or instructions (a small model
+    copying its prompt): never sent to a user as a reply."""
+    return any(word in text for word in _RUNTIME_WORDS)
 
 
-def _folded(text: str) -> str:
-    return " ".join(text.casefold().split())
+def replacing(positions: tuple[Position, ...], kinds: list[str]) -> list[bool]:
+    """Which actions of a re-ask's answer (by kind, in order) may go out: each must take a
+    rejected place of the reply it corrects; one that would answer a place already
+    carried out is dropped, whatever its wording.
 
-
-def says_again(target: str, text: str, sent: Iterable[tuple[str, str]]) -> bool:
-    """True when ``text`` to ``target`` repeats, even reworded, a message already sent there."""
-    mine = _folded(text)
-    return any(where == target and SequenceMatcher(None, mine, _folded(said)).ratio() >= SAME_MESSAGE_RATIO
-               for where, said in sent)
+    An answer that restates the whole reply (as many actions as it had places) is read
+    place by place; a shorter one fills the rejected places in order, a place of the
+    same kind first, then one whose kind is unknown. Nothing carried out: all go.
+    """
+    if not any(p.done for p in positions):
+        return [True] * len(kinds)
+    if len(kinds) == len(positions):
+        return [not p.done and p.kind in (kind, "any") for p, kind in zip(positions, kinds, strict=True)]
+    free = [p for p in positions if not p.done]
+    keep = []
+    for kind in kinds:
+        place = next((p for p in free if p.kind == kind), None) or next((p for p in free if p.kind == "any"), None)
+        if place is not None:
+            free.remove(place)
+        keep.append(place is not None)
+    return keep
 
 
 def describe(action: BaseAction) -> str:
@@ -82,63 +110,136 @@ class ActionDispatcher(TypedActor):
 
     Message actions go to their interface's sender as a reply to the original
     message; other actions go to their executor, several of one reply as a batch
-    whose outputs come back in one delivery turn. An action a re-ask repeats after
-    it was carried out is skipped, and so is a message that says again what this
-    turn already sent to that chat (see ``says_again``): nothing runs or is
-    delivered twice. A message may name its chat by title or @username in a chat
-    turn; an unknown or ambiguous name is an error that lists the candidates.
+    whose outputs come back in one delivery turn. A reply in plain words is an answer
+    to the chat (``prose="reply"``), never executed. A re-ask's answer replaces only
+    the places of the rejected reply that were rejected: an action it repeats is
+    skipped, a message beyond the rejected message places is dropped (and traced),
+    whatever its wording, and an empty answer means nothing more. A message may name
+    its chat by title or @username in a chat turn; an unknown or ambiguous name is an
+    error that lists the candidates.
     """
 
-    def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None) -> None:
+    def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None,
+                 prose: ProseRule = "reply") -> None:
         super().__init__()
         self.max_actions = max_actions
         self.store = store
+        self.prose = prose
+
+    def _extract(self, reply: LLMReply) -> Extraction:
+        prompt = reply.prompt
+        # An empty answer to a re-ask is a valid "nothing more".
+        silent = prompt.may_stay_silent or prompt.reask > 0
+        if reply.tool_calls:
+            return extract_tool_calls(reply.tool_calls, prompt.allowed_actions, max_actions=self.max_actions,
+                                      may_stay_silent=silent)
+        if not reply.text.strip() and silent:
+            return Extraction((), ())
+        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
+                                may_stay_silent=silent)
+        if found.prose and self.prose == "reply":
+            return self._prose(reply.text.strip(), prompt) or found
+        return found
+
+    def _prose(self, text: str, prompt: PromptRequest) -> Extraction | None:
+        """Plain words as the message action of the original chat (never executed)."""
+        model = message_action_for(prompt.original_context.interface_name)
+        if model is None or model.action_type() not in prompt.allowed_actions:
+            return None
+        if echoes_runtime(text):
+            return Extraction((), ("your reply quotes the runtime's instructions; answer the user instead",))
+        action = model(type=model.action_type(), payload={"text": text[:MAX_MESSAGE_CHARS]})
+        return Extraction((action,), (), (Slot(1, action.type, action),))
 
     @handles
     def on_reply(self, reply: LLMReply, env: Envelope) -> None:
         prompt = reply.prompt
-        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
-                                may_stay_silent=prompt.may_stay_silent)
-        if not found.actions and not found.errors:  # a turn that may stay silent did
+        found = self._extract(reply)
+        if not found.actions and not found.errors:  # nothing to say, or nothing more
             if reply.previewed:
                 self._withdraw(prompt.original_context, turn_key(env.correlation_id, prompt), env)
             settle_receipt(self, prompt.original_context, env, ok=True, detail="nothing to say")
             return
-        errors = list(found.errors)
+        errors = [e for e in found.errors if not any(e == slot.error for slot in found.slots)]
         carried_out = list(prompt.carried_out)
         sent = list(prompt.sent)
         turn = turn_key(env.correlation_id, prompt)
-        keyed = [(a, action_key(a)) for a in found.actions]
-        fresh = [(a, key) for a, key in keyed if key not in prompt.carried_out]
-        commands = tuple(describe(a) for a, _ in fresh if a.kind != "message")
-        run = 0  # commands sent so far: each one's place in the batch
         ctx = prompt.original_context
-        replaced_preview = False
-        for index, (action, key) in enumerate(fresh):
-            problem = action.check(prompt.original_context)
+        positions: list[Position] = []
+        kept: list[tuple[int, Slot]] = []  # (place in the reply, slot) of what goes out
+        valid = [slot for slot in found.slots if slot.action is not None]
+        may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
+            "message" if v.action.kind == "message" else "command" for v in valid]), strict=True)) \
+            if prompt.reask else {}
+        seen: set[str] = set()
+        for index, slot in enumerate(found.slots):
+            action = slot.action
+            if action is None:
+                positions.append(self._position(slot, False, slot.error))
+                errors.append(slot.error)
+                continue
+            key = action_key(action)
+            if key in carried_out or key in seen:  # a repeat, in this reply or of an earlier one
+                positions.append(self._position(slot, True))
+                continue
+            seen.add(key)
+            if not may_go.get(id(slot), True):
+                self._dropped(env, slot, "answers a place already carried out")
+                continue
+            problem = action.check(ctx)
             if problem:
+                positions.append(self._position(slot, False, problem))
                 errors.append(problem)
                 continue
+            kept.append((index, slot))
+        commands = tuple(describe(s.action) for _, s in kept if s.action.kind != "message")  # type: ignore[union-attr]
+        run = 0  # commands sent so far: each one's place in the batch
+        replaced_preview = False
+        for index, slot in kept:
+            action = slot.action
+            assert action is not None
+            problem = ""
             if action.kind == "message":
                 problem = self._message(action, prompt, env, message_key(turn, index), sent)
                 replaced_preview |= index == 0 and not problem and str(action.payload.target or ctx.chat_id) == str(ctx.chat_id)
             else:
                 batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
-                self.send(route_of(action), ActionRequest(action=action, context=prompt.original_context,
-                                                          batch=batch), cause=env)
+                self.send(route_of(action), ActionRequest(action=action, context=ctx, batch=batch), cause=env)
                 run += 1
-                problem = ""
+            positions.append(self._position(slot, not problem, problem))
             if problem:
                 errors.append(problem)
             else:
-                carried_out.append(key)
+                carried_out.append(action_key(action))
+        positions.sort(key=lambda p: p.index)
         if reply.previewed and not replaced_preview:
             self._withdraw(ctx, turn, env)
         if errors:
-            message = rejection(prompt, reply.text, errors)
+            message = rejection(prompt, reply.text or _calls_text(reply), errors)
             self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),
-                                        sent=tuple(sent)),
+                                        sent=tuple(sent), positions=tuple(positions),
+                                        tool_calls=reply.tool_calls),
                               cause=env, detail="; ".join(message.errors))
+
+    @staticmethod
+    def _position(slot: Slot, done: bool, error: str = "") -> Position:
+        said = ""
+        if slot.action is not None:
+            payload = slot.action.payload
+            said = getattr(payload, "text", None) or getattr(payload, "command", None) or payload.model_dump_json()
+        model = action_model(slot.type) if slot.type else None
+        kind = "any" if model is None else model.kind
+        return Position(index=slot.index, type=slot.type, done=done, error=error, kind=kind,
+                        excerpt=excerpt(str(said), REASK_EXCERPT_CHARS // 4), tool_call_id=slot.tool_call_id)
+
+    def _dropped(self, env: Envelope, slot: Slot, why: str) -> None:
+        """A re-ask answered a place already carried out: nothing goes out, the trace says so."""
+        log.info("dropped action %d (%s) of a re-ask: it %s", slot.index, slot.type, why)
+        tracer = self.runtime.tracer
+        if tracer is not None:
+            note = env.child(slot.action)
+            tracer.queued(note, self.name, f"{slot.type} (dropped)")
+            tracer.ended(note, f"{slot.type} (dropped)", f"dropped: {why}")
 
     def _withdraw(self, ctx: OriginalContext, turn: str, env: Envelope) -> None:
         """The chat saw this turn's reply grow, but its first action is not that reply."""
@@ -158,8 +259,8 @@ class ActionDispatcher(TypedActor):
                 return problem
         where = str(ctx.chat_id if target is None else target)
         text = action.payload.text
-        if prompt.reask and says_again(where, text, sent):
-            return ""  # delivered already in this turn, in other words: not twice
+        if echoes_runtime(text):
+            return f"{action.type}: the text quotes the runtime's instructions; write the answer for the user"
         thread = getattr(action.payload, "message_thread_id", None)
         message = OutboundMessage.reply(ctx, text, chat_id=target, key=key)
         if thread is not None:
@@ -187,3 +288,8 @@ class ActionDispatcher(TypedActor):
             candidates += f"; and {len(found) - CHAT_CANDIDATES_SHOWN} more (name it more exactly)"
         return target, (f"{action.type}: the chat name {target!r} is ambiguous: it could be {candidates}. "
                         "Send the message again with the chosen chat's id as \"target\"")
+
+
+def _calls_text(reply: LLMReply) -> str:
+    """The tool calls of a reply as the text of an actions list (to quote in a re-ask)."""
+    return "; ".join(f"{call.name}({call.arguments})" for call in reply.tool_calls)

@@ -37,6 +37,7 @@ from autoresponse.messages import (
     BaseAction,
     PromptRequest,
     SystemMessage,
+    ToolCall,
     action_model,
     canonical_action_type,
     parse_action,
@@ -81,11 +82,28 @@ _TOO_DEEP = f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)"
 
 
 @dataclass(frozen=True)
+class Slot:
+    """One action of a reply, by its place (1-based): valid, or rejected with why."""
+
+    index: int
+    type: str
+    action: BaseAction | None
+    error: str = ""
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Extraction:
-    """The valid actions of a reply, and one line per problem found."""
+    """The valid actions of a reply, one line per problem found, and each action's place.
+
+    ``prose`` is a reply that holds no JSON at all: plain words, an answer in itself
+    (the dispatcher may deliver it as a message; it is never executed).
+    """
 
     actions: tuple[BaseAction, ...]
     errors: tuple[str, ...]
+    slots: tuple[Slot, ...] = ()
+    prose: bool = False
 
 
 # ------------------------------------------------------------- finding the JSON
@@ -400,11 +418,46 @@ def extract_actions(text: str, allowed: Collection[str], *,
             reason = f"invalid JSON ({found.error(text)})"
         else:
             reason = "no JSON found"
-        return Extraction((), (f"your reply is not an action list: {reason}",))
+        prose = reason == "no JSON found" and bool(text.strip())
+        return Extraction((), (f"your reply is not an action list: {reason}",), prose=prose)
     if _carries_system_message(found.values):
         return Extraction((), (_ECHO_ERROR,))
     errors: list[str] = [f"part of your reply was not read: {_TOO_DEEP}"] if found.too_deep else []
     raws = _raw_actions(found.values)
+    return _checked([(raw, None) for raw in raws], allowed, errors, max_actions, may_stay_silent)
+
+
+def extract_tool_calls(calls: Sequence[ToolCall], allowed: Collection[str], *,
+                       max_actions: int = MAX_ACTIONS_PER_REPLY,
+                       max_chars: int = MAX_REPLY_CHARS,
+                       may_stay_silent: bool = False) -> Extraction:
+    """The valid actions among native tool calls (each names an action type, its
+    arguments the payload), with the same rules and bounds as a reply in text."""
+    size = sum(len(call.arguments) for call in calls)
+    if size > max_chars:
+        return Extraction((), (f"your tool calls are {size:,} characters long; at most {max_chars:,} are allowed",))
+    raws: list[tuple[Any, str | None]] = []
+    errors: list[str] = []
+    for call in calls:
+        try:
+            arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            errors.append(f"tool call {call.name!r}: its arguments are not JSON ({exc})")
+            raws.append((None, call.id))
+            continue
+        if not _within_depth(arguments):
+            errors.append(f"tool call {call.name!r}: {_TOO_DEEP}")
+            raws.append((None, call.id))
+            continue
+        if _carries_system_message(arguments):
+            return Extraction((), (_ECHO_ERROR,))
+        raws.append(({"type": call.name, "payload": arguments}, call.id))
+    return _checked(raws, allowed, errors, max_actions, may_stay_silent, named=[c.name for c in calls])
+
+
+def _checked(raws: list[tuple[Any, str | None]], allowed: Collection[str], errors: list[str],
+             max_actions: int, may_stay_silent: bool, named: list[str] | None = None) -> Extraction:
+    """Each raw action validated in its place; ``raw`` None is a place already refused."""
     if not raws:
         if may_stay_silent and not errors:
             return Extraction((), ())
@@ -415,26 +468,37 @@ def extract_actions(text: str, allowed: Collection[str], *,
         )))
     allowed_text = ", ".join(sorted(allowed))
     actions: list[BaseAction] = []
-    for n, raw in enumerate(raws, 1):
+    slots: list[Slot] = []
+    for n, (raw, call_id) in enumerate(raws, 1):
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        written = kind if isinstance(kind, str) else (named[n - 1] if named else "")
+        problem = ""
+        if raw is None:
+            problem = errors[-1] if errors else "unreadable"
+            slots.append(Slot(n, written, None, problem, call_id))
+            continue
         if not isinstance(raw, dict):
-            errors.append(f"action {n}: expected an object, got {type(raw).__name__}")
-            continue
-        kind = raw.get("type")
-        if not isinstance(kind, str):
-            errors.append(f"action {n}: missing \"type\"")
-            continue
-        canonical = canonical_action_type(kind)
-        if action_model(canonical) is None:
-            errors.append(f"action {n}: unknown action type {kind!r}; allowed: {allowed_text}")
-            continue
-        if canonical not in allowed:
-            errors.append(f"action {n}: {kind!r} is not allowed in this turn; allowed: {allowed_text}")
-            continue
-        try:
-            actions.append(parse_action(raw))
-        except ValidationError as exc:
-            errors.append(f"action {n} ({kind}): invalid payload: {_compact(exc)}")
-    return Extraction(tuple(actions), tuple(errors))
+            problem = f"action {n}: expected an object, got {type(raw).__name__}"
+        elif not isinstance(kind, str):
+            problem = f"action {n}: missing \"type\""
+        else:
+            canonical = canonical_action_type(kind)
+            if action_model(canonical) is None:
+                problem = f"action {n}: unknown action type {kind!r}; allowed: {allowed_text}"
+            elif canonical not in allowed:
+                problem = f"action {n}: {kind!r} is not allowed in this turn; allowed: {allowed_text}"
+            else:
+                try:
+                    action = parse_action(raw)
+                except ValidationError as exc:
+                    problem = f"action {n} ({kind}): invalid payload: {_compact(exc)}"
+                else:
+                    actions.append(action)
+                    slots.append(Slot(n, action.type, action, "", call_id))
+                    continue
+        errors.append(problem)
+        slots.append(Slot(n, written, None, problem, call_id))
+    return Extraction(tuple(actions), tuple(errors), tuple(slots))
 
 
 def rejection(prompt: PromptRequest, reply: str, errors: Collection[str]) -> SystemMessage:
@@ -445,6 +509,6 @@ def rejection(prompt: PromptRequest, reply: str, errors: Collection[str]) -> Sys
         original_context=prompt.original_context,
         full_json_instructions=prompt.full_json_instructions,
         errors=tuple(errors),
-        your_reply=reply[:MAX_YOUR_REPLY_CHARS],
+        your_reply=reply[:MAX_YOUR_REPLY_CHARS],  # a re-ask quotes an excerpt of it
         error_retry_policy=error_retry_policy(prompt.allowed_actions),
     )

@@ -22,6 +22,8 @@ DEAD_LETTERS_KEPT = 10_000
 
 #: Longest LLM reply kept verbatim in an error system message (`your_reply`).
 MAX_YOUR_REPLY_CHARS = 4_000
+#: A re-ask quotes at most this much of the reply it rejects (its start and its end).
+REASK_EXCERPT_CHARS = 600
 
 #: Errors listed in one error system message; the rest are counted.
 MAX_ERRORS_SHOWN = 10
@@ -50,6 +52,12 @@ LLM_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 LLM_MAX_RETRY_AFTER_SECONDS = 60.0
 #: LLM requests in flight at once, over all chats.
 LLM_MAX_IN_FLIGHT = 64
+#: Tokens a reply may use (max_tokens): a Telegram message is at most 4096 characters,
+#: about 1,000 tokens, and a turn's JSON around it a little more.
+LLM_MAX_TOKENS = 1_200
+#: An engine that failed this many calls in a row is skipped for a cool-down.
+LLM_BREAKER_FAILURES = 5
+LLM_BREAKER_COOLDOWN_SECONDS = 60.0
 
 #: Seconds `stop()` waits for in-flight work to finish before stopping actors.
 DRAIN_SECONDS = 10.0

@@ -2,9 +2,11 @@
 
 The supervisor routes every rejection (an error system message plus the prompt
 it answered) to one retry actor of its pool, chosen by correlation. The re-ask
-carries ``error_retry_policy``, the errors and ``your_reply``; the valid actions
-of the rejected reply have already run, and ``carried_out`` keeps any re-ask
-from running or delivering them again.
+carries ``error_retry_policy``, the errors, an excerpt of ``your_reply`` and the
+``positions`` of the rejected reply (carried out or rejected); the valid actions
+have already run, and the answer may only replace the rejected places, so nothing
+runs or is delivered twice. In the tools protocol the rejected calls are answered
+with ``tool`` turns, not a fresh user message.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class RetryActor(TypedActor):
     def on_rejection(self, rejection: Rejection, env: Envelope) -> None:
         prompt = rejection.prompt
         reask = build_reask_request(prompt, rejection.message, carried_out=rejection.carried_out,
-                                    sent=rejection.sent, max_errors=self.settings.max_errors)
+                                    sent=rejection.sent, positions=rejection.positions,
+                                    tool_calls=rejection.tool_calls, max_errors=self.settings.max_errors)
         if prompt.reask >= self.settings.max_attempts:
             self._give_up(rejection, reask.model_copy(update={"reask": 0}), env)
             return

@@ -45,6 +45,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors.kernel import Cell, IntakeFull, Runtime, Unstorable
+from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import read_json_body
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
 from autoresponse.actors.routes import SENDER_PREFIX
@@ -98,8 +99,9 @@ def message_types(cell: Cell, *, control: bool = True) -> list[type[BaseModel]]:
 class RuntimeCollector:
     """Prometheus metrics read from the runtime at scrape time."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, usage: UsageMeter | None = None) -> None:
         self.runtime = runtime
+        self.usage = usage
 
     def collect(self) -> Any:
         processed = CounterMetricFamily("autoresponse_messages_processed", "Messages handled, per actor",
@@ -121,7 +123,22 @@ class RuntimeCollector:
             dead.add_metric([reason], count)
         in_flight = GaugeMetricFamily("autoresponse_in_flight", "Messages in flight")
         in_flight.add_metric([], self.runtime.inflight.count())
-        return [processed, restarts, mailbox, deliveries, dead, in_flight, *self._cluster()]
+        return [processed, restarts, mailbox, deliveries, dead, in_flight, *self._llm(), *self._cluster()]
+
+    def _llm(self) -> list[Any]:
+        """Tokens by turn kind and model, replies by engine, and each engine's circuit."""
+        usage = self.usage
+        if usage is None:
+            return []
+        tokens = CounterMetricFamily("autoresponse_llm_tokens", "LLM tokens used, by turn kind and model",
+                                     labels=["kind", "model", "direction"])
+        for (kind, model, direction), count in sorted(usage.tokens.items()):
+            tokens.add_metric([kind, model, direction], count)
+        replies = CounterMetricFamily("autoresponse_llm_replies", "LLM replies, by the engine that answered",
+                                      labels=["engine"])
+        for engine, count in sorted(usage.replies.items()):
+            replies.add_metric([engine], count)
+        return [tokens, replies]
 
     def _cluster(self) -> list[GaugeMetricFamily]:
         """Several daemons on NATS: the work consumer's lag (items not yet taken by any
@@ -169,7 +186,7 @@ def cross_site(request: web.Request) -> bool:
 class AdminServer:
     """Runs on the runtime's event loop; closed with it."""
 
-    def __init__(self, runtime: Runtime, settings: AdminSettings) -> None:
+    def __init__(self, runtime: Runtime, settings: AdminSettings, usage: UsageMeter | None = None) -> None:
         problem = unsafe_bind(settings)
         if problem is not None:
             raise ValueError(problem)
@@ -188,7 +205,7 @@ class AdminServer:
         self.accepting = True
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=True)
-        self._registry.register(RuntimeCollector(runtime))  # type: ignore[arg-type]
+        self._registry.register(RuntimeCollector(runtime, usage))  # type: ignore[arg-type]
 
     @property
     def url(self) -> str:

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from autoresponse.actors.kernel import Cell, Runtime, TypedActor
+from autoresponse.actors.kernel import Cell, Clock, Runtime, TypedActor
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import DeliveryJournal, SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
-from autoresponse.actors.llm import HttpEngine, LLMClient, LLMEngine, OfflineEngine
+from autoresponse.actors.llm import EngineChain, HttpEngine, LLMClient, LLMEngine, NoticeEngine, OfflineEngine, UsageMeter
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
@@ -65,13 +64,26 @@ INTERFACES = "interfaces"
 
 
 def make_engine(settings: LLMSettings) -> LLMEngine:
-    """An HTTP engine for a configured base URL, else the offline engine."""
-    if not settings.base_url:
-        return OfflineEngine()
+    """An HTTP engine for a configured base URL, else the offline engine; with fallbacks,
+    a chain of them, each behind a circuit breaker."""
+    main: LLMEngine = OfflineEngine() if not settings.base_url else _http_engine(
+        settings, settings.base_url, settings.model, settings.api_key)
+    if not settings.fallbacks:
+        return main
+    engines: list[tuple[str, LLMEngine]] = [("main", main)]
+    for n, fallback in enumerate(settings.fallbacks, 1):
+        name = fallback.name or ("offline" if fallback.base_url == "offline" else f"fallback{n}")
+        engine = (NoticeEngine() if fallback.base_url == "offline"
+                  else _http_engine(settings, fallback.base_url, fallback.model, fallback.api_key))
+        engines.append((name, engine))
+    return EngineChain(engines, failures=settings.breaker_failures, cooldown=settings.breaker_cooldown)
+
+
+def _http_engine(settings: LLMSettings, base_url: str, model: str, api_key: Any) -> HttpEngine:
     return HttpEngine(
-        settings.base_url,
-        model=settings.model,
-        api_key=settings.api_key,
+        base_url,
+        model=model,
+        api_key=api_key,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         max_attempts=settings.max_attempts,
@@ -81,7 +93,19 @@ def make_engine(settings: LLMSettings) -> LLMEngine:
         deadline=settings.deadline,
         max_response_bytes=settings.max_response_bytes,
         stream=settings.stream,
+        protocol=settings.protocol,
+        max_tokens=settings.max_tokens,
+        seed=settings.seed,
     )
+
+
+def engine_status(engine: LLMEngine) -> dict[str, Any]:
+    """What the LLM engines are doing: the protocol each speaks now, and their circuits."""
+    if isinstance(engine, EngineChain):
+        return {"engines": engine.status()}
+    return {"engines": [{"name": "main", "engine": repr(engine), "circuit": "closed",
+                         "protocol": getattr(engine, "mode", "text"),
+                         "context_tokens": getattr(engine, "context_tokens", None)}]}
 
 
 def names_in(spec: Spec) -> list[str]:
@@ -102,17 +126,22 @@ class Application:
 
     ``console`` is the console the console platform writes to (a captured one in
     tests); ``provided`` hands other objects to platforms by name; ``mount`` names
-    the platforms that may mount (default: every enabled one).
+    the platforms that may mount (default: every enabled one). ``clock`` is the one clock
+    of the runtime, which every timer of the tree waits on (real time by default; a
+    ``ManualClock`` in tests).
     """
 
     def __init__(self, settings: Settings, *, console: Any = None, engine: LLMEngine | None = None,
-                 provided: dict[str, Any] | None = None, mount: Collection[str] | None = None) -> None:
+                 provided: dict[str, Any] | None = None, mount: Collection[str] | None = None,
+                 clock: Clock | None = None) -> None:
         self.settings = settings
         self.mount_only = None if mount is None else frozenset(mount)
         #: Actors run in the pipeline besides the platforms' (a replay's stand-in
         #: senders): name → (class, arguments). Set before ``start``.
         self.extra_actors: dict[str, tuple[type[TypedActor], tuple[Any, ...]]] = {}
         self.engine = engine or make_engine(settings.llm)
+        #: Tokens used, per model, turn kind and chat (and each chat's daily budget).
+        self.usage = UsageMeter(settings.llm.daily_tokens_per_chat)
         self.provided = dict(provided or {})
         if console is not None:
             self.provided["console"] = console
@@ -121,6 +150,7 @@ class Application:
             mailbox_capacity=settings.runtime.mailbox_capacity,
             message_attempts=settings.supervision.message_attempts,
             max_open=settings.runtime.max_open,
+            clock=clock if clock is not None else Clock(),
         )
         self.admin: AdminServer | None = None
         self.journal: DeliveryJournal | None = None
@@ -153,8 +183,8 @@ class Application:
         pipeline += [ChildSpec(name, cls, args) for name, (cls, args) in self.extra_actors.items()]
         autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
-            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory)),
-            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous)),
+            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose)),
+            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage)),
             ChildSpec(BUILDER, AutoResponseBuilder, (self.memory,),
                       {"batch_wait": s.runtime.batch_wait, "autonomous": autonomous}),
         ]
@@ -178,6 +208,7 @@ class Application:
         rt.dead_letters.redact = Redactor(self.settings.secrets())
         try:
             rt.io.add_closer(self.engine.aclose)
+            rt.reports["llm"] = lambda: {**engine_status(self.engine), "usage": self.usage.status()}
             self._open_journal()
             self._open_memory()
             self._mount_platforms()
@@ -195,7 +226,7 @@ class Application:
                 log.info("resumed %d unfinished work items from the journal", resumed)
             rt.intake.open()
             if self.settings.admin.enabled:
-                self.admin = AdminServer(rt, self.settings.admin)
+                self.admin = AdminServer(rt, self.settings.admin, self.usage)
                 try:
                     log.info("admin endpoint at %s", self.admin.start())
                 except OSError as exc:
@@ -231,7 +262,7 @@ class Application:
             self.journal = SqliteJournal(s.journal_path, retention_seconds=s.journal.retention_seconds)
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
-            now = time.time()
+            now = self.runtime.clock.time()
             forgotten = self.journal.compact(now - s.journal.retention_seconds,
                                              dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
             log.debug("journal: compacted %d finished items", forgotten)

@@ -39,11 +39,12 @@ from pydantic import BaseModel, ValidationError
 from autoresponse import messages
 from autoresponse.actors.kernel import Runtime
 from autoresponse.actors.kernel.actor import current_correlation
-from autoresponse.actors.llm import LLMEngine, LLMError
+from autoresponse.actors.llm import Completion, LLMEngine, LLMError
+from autoresponse.actors.prompts import render_openai_messages
 from autoresponse.actors.routes import CONVERSATIONS, LLM, SENDER_PREFIX, sender
 from autoresponse.actors.sender import DeliverySender
 from autoresponse.config import Settings
-from autoresponse.messages import Envelope, OutboundMessage
+from autoresponse.messages import Envelope, OutboundMessage, PromptRequest, ToolCall
 from autoresponse.supervisors import platforms
 
 CASSETTE_VERSION = 1
@@ -115,9 +116,14 @@ class CassetteRecorder:
         if isinstance(message, OutboundMessage) and not message.preview:
             self._write({"kind": "send", "correlation": env.correlation_id, **_send_line(to, message)})
 
-    def llm(self, messages: list[dict[str, str]], reply: str | None, error: str | None) -> None:
+    def llm(self, messages: list[dict[str, Any]], answer: Completion | None, error: str | None) -> None:
         line: dict[str, Any] = {"kind": "llm", "correlation": current_correlation.get(), "messages": messages}
-        line.update({"error": error} if error is not None else {"reply": reply})
+        if answer is None:
+            line["error"] = error
+        else:
+            line["reply"] = answer.text
+            if answer.tool_calls:
+                line["tool_calls"] = [call.model_dump() for call in answer.tool_calls]
         self._write(line)
 
     def close(self) -> None:
@@ -133,14 +139,15 @@ class _RecordingEngine:
         self._recorder = recorder
         self.stream = getattr(engine, "stream", False)
 
-    async def complete(self, messages: list[dict[str, str]], *more: Any) -> str:
+    async def answer(self, prompt: PromptRequest, *more: Any) -> Completion:
+        messages = render_openai_messages(prompt)  # as a reader of the cassette reads them
         try:
-            reply = await self._engine.complete(messages, *more)
+            answer = await self._engine.answer(prompt, *more)
         except LLMError as exc:
             self._recorder.llm(messages, None, str(exc))
             raise
-        self._recorder.llm(messages, reply, None)
-        return reply
+        self._recorder.llm(messages, answer, None)
+        return answer
 
     async def aclose(self) -> None:
         await self._engine.aclose()
@@ -211,7 +218,7 @@ class _ReplayEngine:
             self._answers[line.get("correlation")].append(line)
         self._lock = threading.Lock()
 
-    async def complete(self, messages: list[dict[str, str]], *more: Any) -> str:
+    async def answer(self, prompt: PromptRequest, *more: Any) -> Completion:
         correlation = current_correlation.get()
         with self._lock:
             answers = self._answers.get(correlation)
@@ -220,7 +227,8 @@ class _ReplayEngine:
             raise LLMError(f"the cassette holds no more LLM replies for request {correlation}")
         if "error" in line:
             raise LLMError(line["error"])
-        return str(line["reply"])
+        calls = tuple(ToolCall.model_validate(call) for call in line.get("tool_calls") or ())
+        return Completion(text=str(line["reply"]), tool_calls=calls, engine="cassette")
 
     async def aclose(self) -> None:
         pass

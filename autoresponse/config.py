@@ -71,8 +71,11 @@ from autoresponse.actors.limits import (
     LLM_CONNECT_TIMEOUT_SECONDS,
     LLM_DEADLINE_SECONDS,
     LLM_MAX_ATTEMPTS,
+    LLM_BREAKER_COOLDOWN_SECONDS,
+    LLM_BREAKER_FAILURES,
     LLM_MAX_IN_FLIGHT,
     LLM_MAX_RESPONSE_BYTES,
+    LLM_MAX_TOKENS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
     MAILBOX_CAPACITY,
@@ -117,6 +120,21 @@ def _not_blank(path: Any) -> Any:
 _NonBlankPath = Annotated[Path, BeforeValidator(_not_blank)]
 
 
+class FallbackSettings(BaseModel):
+    """A further engine, asked when the ones before it fail: an OpenAI-compatible server,
+    or ``base_url = "offline"`` for a short "I can't think right now" notice."""
+
+    name: str | None = None
+    base_url: str
+    model: str = "gpt-4o-mini"
+    api_key: SecretStr | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url_or_offline(cls, url: str) -> str:
+        return url if url == "offline" else LLMSettings._http_url(url) or ""
+
+
 class LLMSettings(BaseModel):
     """Without ``base_url`` the built-in offline engine answers."""
 
@@ -135,6 +153,23 @@ class LLMSettings(BaseModel):
     #: Stream replies, so a chat sees its answer grow (a server that does not stream
     #: answers as usual).
     stream: bool = True
+    #: How actions travel to the model: native tools, a json_schema response format, or
+    #: JSON in text; auto starts at tools and steps down when the server refuses one.
+    protocol: Literal["auto", "tools", "json_schema", "text"] = "auto"
+    #: A reply in plain words: delivered to the chat as the answer, or re-asked for actions.
+    prose: Literal["reply", "reask"] = "reply"
+    #: Tokens one reply may use (sent as max_tokens on every call).
+    max_tokens: int = Field(default=LLM_MAX_TOKENS, ge=16)
+    #: The model's context window in tokens; unset, the server is asked (llama.cpp, Ollama, vLLM).
+    context_tokens: int | None = Field(default=None, ge=256)
+    seed: int | None = None
+    #: Tokens one chat may use a day; past it, one notice, and the request waits as a dead letter.
+    daily_tokens_per_chat: int | None = Field(default=None, ge=1)
+    #: Engines asked in order when this one's retries are exhausted or its circuit is open.
+    fallbacks: list[FallbackSettings] = Field(default_factory=list)
+    #: Failures in a row that open an engine's circuit, and how long it stays open.
+    breaker_failures: int = Field(default=LLM_BREAKER_FAILURES, ge=1)
+    breaker_cooldown: float = Field(default=LLM_BREAKER_COOLDOWN_SECONDS, gt=0)
 
     @field_validator("base_url")
     @classmethod

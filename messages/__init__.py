@@ -43,10 +43,11 @@ from autoresponse.messages.pipeline import (
     Rejection,
     ReplyDelivered,
     SendReceipt,
+    Usage,
     UserRequest,
 )
-from autoresponse.messages.prompt import PromptRequest, Turn
-from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, SystemMessage
+from autoresponse.messages.prompt import PromptRequest, ToolCall, Turn
+from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, Position, SystemMessage
 
 __all__ = [
     "MAX_MESSAGE_CHARS",
@@ -70,12 +71,15 @@ __all__ = [
     "MessagePayload",
     "OriginalContext",
     "OutboundMessage",
+    "Position",
     "PromptRequest",
     "Rejection",
     "ReplyDelivered",
     "SendReceipt",
     "SystemMessage",
+    "ToolCall",
     "Turn",
+    "Usage",
     "UserRequest",
     "action_key",
     "action_model",

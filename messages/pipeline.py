@@ -6,8 +6,8 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.messages.actions import BaseAction
 from autoresponse.messages.context import ChatId, OriginalContext
-from autoresponse.messages.prompt import PromptRequest, Turn
-from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, SystemMessage
+from autoresponse.messages.prompt import PromptRequest, ToolCall, Turn
+from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, Position, SystemMessage
 
 
 class UserRequest(BaseModel):
@@ -29,15 +29,37 @@ class LLMRequest(BaseModel):
     prompt: PromptRequest
 
 
+class Usage(BaseModel):
+    """Tokens one LLM call cost, as the server counted them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
 class LLMReply(BaseModel):
-    """The LLM's raw answer to a prompt, for the dispatcher to extract actions from."""
+    """The LLM's answer to a prompt, for the dispatcher to extract actions from: its text
+    (reasoning already stripped off) and its native tool calls."""
 
     model_config = ConfigDict(frozen=True)
 
     prompt: PromptRequest
     text: str
+    #: Native tool calls (the tools protocol); each names an action type.
+    tool_calls: tuple[ToolCall, ...] = ()
     #: Its text was shown to the chat while it was written (see OutboundMessage.preview).
     previewed: bool = False
+    #: What the call cost, when the server said.
+    usage: Usage | None = None
+    #: Which engine answered ("main", a fallback's name, "offline"), and its model.
+    engine: str = ""
+    model: str = ""
+    #: Why the model stopped ("stop", "length", "tool_calls"), when the server said.
+    finish_reason: str | None = None
+    #: How it was asked: "tools", "json_schema" or "text".
+    protocol: str = "text"
 
 
 class LLMFailure(BaseModel):
@@ -107,8 +129,9 @@ class OutboundMessage(BaseModel):
 
 class Rejection(BaseModel):
     """An LLM reply was (partly) invalid: the error system message, the prompt it
-    answered, the actions of this turn already carried out, and the messages already
-    sent in it (``target`` and text). Routed through the supervisor to a retry actor."""
+    answered, the actions of this turn already carried out, the messages already sent
+    in it (``target`` and text), and what became of each place of the reply.
+    Routed through the supervisor to a retry actor."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -116,6 +139,9 @@ class Rejection(BaseModel):
     message: SystemMessage
     carried_out: tuple[str, ...] = ()
     sent: tuple[tuple[str, str], ...] = ()
+    positions: tuple[Position, ...] = ()
+    #: The rejected reply's native tool calls (a re-ask answers them with tool turns).
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class ReplyDelivered(BaseModel):

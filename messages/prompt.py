@@ -12,16 +12,34 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.messages.context import OriginalContext
-from autoresponse.messages.system import SystemMessage
+from autoresponse.messages.system import Position, SystemMessage
 
 
-class Turn(BaseModel):
-    """One earlier message of the conversation."""
+class ToolCall(BaseModel):
+    """One native tool call of an LLM reply: the tool is an action type, the arguments
+    its payload as the model wrote it (JSON text, unparsed until the extractor reads it)."""
 
     model_config = ConfigDict(frozen=True)
 
-    role: Literal["user", "assistant"]
+    id: str
+    name: str
+    arguments: str
+
+
+class Turn(BaseModel):
+    """One earlier message of the conversation.
+
+    In the tools protocol an assistant turn may carry the ``tool_calls`` it made, and a
+    ``tool`` turn answers one of them by ``tool_call_id`` (a re-ask says there what
+    became of each call).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 class PromptRequest(BaseModel):
@@ -44,8 +62,11 @@ class PromptRequest(BaseModel):
     #: Keys (``action_key``) of the actions already carried out for this turn, so a
     #: re-ask that repeats one never runs or delivers it twice.
     carried_out: tuple[str, ...] = ()
-    #: The messages already sent in this turn (target, text): a re-ask that says one
-    #: again, even reworded, does not send it twice.
+    #: The messages already sent in this turn (target, text).
     sent: tuple[tuple[str, str], ...] = ()
+    #: In a re-ask: each action of the rejected reply, carried out or rejected. The
+    #: answer replaces only rejected places; a message for a place already delivered
+    #: is dropped whatever its wording, and an empty answer means "nothing more".
+    positions: tuple[Position, ...] = ()
     #: The LLM may answer with no action at all (an event or autonomous turn).
     may_stay_silent: bool = False

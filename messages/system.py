@@ -68,6 +68,27 @@ class DueEvent(BaseModel):
     late_seconds: float = 0.0
 
 
+class Position(BaseModel):
+    """What became of one action of a rejected reply, by its place in that reply: a
+    re-ask shows the list, and its answer may only replace the rejected places."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int
+    #: The action's type as the LLM wrote it ("" when it had none).
+    type: str = ""
+    #: Carried out (a message delivered, a command run) or rejected, with why.
+    done: bool
+    error: str = ""
+    #: A short excerpt of what it said or ran, to name it in the re-ask.
+    excerpt: str = ""
+    #: The native tool call it came from, if any (answered by a ``tool`` turn).
+    tool_call_id: str | None = None
+    #: What may take a rejected place: a message, a command, or either (its type was
+    #: no registered action, so what it meant is unknown).
+    kind: Literal["message", "command", "any"] = "any"
+
+
 class SystemMessage(BaseModel):
     """A message from the runtime to the LLM.
 
@@ -86,6 +107,8 @@ class SystemMessage(BaseModel):
     errors: tuple[str, ...] = ()
     your_reply: str | None = None
     error_retry_policy: str | None = None
+    #: In an error message: what became of each action of the rejected reply.
+    positions: tuple[Position, ...] = ()
 
     @model_validator(mode="after")
     def _fields_match_type(self) -> SystemMessage:

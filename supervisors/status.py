@@ -44,6 +44,9 @@ class Status(BaseModel):
     #: Several daemons on NATS JetStream: this node, who holds which lease, and the work
     #: stream (pending, in progress, redelivered); None on one daemon.
     cluster: dict[str, Any] | None = None
+    #: Sections the application reports: ``llm`` (each engine's protocol and circuit,
+    #: tokens used by turn kind).
+    reports: dict[str, Any] = Field(default_factory=dict)
 
     def find(self, name: str) -> ActorStatus | None:
         return next((n for root in self.tree for n in root.walk() if n.name == name), None)
@@ -88,7 +91,18 @@ def snapshot(runtime: Runtime) -> Status:
         dead_letters=counts,
         dead_letters_total=sum(counts.values()),
         cluster=_cluster(runtime),
+        reports=_reports(runtime),
     )
+
+
+def _reports(runtime: Runtime) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, report in list(runtime.reports.items()):
+        try:
+            found[name] = report()
+        except Exception as exc:  # one report failing never hides the rest of the status
+            found[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return found
 
 
 def _cluster(runtime: Runtime) -> dict[str, Any] | None:

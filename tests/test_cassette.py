@@ -62,6 +62,9 @@ def test_a_recorded_daemon_session_replays_offline_and_a_changed_reply_shows_the
     for line in recorded:
         if line["kind"] == "llm" and "recorded words" in line.get("reply", "") and "message_console" in line["reply"]:
             line["reply"] = line["reply"].replace("recorded words", "other words")
+        for call in line.get("tool_calls", ()):  # the reply came as a native tool call
+            if call["name"] == "message_console" and "recorded words" in call["arguments"]:
+                call["arguments"] = call["arguments"].replace("recorded words", "other words")
     changed = tmp_path / "changed.jsonl"
     changed.write_text("".join(json.dumps(line) + "\n" for line in recorded))
     done = replay_cli(changed)

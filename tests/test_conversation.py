@@ -14,6 +14,7 @@ import pytest
 from conftest import ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.conversation import FORGOTTEN
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
@@ -98,39 +99,48 @@ def test_two_commands_of_one_reply_come_back_in_one_delivery_turn_and_one_reply(
 
 
 def test_a_command_still_running_at_the_wait_is_named_and_follows_on_its_own(
-    make_app: MakeApp, fake_llm: FakeLLMServer
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
+    """The batch's wait is a timer on the runtime's (manual) clock; `sleep 2` is a real process."""
     fake_llm.script(actions({"type": "terminal", "payload": {"command": "echo quick"}},
                             {"type": "terminal", "payload": {"command": "sleep 2"}}))
-    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": 0.5})
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": 30},
+                   clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "run both")
+        envelope = app.runtime.send("interface.console", ConsoleInput(text="run both"))
+        assert envelope is not None
+        assert manual_clock.wait_for_sleepers(1)  # `echo quick` is in: the wait for the rest began
+        assert manual_clock.pending() == [30.0]
+        manual_clock.advance(30)  # the wait is over while `sleep 2` still runs
+        assert app.runtime.wait_idle(envelope.correlation_id, timeout=15)
         replies = out.bodies(OutboundMessage)
     first, late = system_messages(fake_llm, "output")
     assert [o.get("command") for o in first["outputs"]] == ["echo quick", None]
-    assert "still running after 0.5s: `sleep 2`" in first["outputs"][1]["output"]
+    assert "still running after 30s: `sleep 2`" in first["outputs"][1]["output"]
     assert [o["command"] for o in late["outputs"]] == ["sleep 2"]
     assert len(replies) == 2
 
 
 def test_a_re_ask_that_rewords_a_delivered_message_sends_nothing_twice(
-    make_app: MakeApp, fake_llm: FakeLLMServer
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
     fake_llm.script(actions(say("part one"), {"type": "teleport", "payload": {}}),
                     actions(say("Part one."), say("part two")))
-    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)  # the re-ask's delay: on the clock
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "two parts please")
+        ask(app, "two parts please", clock=manual_clock)
         sent = [m.text for m in out.bodies(OutboundMessage)]
     assert sent == ["part one", "part two"]
 
 
-def test_a_different_message_in_a_re_ask_is_still_sent(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+def test_a_different_message_in_a_re_ask_is_still_sent(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
     fake_llm.script(actions(say("Your disk is fine"), {"type": "teleport", "payload": {}}),
                     actions(say("And the backup ran at noon")))
-    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "status")
+        ask(app, "status", clock=manual_clock)
         assert [m.text for m in out.bodies(OutboundMessage)] == ["Your disk is fine", "And the backup ran at noon"]
 
 
@@ -256,7 +266,7 @@ def test_an_autonomous_turn_may_stay_silent_and_may_not_run_commands(
         assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, 10)
         assert out.bodies(OutboundMessage) == []
     [request] = fake_llm.requests
-    assert "Allowed action types in this turn: message_console." in request.messages[0]["content"]
+    assert [t["function"]["name"] for t in request.body["tools"]] == ["message_console"]
     assert app.runtime.dead_letters.letters() == []
 
 

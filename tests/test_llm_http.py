@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from autoresponse.actors.limits import LLM_MAX_TOKENS
 from conftest import ask
 
 from autoresponse import Application, Settings
@@ -100,7 +102,8 @@ async def test_the_request_is_openai_shaped(fake_llm: FakeLLMServer) -> None:
     async with engine_for(fake_llm, temperature=0.2) as engine:
         await engine.complete(MESSAGES)
     body = fake_llm.requests[0].body
-    assert body == {"model": "fake", "messages": MESSAGES, "temperature": 0.2}
+    # Every call is bounded: max_tokens is always sent.
+    assert body == {"model": "fake", "messages": MESSAGES, "temperature": 0.2, "max_tokens": LLM_MAX_TOKENS}
 
 
 async def test_a_malformed_response_is_a_clear_error(fake_llm: FakeLLMServer) -> None:
@@ -158,7 +161,7 @@ def test_a_request_the_llm_finds_too_long_is_told_so_not_unreachable(
 class BrokenEngine:
     """An engine with a bug: it raises something other than LLMError."""
 
-    async def complete(self, messages: list[dict[str, str]]) -> str:
+    async def answer(self, prompt: object, on_text: object = None) -> str:
         raise RuntimeError("engine bug")
 
     async def aclose(self) -> None:

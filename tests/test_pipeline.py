@@ -64,9 +64,11 @@ def test_the_delivery_request_carries_output_context_and_only_message_actions(
         "user_name": message["original_context"]["user_name"], "chat_type": "private",
         "autonomous": False,
     }
+    # Fail-closed in the tools protocol too: only the reply's message action is offered.
+    assert [t["function"]["name"] for t in sent.body["tools"]] == ["message_console"]
+    assert sent.body["tool_choice"] == "required"
     instructions = message["full_json_instructions"]
-    assert "Allowed action types in this turn: message_console." in instructions
-    assert '"terminal"' not in instructions and '"event"' not in instructions
+    assert "message_console" in instructions and "terminal" not in instructions
 
 
 def test_the_reply_goes_to_the_original_chat_as_a_reply(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
@@ -168,7 +170,7 @@ def test_bad_llm_output_becomes_an_error_system_message(
     assert message.type == "error"
     assert error in message.errors[0]
     assert message.your_reply == bad
-    assert message.error_retry_policy and "changing only the actions the errors name" in message.error_retry_policy
+    assert message.error_retry_policy and "Answer only for the rejected positions" in message.error_retry_policy
     assert message.original_context.original_command == "run df -h"
     assert "Allowed action types in this turn" in message.full_json_instructions
 

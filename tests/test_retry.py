@@ -1,9 +1,11 @@
-"""Error routing: invalid LLM replies are re-asked by retry actors, within bounds."""
+"""Error routing: invalid LLM replies are re-asked by retry actors, within bounds.
+
+A re-ask waits its delay on a timer of the runtime's clock: these tests run the application
+on a ManualClock, and ``ask(..., clock=...)`` fires the timers in turn (no real waiting)."""
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,10 +13,12 @@ import pytest
 from conftest import ask, system_message
 
 from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.prompts import error_retry_policy
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, sender
+from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import (
     OriginalContext,
     OutboundMessage,
@@ -22,7 +26,8 @@ from autoresponse.messages import (
 )
 
 MakeApp = Callable[..., Application]
-FAST = {"backoff_min": 0.05, "backoff_max": 0.2}
+#: Re-ask delays as long as in production: the clock is a ManualClock, they cost no real time.
+FAST = {"backoff_min": 5.0, "backoff_max": 20.0}
 
 
 def say(text: str, **payload: Any) -> dict[str, Any]:
@@ -33,17 +38,24 @@ def content(*actions: dict[str, Any]) -> FakeResponse:
     return FakeResponse(content=json.dumps({"actions": list(actions)}))
 
 
-def test_one_bad_reply_is_re_asked_once_and_answered_once(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+def test_one_bad_reply_is_re_asked_once_and_answered_once(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
     fake_llm.script(FakeResponse(content="Sure thing! {not json"), content(say("All good now.")))
-    app = make_app(base_url=fake_llm.base_url, retry=FAST)
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "hello")
+        envelope = app.runtime.send("interface.console", ConsoleInput(text="hello"))
+        assert envelope is not None
+        assert manual_clock.wait_for_sleepers(1)  # the re-ask waits for its delay ...
+        assert manual_clock.pending() == [5.0] and len(fake_llm.requests) == 1
+        manual_clock.advance(5)  # ... and is sent once it has passed
+        assert app.runtime.wait_idle(envelope.correlation_id, timeout=15)
         assert [m.text for m in out.bodies(OutboundMessage)] == ["All good now."]
     first, reask = fake_llm.requests
     error = system_message(reask)
     assert error["type"] == "error"
-    assert error["error_retry_policy"] == error_retry_policy(["message_console", "terminal"])
-    assert "changing only the actions the errors name" in error["error_retry_policy"]
+    assert error["error_retry_policy"] == error_retry_policy(["message_console", "terminal"], "tools")
+    assert "Answer only for the rejected positions" in error["error_retry_policy"]
     assert error["your_reply"] == "Sure thing! {not json"
     assert error["errors"] and "invalid JSON" in error["errors"][0]
     # The conversation so far is kept: the user's text and the rejected reply.
@@ -53,33 +65,34 @@ def test_one_bad_reply_is_re_asked_once_and_answered_once(make_app: MakeApp, fak
 
 
 def test_valid_actions_run_once_and_only_the_invalid_are_re_asked(
-    make_app: MakeApp, fake_llm: FakeLLMServer
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
     fake_llm.script(
         content(say("part one"), {"type": "teleport", "payload": {}}),
         # The re-ask repeats the message already delivered, then adds the fixed one.
         content(say("part one"), say("part two")),
     )
-    app = make_app(base_url=fake_llm.base_url, retry=FAST)
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "tell me in two parts")
+        ask(app, "tell me in two parts", clock=manual_clock)
         assert [m.text for m in out.bodies(OutboundMessage)] == ["part one", "part two"]
     errors = system_message(fake_llm.requests[1])["errors"]
     assert errors == ["action 2: unknown action type 'teleport'; allowed: message_console, terminal"]
 
 
 def test_a_turn_that_stays_invalid_is_dead_lettered_with_a_notice_while_other_chats_are_served(
-    make_app: MakeApp, fake_llm: FakeLLMServer
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
-    fake_llm.responder = lambda body: "I refuse to speak JSON" if "garbage please" in json.dumps(body) else None
-    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 2, "backoff_min": 0.3})
+    fake_llm.responder = lambda body: "I refuse to speak {JSON" if "garbage please" in json.dumps(body) else None
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 2, "backoff_min": 0.3}, clock=manual_clock)
     bad = OriginalContext(chat_id="A", message_id=1, interface_name="console", original_command="garbage please")
     good = OriginalContext(chat_id="B", message_id=2, interface_name="console", original_command="hello")
     with app.runtime.probe(sender("console")) as out:
         env_bad = app.runtime.send(LLM, UserRequest(text="garbage please", context=bad))
         env_good = app.runtime.send(LLM, UserRequest(text="hello", context=good))
         served = out.expect(OutboundMessage, where=lambda m: m.chat_id == "B", timeout=10)
-        served_at = time.time()
+        served_at = manual_clock.time()  # chat A's re-asks are still waiting for their delay
+        assert manual_clock.advance_until(lambda: app.runtime.inflight.count(env_bad.correlation_id) == 0)
         assert app.runtime.wait_idle(env_bad.correlation_id, timeout=20)
         assert app.runtime.wait_idle(env_good.correlation_id, timeout=20)
         [notice] = [m for m in out.bodies(OutboundMessage) if m.chat_id == "A"]
@@ -93,20 +106,26 @@ def test_a_turn_that_stays_invalid_is_dead_lettered_with_a_notice_while_other_ch
     assert len(asked_for_a) == 3  # the first ask and two re-asks
 
 
-def test_the_notice_can_be_switched_off(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
-    fake_llm.responder = lambda body: "never JSON"
-    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST})
+def test_the_notice_can_be_switched_off(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.responder = lambda body: "never {JSON"
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST},
+                   clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
-        ask(app, "hello")
+        ask(app, "hello", clock=manual_clock)
         assert out.envelopes == []
     assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
     assert len(fake_llm.requests) == 2
 
 
-def test_a_dead_lettered_turn_can_be_replayed(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
-    fake_llm.script(FakeResponse(content="nope"), FakeResponse(content="still nope"))
-    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST})
-    ask(app, "hello")
+def test_a_dead_lettered_turn_can_be_replayed(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(content="{nope"), FakeResponse(content="{still nope"))
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, "notify_user": False, **FAST},
+                   clock=manual_clock)
+    ask(app, "hello", clock=manual_clock)
     [letter] = app.runtime.dead_letters.letters()
     # The LLM behaves now: replaying asks again, with the errors so far, and answers the user.
     with app.runtime.probe(sender("console")) as out:
@@ -115,18 +134,19 @@ def test_a_dead_lettered_turn_can_be_replayed(make_app: MakeApp, fake_llm: FakeL
         assert app.runtime.wait_idle(env.correlation_id, timeout=10)
         [reply] = out.bodies(OutboundMessage)
     assert reply.reply_to_message_id == 1 and not reply.notice
-    assert system_message(fake_llm.requests[-1])["your_reply"] == "still nope"
+    assert system_message(fake_llm.requests[-1])["your_reply"] == "{still nope"
 
 
 @pytest.mark.parametrize(("max_errors", "shown", "rest"), [(10, 10, 5), (12, 12, 3), (20, 15, 0)])
 def test_errors_are_cut_once_to_the_configured_number(
-    make_app: MakeApp, fake_llm: FakeLLMServer, max_errors: int, shown: int, rest: int
+    make_app: MakeApp, fake_llm: FakeLLMServer, max_errors: int, shown: int, rest: int,
+    manual_clock: ManualClock
 ) -> None:
     bad = [{"type": "teleport", "payload": {"to": n}} for n in range(15)]
     fake_llm.script(content(*bad), content(say("Fixed.")))
     app = make_app(base_url=fake_llm.base_url, retry={**FAST, "max_errors": max_errors},
-                   runtime={"max_actions": 20})
-    ask(app, "hello")
+                   runtime={"max_actions": 20}, clock=manual_clock)
+    ask(app, "hello", clock=manual_clock)
     errors = system_message(fake_llm.requests[1])["errors"]
     listed = [e for e in errors if not e.startswith("...")]
     assert len(listed) == shown

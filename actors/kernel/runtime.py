@@ -104,6 +104,9 @@ class Runtime:
         self._watches: dict[str, list[tuple[str, Any]]] = {}
         self._hurry = threading.Event()
         self._cells: dict[str, Cell] = {}
+        #: Named sections of the status that the application reports (its LLM engines,
+        #: their usage): each a function called when a status is taken.
+        self.reports: dict[str, Callable[[], dict[str, Any]]] = {}
         self._taps: dict[str, list[Probe | _Tap]] = {}
         self._lock = threading.Lock()
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"

@@ -10,7 +10,8 @@ from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
-from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+from autoresponse.actors.llm.usage import UsageMeter, turn_kind
+from autoresponse.actors.prompts import build_chat_request
 from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import DISPATCHER, autonomous_actions, chat_actions, sender
 from autoresponse.actors.streaming import preview_text, withdrawal
@@ -21,13 +22,21 @@ from autoresponse.messages import (
     LLMRequest,
     OutboundMessage,
     PromptRequest,
+    OriginalContext,
     UserRequest,
     message_action_for,
 )
 
+
+def chat_key(context: OriginalContext) -> str:
+    """A chat across interfaces, for usage and budgets."""
+    return f"{context.interface_name}:{context.chat_id}"
+
 log = logging.getLogger("autoresponse.llm")
 
 UNREACHABLE_NOTICE = "Sorry, I could not reach the language model, so I could not answer this."
+BUDGET_NOTICE = ("Sorry, this chat has used today's share of the language model. Your message is kept, "
+                 "and I can answer it later.")
 TOO_LONG_NOTICE = "Sorry, this is too long for the language model to read; please send it shorter."
 
 
@@ -39,12 +48,14 @@ class LLMClient(TypedActor):
     """
 
     def __init__(self, engine: LLMEngine, max_in_flight: int = LLM_MAX_IN_FLIGHT,
-                 autonomous: Iterable[str] = ()) -> None:
+                 autonomous: Iterable[str] = (), meter: UsageMeter | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.io_limit = max_in_flight
         #: Command action types an autonomous turn (a public mention) may use besides replying.
         self.autonomous = tuple(autonomous)
+        #: Tokens counted per model, turn kind and chat; the chats' daily budget.
+        self.meter = meter or UsageMeter()
 
     @handles
     def on_user_request(self, request: UserRequest, env: Envelope) -> None:
@@ -55,6 +66,15 @@ class LLMClient(TypedActor):
             self.runtime.dead_letters.post(env, "no sender", actor=self.name,
                                            detail=f"nothing can reply on {ctx.interface_name!r}")
             return
+        chat = chat_key(ctx)
+        if self.meter.over_budget(chat):
+            # Nothing is lost: the request waits as a dead letter, to replay another day.
+            self.runtime.dead_letters.post(env, "token budget", actor=self.name,
+                                           detail=f"{chat} used its {self.meter.daily_tokens_per_chat} tokens today")
+            if self.meter.first_refusal_today(chat):
+                self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, BUDGET_NOTICE, notice=True),
+                          cause=env)
+            return
         self._ask(build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns), env)
 
     @handles
@@ -63,7 +83,7 @@ class LLMClient(TypedActor):
 
     def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
         watch = self._previewer(prompt, env) if getattr(self.engine, "stream", False) else None
-        self.run_io(self._complete(prompt, render_openai_messages(prompt), watch), cause=env)
+        self.run_io(self._complete(prompt, watch), cause=env)
 
     def _previewer(self, prompt: PromptRequest, env: Envelope) -> Callable[[str], bool] | None:
         """While a first answer is streamed and reads as a reply to its chat, its text so
@@ -91,7 +111,7 @@ class LLMClient(TypedActor):
             return True
         return on_text
 
-    async def _complete(self, prompt: PromptRequest, messages: list[dict[str, str]],
+    async def _complete(self, prompt: PromptRequest,
                         watch: Callable[[str], bool] | None = None) -> LLMReply | LLMFailure:
         started = time.monotonic()
         previewed = False
@@ -101,8 +121,8 @@ class LLMClient(TypedActor):
             previewed = watch(partial) if watch is not None else False
 
         try:
-            text = await (self.engine.complete(messages) if watch is None
-                          else self.engine.complete(messages, on_text))
+            answer = await (self.engine.answer(prompt) if watch is None
+                            else self.engine.answer(prompt, on_text))
         except LLMError as exc:
             return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed)
         except Exception as exc:
@@ -111,11 +131,27 @@ class LLMClient(TypedActor):
             log.exception("the LLM engine %r failed unexpectedly", self.engine)
             return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}", previewed=previewed)
         # Logged on the loop, with the request's correlation id (the task inherits it).
-        log.debug("the LLM answered in %.3fs (%d characters)", time.monotonic() - started, len(text))
-        return LLMReply(prompt=prompt, text=text, previewed=previewed)
+        log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)", time.monotonic() - started,
+                  len(answer.text), len(answer.tool_calls), answer.protocol)
+        if answer.reasoning:
+            log.debug("the LLM reasoned (%d characters; kept off the actions)", len(answer.reasoning))
+        return LLMReply(prompt=prompt, text=answer.text, tool_calls=answer.tool_calls, previewed=previewed,
+                        usage=answer.usage, engine=answer.engine, model=answer.model,
+                        finish_reason=answer.finish_reason, protocol=answer.protocol)
 
     @handles
     def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
+        kind = turn_kind(reply.prompt)
+        self.meter.add(chat_key(reply.prompt.original_context), kind=kind, model=reply.model or "?",
+                       engine=reply.engine or "main", usage=reply.usage)
+        tracer = self.runtime.tracer
+        if tracer is not None:  # what the call cost and who answered, on the request's trace
+            usage = reply.usage
+            cost = f"{usage.prompt_tokens}+{usage.completion_tokens} tokens" if usage else "usage unknown"
+            note = env.child(reply.usage)
+            label = f"LLM {kind} ({reply.engine or 'main'}, {reply.protocol})"
+            tracer.queued(note, self.name, label)
+            tracer.ended(note, label, f"{reply.model or '?'}: {cost}, finish {reply.finish_reason or '?'}")
         self.send(DISPATCHER, reply, cause=env)
 
     @handles

@@ -1,7 +1,17 @@
 """An OpenAI-compatible chat completions client over aiohttp.
 
 >>> async with HttpEngine("http://127.0.0.1:11434/v1", model="llama3") as engine:  # doctest: +SKIP
-...     await engine.complete([{"role": "user", "content": "hi"}])
+...     completion = await engine.answer(prompt)      # tools, json_schema or text
+...     await engine.complete([{"role": "user", "content": "hi"}])   # plain text
+
+It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first, then a
+``json_schema`` response format, then JSON in text. A server that refuses a feature
+(400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
+is a configuration fact, not a failure to retry. Where the server reports no tool
+support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``.
+
+Reasoning (``<think>`` blocks, ``reasoning_content``) is cut off here; usage and the
+finish reason come back with every answer.
 
 Retries 408, 409, 429, 5xx, timeouts and connection errors a bounded number of
 times, waiting as ``Retry-After`` says when the server says; never retries
@@ -19,8 +29,10 @@ import asyncio
 import base64
 import email.utils
 import json
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from pydantic import SecretStr
@@ -34,12 +46,24 @@ from autoresponse.actors.limits import (
     LLM_MAX_ATTEMPTS,
     LLM_MAX_IN_FLIGHT,
     LLM_MAX_RESPONSE_BYTES,
+    LLM_MAX_TOKENS,
     LLM_MAX_RETRY_AFTER_SECONDS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
     STREAM_WATCH_SECONDS,
 )
-from autoresponse.actors.llm.engine import LLMError
+from autoresponse.actors.llm.engine import Completion, LLMError
+from autoresponse.actors.llm.reasoning import split_reasoning
+from autoresponse.actors.prompts import (
+    PROTOCOLS,
+    Protocol,
+    render_openai_messages,
+    response_format,
+    tool_definitions,
+)
+from autoresponse.messages import PromptRequest, ToolCall, Usage
+
+log = logging.getLogger("autoresponse.llm")
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: Wait between attempts when the server does not say (Retry-After): 0.5 s, doubling.
@@ -90,6 +114,111 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, LLMError) and exc.retryable
 
 
+#: What a server's refusal names, per protocol feature (a 400/422 body).
+_FEATURE_WORDS: dict[str, tuple[str, ...]] = {
+    "tools": ("tool",),
+    "json_schema": ("response_format", "json_schema", "schema", "grammar"),
+}
+#: What a 400 says when the request did not fit the model's context window.
+_CONTEXT_WORDS = ("context", "too long", "maximum context", "exceed")
+
+
+def refused_feature(exc: LLMError, feature: str) -> bool:
+    """True when ``exc`` is the server refusing ``feature`` (a 400/422 that names it)."""
+    text = str(exc).lower()
+    return exc.status in (400, 422) and any(word in text for word in _FEATURE_WORDS.get(feature, (feature,)))
+
+
+def _usage(data: Any) -> Usage | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Usage(prompt_tokens=int(data.get("prompt_tokens") or 0),
+                     completion_tokens=int(data.get("completion_tokens") or 0),
+                     total_tokens=int(data.get("total_tokens") or 0))
+    except (TypeError, ValueError):
+        return None
+
+
+def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+    """The tool calls of a message, as text; anything that is not one is an error."""
+    if not raw:
+        return ()
+    if not isinstance(raw, list):
+        raise TypeError("tool_calls is not a list")
+    calls = []
+    for n, call in enumerate(raw):
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):  # some servers send the object itself
+            arguments = json.dumps(arguments if arguments is not None else {})
+        calls.append(ToolCall(id=str(call.get("id") or f"call_{n}"), name=str(function.get("name") or ""),
+                              arguments=arguments))
+    return tuple(calls)
+
+
+class _Stream:
+    """An OpenAI-style stream being read: content deltas, reasoning deltas, tool call
+    deltas (by index: id and name once, arguments in pieces), usage in the last chunk."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.model = ""
+
+    def take(self, chunk: dict[str, Any]) -> bool:
+        """Read one chunk; True when it added answer text or tool arguments."""
+        self.model = chunk.get("model") or self.model
+        if chunk.get("usage"):
+            self.usage = _usage(chunk["usage"])
+        choices = chunk.get("choices")
+        if not choices:  # the usage chunk has none
+            return False
+        choice = choices[0]
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        delta = choice.get("delta") or {}
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(thought, str) and thought:
+            self.reasoning.append(thought)
+        grew = False
+        text = delta.get("content")
+        if text is not None and not isinstance(text, str):
+            raise TypeError("delta content is not text")
+        if text:
+            self.content.append(text)
+            grew = True
+        for piece in delta.get("tool_calls") or ():
+            slot = self.calls.setdefault(int(piece.get("index", len(self.calls))),
+                                         {"id": "", "name": "", "arguments": []})
+            slot["id"] = piece.get("id") or slot["id"]
+            function = piece.get("function") or {}
+            slot["name"] = function.get("name") or slot["name"]
+            if function.get("arguments"):
+                slot["arguments"].append(str(function["arguments"]))
+                grew = True
+        return grew
+
+    def partial(self) -> str:
+        """The answer so far as the preview reads it: the text, or the first tool call
+        written as the start of an actions JSON."""
+        if self.calls:
+            first = self.calls[min(self.calls)]
+            return (f'{{"actions": [{{"type": "{first["name"]}", "payload": '
+                    + "".join(first["arguments"]))
+        return split_reasoning("".join(self.content))[0]
+
+    def completion(self) -> Completion:
+        text, thought = split_reasoning("".join(self.content))
+        calls = tuple(ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments="".join(c["arguments"]))
+                      for i, c in sorted(self.calls.items()))
+        reasoning = "\n".join(x for x in ("".join(self.reasoning).strip(), thought) if x)
+        return Completion(text=text, tool_calls=calls, reasoning=reasoning, usage=self.usage,
+                          finish_reason=self.finish_reason, model=self.model)
+
+
 class HttpEngine:
     """One long-lived aiohttp session per engine, created on the runtime's loop.
 
@@ -113,7 +242,12 @@ class HttpEngine:
         max_in_flight: int = LLM_MAX_IN_FLIGHT,
         temperature: float | None = None,
         stream: bool = False,
+        protocol: str = "auto",
+        max_tokens: int | None = LLM_MAX_TOKENS,
+        seed: int | None = None,
     ) -> None:
+        if protocol != "auto" and protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be auto, {', '.join(PROTOCOLS)}; not {protocol!r}")
         base, basic_auth = split_credentials(base_url)
         self.url = base.rstrip("/") + "/chat/completions"
         self.model = model
@@ -137,6 +271,15 @@ class HttpEngine:
         self.temperature = temperature
         #: Ask for the reply as a stream (server-sent events) when a caller watches it grow.
         self.stream = stream
+        #: As configured ("auto" or one protocol), and the one in use now: ``auto``
+        #: moves down a level when the server refuses a feature, and stays there.
+        self.protocol = protocol
+        self.mode: Protocol = "tools" if protocol == "auto" else protocol  # type: ignore[assignment]
+        self.max_tokens = max_tokens
+        self.seed = seed
+        #: What the server refused, once each: learnt, never retried.
+        self.refused: set[str] = set()
+        self._base = base.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -155,19 +298,78 @@ class HttpEngine:
             self._slots = asyncio.Semaphore(self.max_in_flight)
         return self._session
 
-    async def complete(self, messages: list[dict[str, str]],
+    async def answer(self, prompt: PromptRequest,
+                     on_text: Callable[[str], None] | None = None) -> Completion:
+        """The model's answer to ``prompt`` in the protocol this engine speaks now."""
+        while True:
+            mode = self.mode
+            body: dict[str, Any] = {"messages": render_openai_messages(prompt, mode)}
+            if mode == "tools":
+                body["tools"] = tool_definitions(prompt.allowed_actions)
+                if "tool_choice" not in self.refused:
+                    # A delivery turn answers the user: a message tool, never prose.
+                    must = prompt.mode == "delivery" and not prompt.may_stay_silent
+                    body["tool_choice"] = "required" if must else "auto"
+            elif mode == "json_schema":
+                body["response_format"] = response_format(prompt.allowed_actions)
+            try:
+                completion = await self.chat(body, on_text)
+            except LLMError as exc:
+                if not self._learn(exc, mode):
+                    raise
+                continue
+            return Completion(**{**completion.__dict__, "protocol": mode})
+
+    def _learn(self, exc: LLMError, mode: Protocol) -> bool:
+        """A refusal of a feature this call used: note it, and say whether to ask again."""
+        if exc.status not in (400, 422):
+            return False
+        text = str(exc).lower()
+        if mode == "tools" and "tool_choice" in text and "tool_choice" not in self.refused:
+            self.refused.add("tool_choice")
+            log.warning("the LLM server refuses tool_choice; asking without it from now on")
+            return True
+        if self.protocol == "auto" and mode != "text" and refused_feature(exc, mode):
+            self.refused.add(mode)
+            self.mode = PROTOCOLS[PROTOCOLS.index(mode) + 1]
+            log.warning("the LLM server refuses %s (%s); speaking %s from now on",
+                        mode, str(exc)[:120], self.mode)
+            return True
+        return False
+
+    async def complete(self, messages: list[dict[str, Any]],
                        on_text: Callable[[str], None] | None = None) -> str:
-        """The reply's text. With ``on_text`` (and ``stream`` on), the reply is streamed and
-        ``on_text`` sees the text so far each time it grows; the whole text is returned."""
+        """The text of the answer to plain ``messages`` (reasoning cut off)."""
+        return (await self.chat({"messages": messages}, on_text)).text
+
+    async def chat(self, body: dict[str, Any],
+                   on_text: Callable[[str], None] | None = None) -> Completion:
+        """POST ``body`` (messages and protocol fields; the model, limits and stream are
+        added here) with retries under the deadline. With ``on_text`` (and ``stream`` on)
+        the answer is streamed and ``on_text`` sees it grow."""
+        watch = on_text if self.stream else None
+        while True:
+            sent = {"model": self.model, **body}
+            if self.temperature is not None:
+                sent["temperature"] = self.temperature
+            if self.seed is not None:
+                sent["seed"] = self.seed
+            if self.max_tokens is not None:
+                limit = "max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"
+                sent[limit] = self.max_tokens
+            if watch is not None:
+                sent["stream"] = True
+                if "stream_options" not in self.refused:
+                    sent["stream_options"] = {"include_usage": True}
+            try:
+                return await self._send(json.dumps(sent, ensure_ascii=False).encode(), watch)
+            except LLMError as exc:
+                if not (exc.status == 400 and self._refused_parameter(str(exc).lower())):
+                    raise
+
+    async def _send(self, payload: bytes, watch: Callable[[str], None] | None) -> Completion:
         session = self._open()
         assert self._slots is not None
-        body: dict[str, object] = {"model": self.model, "messages": messages}
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        watch = on_text if self.stream else None
-        if watch is not None:
-            body["stream"] = True
-        payload = json.dumps(body, ensure_ascii=False).encode()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_attempts),
             wait=_wait,
@@ -192,6 +394,15 @@ class HttpEngine:
                 raise self._deadline_error(attempts, last) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")
 
+    def _refused_parameter(self, text: str) -> bool:
+        """A 400 naming ``max_tokens`` or ``stream_options``: ask the other way, once."""
+        for name in ("max_tokens", "stream_options"):
+            if name in text and name not in self.refused and "max_completion_tokens" not in text:
+                self.refused.add(name)
+                log.warning("the LLM server refuses %s; asking without it from now on", name)
+                return True
+        return False
+
     def _deadline_error(self, attempts: int, last: BaseException | None) -> LLMError:
         """The deadline passed: say how many attempts were made and how the last one ended."""
         because = f"; last error: {last}" if isinstance(last, LLMError) else ""
@@ -199,7 +410,7 @@ class HttpEngine:
                         f"deadline ({attempts} attempt(s)){because}")
 
     async def _post(self, session: aiohttp.ClientSession, payload: bytes,
-                    on_text: Callable[[str], None] | None = None) -> str:
+                    on_text: Callable[[str], None] | None = None) -> Completion:
         try:
             async with session.post(self.url, data=payload) as resp:
                 if resp.status == 200 and resp.content_type == "text/event-stream":
@@ -217,14 +428,16 @@ class HttpEngine:
             raise LLMError(f"cannot reach the LLM at {self.url}: {exc}", retryable=True) from exc
         return self._content(raw, encoding)
 
-    async def _streamed(self, resp: aiohttp.ClientResponse, on_text: Callable[[str], None] | None) -> str:
-        """The text of an OpenAI-style stream: ``data:`` lines of deltas, then ``[DONE]``.
+    async def _streamed(self, resp: aiohttp.ClientResponse,
+                        on_text: Callable[[str], None] | None) -> Completion:
+        """The answer of an OpenAI-style stream: ``data:`` lines of deltas, then ``[DONE]``.
 
         Bounded like a whole body; a line that is not a delta is an error, and so is a
-        stream cut before its end (retried). ``on_text`` sees the text so far at most
-        every STREAM_WATCH_SECONDS, so a long reply is not joined once per delta.
+        stream cut before its end (retried). ``on_text`` sees the answer so far, reasoning
+        cut off, at most every STREAM_WATCH_SECONDS, so a long reply is not joined once
+        per delta.
         """
-        text: list[str] = []
+        stream = _Stream()
         size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
         clock = asyncio.get_running_loop().time
         async for raw_line in resp.content:
@@ -239,21 +452,19 @@ class HttpEngine:
                 finished = True
                 break
             try:
-                choice = json.loads(data)["choices"][0]
-                delta = choice.get("delta", {}).get("content") or ""
-                finished = finished or choice.get("finish_reason") is not None
+                chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise TypeError("a chunk is not an object")
+                grew = stream.take(chunk)
             except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
                 raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
-            if not isinstance(delta, str):
-                raise LLMError(f"malformed LLM stream: {data[:200]!r}")
-            if delta:
-                text.append(delta)
-                if on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
-                    seen = clock()
-                    on_text("".join(text))
+            finished = finished or stream.finish_reason is not None
+            if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
+                seen = clock()
+                on_text(stream.partial())
         if not finished:
             raise LLMError("the LLM's stream ended before the reply did", retryable=True)
-        return "".join(text)
+        return stream.completion()
 
     async def _read(self, resp: aiohttp.ClientResponse) -> bytes:
         """The body, at most ``max_response_bytes`` of it.
@@ -275,21 +486,31 @@ class HttpEngine:
         return bytes(body)
 
     @staticmethod
-    def _content(raw: bytes, encoding: str) -> str:
-        """The reply text of a completion body; LLMError for anything else."""
+    def _content(raw: bytes, encoding: str) -> Completion:
+        """The answer in a completion body; LLMError for anything else."""
         try:
             text = raw.decode(encoding)
         except (UnicodeDecodeError, LookupError) as exc:  # bad bytes, or a charset Python lacks
             raise LLMError(f"LLM response is not valid {encoding.upper()} text: "
                            f"{raw[:100]!r}") from exc
         try:
-            content = json.loads(text)["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
+            data = json.loads(text)
+            choice = data["choices"][0]
+            message = choice["message"]
+            content = message.get("content")
+            calls = _tool_calls(message.get("tool_calls"))
+            thought = message.get("reasoning_content") or message.get("reasoning") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             # RecursionError: json nests as deep as the server likes.
             raise LLMError(f"malformed LLM response: {text[:200]!r}") from exc
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise LLMError(f"LLM response has no text content: {text[:200]!r}")
-        return content
+        answer, inline = split_reasoning(content)
+        reasoning = "\n".join(x for x in ((thought if isinstance(thought, str) else ""), inline) if x)
+        return Completion(text=answer, tool_calls=calls, reasoning=reasoning, usage=_usage(data.get("usage")),
+                          finish_reason=choice.get("finish_reason"), model=str(data.get("model") or ""))
 
     @staticmethod
     def _http_error(status: int, retry_after_header: str | None, text: str) -> LLMError:
@@ -299,8 +520,10 @@ class HttpEngine:
         if retry_after is not None and retry_after > LLM_MAX_RETRY_AFTER_SECONDS:
             retryable = False
         what = "quota exhausted" if quota else f"HTTP {status}"
+        lower = text.lower()
+        exceeded = status == 400 and "context" in lower and any(w in lower for w in _CONTEXT_WORDS[1:])
         return LLMError(f"LLM answered {what}: {text[:200]}", status=status,
-                        retry_after=retry_after, retryable=retryable)
+                        retry_after=retry_after, retryable=retryable, context_exceeded=exceeded)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -10,6 +10,8 @@ so the whole loop (extraction, dispatch, delivery turns) runs for real::
     >>> prompt = build_chat_request("run df -h", ctx, allowed_actions=["terminal", "message_console"])
     >>> asyncio.run(OfflineEngine().complete(render_openai_messages(prompt)))
     '{"actions": [{"type": "terminal", "payload": {"command": "df -h"}}]}'
+    >>> asyncio.run(OfflineEngine().answer(prompt)).text
+    '{"actions": [{"type": "terminal", "payload": {"command": "df -h"}}]}'
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Callable
 from typing import Any
+
+from autoresponse.actors.llm.engine import Completion
+from autoresponse.messages import PromptRequest
 
 _ALLOWED = re.compile(r"Allowed action types in this turn: ([a-z_, ]+)\.")
 _RUN = re.compile(r"^(?:\w+\s*[,:]\s*)?(?:please\s+)?(?:run|exec|execute)\s+(.+?)\s*$", re.I | re.S)
@@ -82,7 +88,19 @@ def _reminder(amount: str | None, unit: str | None, at: str | None, repeat: str 
 class OfflineEngine:
     """A rule-based stand-in for an LLM: `run <command>` in chat, formatting in delivery."""
 
-    async def complete(self, messages: list[dict[str, str]]) -> str:
+    name = "offline"
+
+    async def answer(self, prompt: PromptRequest, on_text: Callable[[str], None] | None = None) -> Completion:
+        """The answer to ``prompt``, read from the prompt itself (no rendering needed)."""
+        if prompt.system_message is not None:
+            actions = self._deliver(prompt.system_message.model_dump(mode="json"), list(prompt.allowed_actions))
+        else:
+            actions = self._chat(prompt.current_text, list(prompt.allowed_actions))
+        return Completion(text=json.dumps({"actions": actions}, ensure_ascii=False), engine=self.name)
+
+    async def complete(self, messages: list[dict[str, Any]], allowed: list[str] | None = None) -> str:
+        """The answer to rendered ``messages`` (the fake LLM server's way in); ``allowed``
+        names the action types when the messages do not (a tools or json_schema turn)."""
         system = messages[0]["content"] if messages else ""
         last = messages[-1]["content"] if messages else ""
         data = None
@@ -92,9 +110,9 @@ class OfflineEngine:
             except ValueError:
                 data = None
         if isinstance(data, dict) and isinstance(data.get("system_message"), dict):
-            actions = self._deliver(data["system_message"])
+            actions = self._deliver(data["system_message"], allowed)
         else:
-            actions = self._chat(last, _allowed(system))
+            actions = self._chat(last, allowed or _allowed(system))
         return json.dumps({"actions": actions}, ensure_ascii=False)
 
     async def aclose(self) -> None:
@@ -117,8 +135,8 @@ class OfflineEngine:
         return [_message(allowed, "I'm the offline engine, so I only understand `run <command>`. "
                                   "Point AUTORESPONSE_LLM__BASE_URL at a real LLM for more.")]
 
-    def _deliver(self, message: dict[str, Any]) -> list[dict[str, Any]]:
-        allowed = _allowed(message.get("full_json_instructions", ""))
+    def _deliver(self, message: dict[str, Any], allowed: list[str] | None = None) -> list[dict[str, Any]]:
+        allowed = allowed or _allowed(message.get("full_json_instructions", ""))
         kind = message.get("type")
         if kind == "output":
             parts = []

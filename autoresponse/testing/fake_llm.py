@@ -7,7 +7,11 @@
 ...     llm.requests[0].body["messages"]
 
 With nothing scripted it answers like the offline engine would, so the full
-loop works against it. Scripted responses are served first, in order; a
+loop works against it, in the protocol the request asks for: native ``tool_calls``
+when it offers ``tools``, a JSON object for a ``json_schema`` response format, JSON in
+text otherwise; with ``usage`` in every answer (and in a last streamed chunk when
+``stream_options.include_usage`` asks). ``FakeLLMServer(tools=False)`` or
+``json_schema=False`` refuses that feature with a 400 naming it, as servers do. Scripted responses are served first, in order; a
 ``responder(body)`` answers the rest (a reply text, or a whole ``FakeResponse``
 with its delay), or returns None to leave it to the default.
 Run it alone with ``python -m autoresponse.testing.fake_llm --port 8089``.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import threading
 import time
 from collections import deque
@@ -58,6 +63,12 @@ class FakeResponse:
     piece: int = 16
     every: float = 0.0
     unfinished: bool = False
+    #: Native tool calls, as (name, arguments) pairs: the arguments an object or raw text.
+    tool_calls: tuple[tuple[str, Any], ...] | None = None
+    #: Sent in the message's ``reasoning_content`` (and streamed as reasoning deltas).
+    reasoning: str | None = None
+    finish_reason: str = "stop"
+    usage: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,24 +86,76 @@ class RecordedRequest:
         return json.dumps(self.body, ensure_ascii=False)
 
 
-def completion(content: str, model: str = "fake") -> dict[str, Any]:
-    return {
+def completion(content: str | None, model: str = "fake", *, tool_calls: list[dict[str, Any]] | None = None,
+               reasoning: str | None = None, finish_reason: str = "stop",
+               usage: dict[str, int] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    body: dict[str, Any] = {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if tool_calls else finish_reason}],
     }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def tool_call_list(calls: tuple[tuple[str, Any], ...]) -> list[dict[str, Any]]:
+    """OpenAI-style tool calls from (name, arguments) pairs."""
+    return [{"id": f"call_{n}", "type": "function",
+             "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
+            for n, (name, args) in enumerate(calls)]
+
+
+def offered_actions(body: dict[str, Any]) -> list[str] | None:
+    """The action types a request offers through its tools or its response format."""
+    if body.get("tools"):
+        return [t.get("function", {}).get("name", "") for t in body["tools"]]
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    if schema is None:
+        return None
+    found: list[str] = []
+    pending: list[Any] = [schema]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            kind = (item.get("properties") or {}).get("type")
+            if isinstance(kind, dict) and isinstance(kind.get("const"), str):
+                found.append(kind["const"])
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return sorted(set(found))
+
+
+def estimated_usage(body: dict[str, Any], answer: str) -> dict[str, int]:
+    """About four characters a token, as a server would count (roughly)."""
+    prompt = len(json.dumps(body.get("messages", []), ensure_ascii=False)) // 4 + 1
+    done = len(answer) // 4 + 1
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
 class FakeLLMServer(LoopbackServer):
     """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
 
     def __init__(self, *, delay: float = 0.0, port: int = 0,
-                 responder: Callable[[dict[str, Any]], str | FakeResponse | None] | None = None) -> None:
+                 responder: Callable[[dict[str, Any]], str | FakeResponse | None] | None = None,
+                 tools: bool = True, json_schema: bool = True, mistakes: float = 0.0, seed: int = 7) -> None:
         super().__init__(port=port, name="fake-llm")
         self.delay = delay
+        #: The fraction of first answers (not re-asks) that add an invalid action.
+        self.mistakes = mistakes
+        self._rng = random.Random(seed)
+        #: Which protocol features it accepts; a request using another gets a 400 naming it.
+        self.tools = tools
+        self.json_schema = json_schema
         self.responder = responder
         self.requests: list[RecordedRequest] = []
         self._script: deque[FakeResponse] = deque()
@@ -107,10 +170,23 @@ class FakeLLMServer(LoopbackServer):
         with self._lock:
             self._script.extend(responses)
 
+    def refusal(self, body: dict[str, Any]) -> web.Response | None:
+        """A 400 naming the feature the request uses and this server does not have."""
+        if body.get("tools") and not self.tools:
+            return web.json_response({"error": {"message": "tools are not supported by this model",
+                                                "type": "invalid_request_error", "param": "tools"}}, status=400)
+        if body.get("response_format") and not self.json_schema:
+            return web.json_response({"error": {"message": "response_format json_schema is not supported",
+                                                "type": "invalid_request_error"}}, status=400)
+        return None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        refused = self.refusal(body)
         with self._lock:
             self.requests.append(RecordedRequest(time.monotonic(), body, dict(request.headers)))
+            if refused is not None:
+                return refused
             scripted = self._script.popleft() if self._script else None
         if scripted is None and self.responder is not None:
             answer = self.responder(body)
@@ -133,27 +209,58 @@ class FakeLLMServer(LoopbackServer):
                             content_type="application/json")
 
     async def _events(self, request: web.Request, scripted: FakeResponse, body: dict[str, Any]) -> web.StreamResponse:
-        """The reply as an OpenAI-style stream of deltas."""
-        content = scripted.content
-        if content is None:
-            content = await self._offline.complete(body.get("messages", []))
+        """The reply as an OpenAI-style stream of deltas (text, reasoning, tool calls)."""
+        content, calls = scripted.content, scripted.tool_calls
+        if content is None and calls is None:
+            content, calls = await self._default(body)
+        content = content or ""
         response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
         if scripted.unfinished:
             content = content[:len(content) // 2]
+        deltas: list[dict[str, Any]] = []
+        if scripted.reasoning:
+            deltas += [{"reasoning_content": scripted.reasoning[i:i + scripted.piece]}
+                       for i in range(0, len(scripted.reasoning), scripted.piece)]
+        deltas += [{"content": content[i:i + scripted.piece]} for i in range(0, len(content), scripted.piece)]
+        for n, call in enumerate(tool_call_list(calls or ())):
+            arguments = call["function"]["arguments"]
+            deltas.append({"tool_calls": [{"index": n, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            deltas += [{"tool_calls": [{"index": n, "function": {"arguments": arguments[i:i + scripted.piece]}}]}
+                       for i in range(0, len(arguments), scripted.piece)]
         try:
-            for start in range(0, len(content), scripted.piece):
-                delta = {"choices": [{"index": 0, "delta": {"content": content[start:start + scripted.piece]}}]}
-                await response.write(f"data: {json.dumps(delta)}\n\n".encode())
+            for delta in deltas:
+                chunk = {"choices": [{"index": 0, "delta": delta}]}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 if scripted.every and await self._stopped_within(scripted.every):
                     return response
             if not scripted.unfinished:
+                reason = "tool_calls" if calls else scripted.finish_reason
+                await response.write(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {}, 'finish_reason': reason}]})}\n\n".encode())
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    usage = scripted.usage or estimated_usage(body, content + json.dumps(calls or ""))
+                    await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
                 await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:
             pass
         return response
+
+    async def _default(self, body: dict[str, Any]) -> tuple[str | None, tuple[tuple[str, Any], ...] | None]:
+        """The offline engine's answer, in the protocol the request asks for."""
+        offered = offered_actions(body)
+        messages = body.get("messages", [])
+        text = await self._offline.complete(messages, offered)
+        actions = json.loads(text)["actions"]
+        reask = bool(messages) and '"type": "error"' in str(messages[-1].get("content", ""))
+        if self.mistakes and not reask and self._rng.random() < self.mistakes:
+            actions.append({"type": actions[0]["type"] if actions else "terminal", "payload": {}})
+            text = json.dumps({"actions": actions}, ensure_ascii=False)
+        if body.get("tools"):
+            return None, tuple((a["type"], a["payload"]) for a in actions)
+        return text, None
 
     async def _body(self, scripted: FakeResponse | None, request: dict[str, Any]) -> bytes:
         """The bytes of the answer to ``request`` (see ``FakeResponse``)."""
@@ -165,9 +272,15 @@ class FakeLLMServer(LoopbackServer):
             return json.dumps({"error": {"message": f"scripted {scripted.status}",
                                          "type": "fake"}}).encode()
         content = scripted.content if scripted is not None else None
-        if content is None:
-            content = await self._offline.complete(request.get("messages", []))
-        return json.dumps(completion(content, request.get("model", "fake"))).encode()
+        calls = scripted.tool_calls if scripted is not None else None
+        if content is None and calls is None:
+            content, calls = await self._default(request)
+        usage = (scripted.usage if scripted is not None else None) or estimated_usage(
+            request, (content or "") + json.dumps(calls or ""))
+        return json.dumps(completion(
+            content, request.get("model", "fake"), tool_calls=tool_call_list(calls) if calls else None,
+            reasoning=scripted.reasoning if scripted is not None else None,
+            finish_reason=scripted.finish_reason if scripted is not None else "stop", usage=usage)).encode()
 
     async def _stream(self, request: web.Request, scripted: FakeResponse,
                       data: bytes) -> web.StreamResponse:
@@ -207,8 +320,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A fake OpenAI-compatible LLM on 127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per reply")
+    parser.add_argument("--no-tools", action="store_true", help="refuse tools with a 400")
+    parser.add_argument("--no-json-schema", action="store_true", help="refuse response_format with a 400")
+    parser.add_argument("--mistakes", type=float, default=0.0,
+                        help="fraction of answers that carry an invalid action besides the valid ones")
     args = parser.parse_args()
-    FakeLLMServer(delay=args.delay, port=args.port).serve_forever("fake LLM at http://127.0.0.1:{port}/v1")
+    FakeLLMServer(delay=args.delay, port=args.port, tools=not args.no_tools,
+                  json_schema=not args.no_json_schema, mistakes=args.mistakes).serve_forever("fake LLM at http://127.0.0.1:{port}/v1")
 
 
 if __name__ == "__main__":

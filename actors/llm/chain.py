@@ -1,0 +1,142 @@
+"""A chain of engines: the main one, then fallbacks, each behind a circuit breaker.
+
+When the main engine's retries are exhausted, or its circuit is open, the next engine
+is asked, and so on; ``offline`` may close the chain with a short "I can't think right
+now" notice. Each answer says which engine gave it.
+
+>>> chain = EngineChain([("main", HttpEngine(url, model="big")),             # doctest: +SKIP
+...                      ("local", HttpEngine(local, model="small")),
+...                      ("offline", NoticeEngine())])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from autoresponse.actors.limits import LLM_BREAKER_COOLDOWN_SECONDS, LLM_BREAKER_FAILURES
+from autoresponse.actors.llm.engine import Completion, LLMEngine, LLMError
+from autoresponse.actors.llm.offline import OfflineEngine
+from autoresponse.messages import PromptRequest, message_action_for
+
+log = logging.getLogger("autoresponse.llm")
+
+THINKING_NOTICE = "Sorry, I can't think right now: the language model is unavailable. Please try again later."
+
+
+class CircuitBreaker:
+    """After ``failures`` failures in a row, skip the engine for ``cooldown`` seconds; then
+    let one call through (half open): a success closes it, a failure opens it again."""
+
+    def __init__(self, failures: int = LLM_BREAKER_FAILURES, cooldown: float = LLM_BREAKER_COOLDOWN_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.failures = failures
+        self.cooldown = cooldown
+        self._clock = clock
+        self.consecutive = 0
+        self.opened_at: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "open" if self._clock() - self.opened_at < self.cooldown else "half-open"
+
+    def allows(self) -> bool:
+        return self.state != "open"
+
+    def success(self) -> None:
+        self.consecutive, self.opened_at = 0, None
+
+    def failure(self) -> None:
+        self.consecutive += 1
+        if self.consecutive >= self.failures or self.opened_at is not None:
+            self.opened_at = self._clock()
+
+
+class NoticeEngine:
+    """The last resort: a chat turn gets a short notice that the model is away; a delivery
+    turn gets the offline engine's plain presentation of the output."""
+
+    stream = False
+
+    def __init__(self, notice: str = THINKING_NOTICE) -> None:
+        self.notice = notice
+        self._offline = OfflineEngine()
+
+    async def answer(self, prompt: PromptRequest, on_text: Callable[[str], None] | None = None) -> Completion:
+        if prompt.mode == "delivery" and prompt.system_message is not None and prompt.system_message.type != "error":
+            return await self._offline.answer(prompt)
+        model = message_action_for(prompt.original_context.interface_name)
+        kind = model.action_type() if model is not None else "message_console"
+        return Completion(text=json_actions(kind, self.notice), engine="offline")
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "NoticeEngine()"
+
+
+def json_actions(kind: str, text: str) -> str:
+    """One message action, as an LLM would write it."""
+    return json.dumps({"actions": [{"type": kind, "payload": {"text": text}}]}, ensure_ascii=False)
+
+
+class EngineChain:
+    """Engines asked in order until one answers; a failing one is skipped while its
+    circuit is open. Only the first may stream (a fallback answers whole)."""
+
+    def __init__(self, engines: list[tuple[str, LLMEngine]], *, failures: int = LLM_BREAKER_FAILURES,
+                 cooldown: float = LLM_BREAKER_COOLDOWN_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not engines:
+            raise ValueError("an engine chain needs at least one engine")
+        self.engines = engines
+        self.breakers = {name: CircuitBreaker(failures, cooldown, clock) for name, _ in engines}
+        self.stream = bool(getattr(engines[0][1], "stream", False))
+
+    async def answer(self, prompt: PromptRequest, on_text: Callable[[str], None] | None = None) -> Completion:
+        failed: list[str] = []
+        last: LLMError | None = None
+        for n, (name, engine) in enumerate(self.engines):
+            breaker = self.breakers[name]
+            if not breaker.allows():
+                failed.append(f"{name}: circuit open")
+                continue
+            try:
+                answer = await (engine.answer(prompt, on_text) if n == 0 and on_text is not None
+                                else engine.answer(prompt))
+            except LLMError as exc:
+                if exc.context_exceeded:
+                    raise  # the request is too big for this model: the caller shrinks it
+                breaker.failure()
+                if breaker.state == "open":
+                    log.warning("LLM engine %s failed %d times in a row; skipping it for %gs",
+                                name, breaker.consecutive, breaker.cooldown)
+                failed.append(f"{name}: {exc}")
+                last = exc
+                continue
+            breaker.success()
+            if failed:
+                log.info("answered by the fallback engine %s (%s)", name, "; ".join(failed))
+            return dataclasses.replace(answer, engine=name, failed=tuple(failed))
+        raise LLMError("no LLM engine could answer: " + "; ".join(failed),
+                       status=last.status if last is not None else None)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{"name": name, "engine": repr(engine), "circuit": self.breakers[name].state,
+                 "failures_in_a_row": self.breakers[name].consecutive,
+                 "protocol": getattr(engine, "mode", None)}
+                for name, engine in self.engines]
+
+    async def aclose(self) -> None:
+        for _, engine in self.engines:
+            await engine.aclose()
+
+    def __repr__(self) -> str:
+        return "EngineChain(" + ", ".join(f"{name}={engine!r}" for name, engine in self.engines) + ")"
