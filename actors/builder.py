@@ -20,7 +20,6 @@ From a thread, or awaited from a coroutine (the seed's interfaces do the latter)
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -74,13 +73,14 @@ class _BatchBook:
     __slots__ = ("deadlines", "late")
 
     def __init__(self) -> None:
-        self.deadlines: OrderedDict[str, float] = OrderedDict()  # key → time.monotonic() its wait ends
+        self.deadlines: OrderedDict[str, float] = OrderedDict()  # key → clock.monotonic() its wait ends
         self.late: OrderedDict[str, None] = OrderedDict()
 
-    def deadline(self, key: str, wait: float) -> float:
-        """When the wait for ``key`` ends: set by the first output seen, kept across crashes."""
+    def deadline(self, key: str, wait: float, now: float) -> float:
+        """When the wait for ``key`` ends: set by the first output seen (at ``now``), kept
+        across crashes."""
         if key not in self.deadlines:
-            self.deadlines[key] = time.monotonic() + wait
+            self.deadlines[key] = now + wait
             _trim(self.deadlines)
         return self.deadlines[key]
 
@@ -145,7 +145,8 @@ class AutoResponseBuilder(TypedActor):
             # The timer has no cause: the held outputs are the batch's work in flight, and a
             # crash puts them back. An output as its cause too would come back twice, be
             # held twice, and keep its correlation in flight for ever.
-            left = self._book.deadline(batch.key, self.batch_wait) - time.monotonic()
+            now = self.runtime.clock.monotonic()
+            left = self._book.deadline(batch.key, self.batch_wait, now) - now
             gathering.timer = self.schedule(max(left, 0.0), BatchDue(key=batch.key))
         gathering.results[batch.index] = output.results
         if all(held.message_id != env.message_id for held in gathering.held):

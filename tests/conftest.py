@@ -87,10 +87,14 @@ def make_app(tmp_path: Path) -> Iterator[Callable[..., Application]]:
         app.stop()
 
 
-def ask(app: Application, text: str, timeout: float = 15.0) -> Envelope:
-    """Type ``text`` at the console and wait until everything it caused has finished."""
+def ask(app: Application, text: str, timeout: float = 15.0, *, clock: ManualClock | None = None) -> Envelope:
+    """Type ``text`` at the console and wait until everything it caused has finished; on a
+    manual ``clock``, its timers (a re-ask's delay, a batch's wait) fire in turn meanwhile."""
     envelope = app.runtime.send(interface("console"), ConsoleInput(text=text))
     assert envelope is not None
+    if clock is not None:
+        assert clock.advance_until(lambda: app.runtime.inflight.count(envelope.correlation_id) == 0,
+                                   timeout), f"{text!r} did not finish"
     assert app.runtime.wait_idle(envelope.correlation_id, timeout), f"{text!r} did not finish"
     return envelope
 

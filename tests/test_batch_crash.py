@@ -1,5 +1,9 @@
 """A builder crash in the middle of a batch: every output still delivered once, the
-correlation finishes, the chat keeps answering."""
+correlation finishes, the chat keeps answering.
+
+The batch's wait is a timer on the runtime's clock, a ManualClock here: the test ends the
+wait by advancing it. The commands are real processes; `sleep 3` is still running when the
+wait ends, whatever the machine's load, because the wait ends only when the test says."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import BUILDER, interface, sender
 from autoresponse.interfaces.console import ConsoleInput
@@ -20,8 +25,8 @@ from autoresponse.messages import ActionOutput, Crash, Envelope, OutboundMessage
 
 MakeApp = Callable[..., Application]
 
-WAIT = 3.0  # batch_wait: `sleep 1.5` is in before it, `sleep 5` after it
-COMMANDS = ("echo one", "sleep 1.5", "sleep 5")
+WAIT = 30.0  # batch_wait, on the manual clock: `echo two` is in before it, `sleep 3` after it
+COMMANDS = ("echo one", "echo two", "sleep 3")
 
 
 class Arrivals:
@@ -56,33 +61,40 @@ def outputs(fake_llm: FakeLLMServer) -> list[list[Any]]:
 
 @pytest.mark.parametrize("when", ["while gathering", "after the wait ran out"])
 def test_a_builder_crash_mid_batch_loses_nothing_and_repeats_nothing(
-    make_app: MakeApp, fake_llm: FakeLLMServer, when: str
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, when: str
 ) -> None:
-    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": WAIT})
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": WAIT},
+                   supervision={"backoff_min": 1, "backoff_max": 1, "backoff_jitter": 0}, clock=manual_clock)
     arrivals = Arrivals()
     unwatch = app.runtime.watch(BUILDER, arrivals)
     try:
         with app.runtime.probe(sender("console")) as out:
             started = run_batch(app, fake_llm)
-            if when == "while gathering":
-                wait_for(lambda: len(arrivals) == 2)  # `echo one` and `sleep 1.5` held, the wait on
-            else:
-                wait_for(lambda: outputs(fake_llm))  # delivered; `sleep 5` still running
-                assert len(arrivals) == 2
+            wait_for(lambda: len(arrivals) == 2)  # `echo one` and `echo two` are in
+            assert manual_clock.wait_for_sleepers(1)  # the wait for the rest, from the first output
+            manual_clock.advance(10)
+            if when == "after the wait ran out":
+                manual_clock.advance(WAIT - 10)
+                wait_for(lambda: outputs(fake_llm))  # delivered; `sleep 3` still running
             app.runtime.send(BUILDER, Crash(reason="mid batch"))
+            wait_for(lambda: manual_clock.pending() == [1.0])  # the restart's backoff, and nothing else
+            manual_clock.advance(1)
+            wait_for(lambda: app.runtime.cell(BUILDER).restarts == 1 and app.runtime.cell(BUILDER).alive)
+            if when == "while gathering":
+                # The new incarnation gathers the outputs again, and waits only what was left.
+                wait_for(lambda: manual_clock.pending() == [WAIT - 11])
+                manual_clock.advance(WAIT - 11)
             assert app.runtime.wait_idle(started.correlation_id, 15), "the batch never finished"
             replies = out.bodies(OutboundMessage)
         assert app.runtime.cell(BUILDER).restarts == 1
     finally:
         unwatch()
     # What was done at the wait went out together, the rest on its own: each once.
-    assert outputs(fake_llm) == [["echo one", "sleep 1.5", None], ["sleep 5"]]
+    assert outputs(fake_llm) == [["echo one", "echo two", None], ["sleep 3"]]
     first = system_messages(fake_llm, "output")[0]
-    assert "still running after 3s: `sleep 5`" in first["outputs"][2]["output"]
+    assert "still running after 30s: `sleep 3`" in first["outputs"][2]["output"]
     assert len(replies) == 2
-    # The wait is counted from the first output, not started again by the crash.
-    delivered = [r.time for r in fake_llm.requests if r.messages[-1]["content"].startswith('{"system_message"')]
-    assert delivered[0] - arrivals.times[0] < WAIT + 1.0
+    assert len(arrivals) == 3  # each output came once (the crash put held ones back, not anew)
     assert app.runtime.dead_letters.letters() == []
 
     # The chat keeps answering.

@@ -116,6 +116,16 @@ async def test_a_cancelled_sleep_leaves_the_clock_and_a_zero_sleep_waits_for_not
     assert clock.monotonic() == 0.0
 
 
+def test_advance_until_fires_a_chain_of_timers_in_turn() -> None:
+    """A flow whose timers the test does not count one by one: each sets the next."""
+    clock = ManualClock()
+    with running(("ticker", Ticker), clock=clock) as rt:
+        with rt.probe("ticker") as ticks:
+            assert clock.advance_until(lambda: len(ticks.bodies(Tick)) >= 3)
+            assert clock.monotonic() == 30.0  # three ticks, 10 s apart, and no further
+            assert not clock.advance_until(lambda: False, timeout=0.05)
+
+
 @pytest.mark.parametrize("with_cause", [True, False], ids=["part of the work", "a tick of its own"])
 def test_a_scheduled_message_arrives_only_after_the_clock_is_advanced(with_cause: bool) -> None:
     clock = ManualClock()

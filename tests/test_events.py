@@ -1,4 +1,8 @@
-"""Scheduled events: stored in SQLite, delivered through the LLM once confirmed sent."""
+"""Scheduled events: stored in SQLite, delivered through the LLM once confirmed sent.
+
+The scheduler checks for due reminders on a timer of the runtime's clock: these tests give
+the application a ManualClock and advance it one check at a time (``check``), so no test
+waits for a timer in real time."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import pytest
 from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import ManualClock
+from autoresponse.interfaces.events.scheduler import EVENTS, Tick
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
 from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
@@ -21,9 +27,18 @@ from autoresponse.messages import OriginalContext
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
                           original_command="remind me to stretch")
-FAST = {"enabled": True, "check_seconds": 0.1, "unconfirmed_seconds": 60}
+FAST = {"enabled": True, "check_seconds": 0.1, "unconfirmed_seconds": 3600}
 
 
+def check(app: Application, clock: ManualClock, times: int = 1) -> None:
+    """Let the scheduler check for due reminders ``times`` more times: each time, advance
+    the clock to its next tick, and wait until all that the check started has finished."""
+    with app.runtime.probe(EVENTS) as seen:
+        for n in range(times):
+            assert clock.wait_for_sleepers(1), "the scheduler set no timer"
+            clock.advance(app.settings.events.check_seconds)
+            ticks = wait_for(lambda n=n: [e for e in seen.envelopes if isinstance(e.body, Tick)][n:])
+            assert app.runtime.wait_idle(ticks[0].correlation_id, timeout=15), "a check did not finish"
 
 
 def schedule(data_dir: Path, context: OriginalContext, seconds_from_now: float,
@@ -45,14 +60,14 @@ def state_of(data_dir: Path, event_id: int) -> Any:
 
 
 def test_a_due_event_is_delivered_once_through_the_llm_to_its_chat(
-    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
 ) -> None:
     data = tmp_path / "data"
     event_id = schedule(data, CONSOLE, -5)
-    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data)
-    wait_for(lambda: "Reminder: stretch your legs" in console_text(app))
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, clock=manual_clock)
+    wait_for(lambda: "Reminder: stretch your legs" in console_text(app))  # the check at the start
     wait_for(lambda: state_of(data, event_id).state == "delivered")
-    time.sleep(0.5)  # several more checks: nothing is sent again
+    check(app, manual_clock, times=5)  # several more checks: nothing is sent again
     assert console_text(app).count("Reminder: stretch your legs") == 1
     [message] = system_messages(fake_llm, "event")
     assert message["event"]["description"] == "stretch your legs"
@@ -97,17 +112,18 @@ def test_an_unconfirmed_event_is_delivered_after_a_restart(fake_llm: FakeLLMServ
 
 
 def test_a_failed_send_never_marks_an_event_delivered(
-    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
 ) -> None:
     data = tmp_path / "data"
     chat = OriginalContext(chat_id=42, message_id=8, interface_name="telegram", chat_type="private")
     event_id = schedule(data, chat, -5)
     with FakeTelegramServer() as telegram:
         telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user", chat_id=42)
-        app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, telegram={
+        app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, clock=manual_clock, telegram={
             "token": "1:TOKEN", "base_url": telegram.base_url, "allowed_users": [7], "poll_timeout": 1})
-        wait_for(lambda: state_of(data, event_id).failures == 1)
-        time.sleep(0.3)
+        # Its turn goes through a re-ask (the retry actor waits before it): the timers fire in turn.
+        assert manual_clock.advance_until(lambda: state_of(data, event_id).failures == 1)
+        check(app, manual_clock, times=3)  # within its retry backoff (30 s): not tried again
         event = state_of(data, event_id)
         assert (event.state, event.failures) == ("pending", 1)
         assert telegram.sent() == []
@@ -133,15 +149,20 @@ def test_repeating_events_move_to_their_next_occurrence(repeat: str, start: str,
 
 
 def test_a_reminder_that_keeps_failing_is_retried_a_bounded_number_of_times_then_given_up_once(
-    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
 ) -> None:
     data = tmp_path / "data"
     event_id = schedule(data, CONSOLE, -5)
     fake_llm.script(*[FakeResponse(status=500) for _ in range(50)])  # the LLM is down for good
-    app = make_app(base_url=fake_llm.base_url, data_dir=data, llm={"max_attempts": 1},
-                   events={**FAST, "max_attempts": 3, "retry_min": 0.05, "retry_max": 0.1})
-    wait_for(lambda: state_of(data, event_id).state == "failed", timeout=30)
-    time.sleep(1.0)  # many more checks: nothing more is tried
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, llm={"max_attempts": 1}, clock=manual_clock,
+                   events={**FAST, "check_seconds": 1, "max_attempts": 3, "retry_min": 5, "retry_max": 10})
+    wait_for(lambda: state_of(data, event_id).failures == 1)  # the check at the start
+    for _ in range(30):  # tried again once each backoff (5 s, then 10 s) has passed
+        check(app, manual_clock)
+        if state_of(data, event_id).state == "failed":
+            break
+    assert state_of(data, event_id).state == "failed"
+    check(app, manual_clock, times=20)  # many more checks: nothing more is tried
     event = state_of(data, event_id)
     assert event.failures == 3
     assert len(fake_llm.requests) == 3  # one per try, then no more

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import time
 
 from pydantic import BaseModel, ConfigDict
 
@@ -76,7 +75,7 @@ class EventScheduler(TypedActor):
 
     @handles
     def on_tick(self, tick: Tick, env: Envelope) -> None:
-        now = time.time()
+        now = self.runtime.clock.time()  # due times are wall times, on the runtime's clock
         try:
             if self._shared is not None and not self._shared.holding:
                 return  # another daemon hands out the reminders
@@ -100,7 +99,7 @@ class EventScheduler(TypedActor):
             return  # already counted (a late word after its confirmation timed out)
         if receipt.ok:
             event_id, due = _parse_key(receipt.key)
-            self.store.delivered(event_id, due, time.time())
+            self.store.delivered(event_id, due, self.runtime.clock.time())
             self._handed.pop(receipt.key, None)
             return
         self._failed(receipt.key, receipt.detail, env)
@@ -111,7 +110,8 @@ class EventScheduler(TypedActor):
         known = self.store.get(event_id)
         tries = (known.failures if known is not None else 0) + 1
         event = self.store.failed(event_id, due, why, max_attempts=self.settings.max_attempts,
-                                  retry_in=self.settings.retry_backoff().delay(tries))
+                                  retry_in=self.settings.retry_backoff().delay(tries),
+                                  now=self.runtime.clock.time())
         if event is None or event.state != "failed":
             log.warning("reminder #%s was not delivered (%s); try %d of %d", event_id, why, tries,
                         self.settings.max_attempts)

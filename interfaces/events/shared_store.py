@@ -101,13 +101,13 @@ class SharedEventStore:
         self._journal.run(self._change(f"event-{event_id}", move_on))
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
-               retry_in: float) -> StoredEvent | None:
+               retry_in: float, now: float | None = None) -> StoredEvent | None:
         """As ``EventStore.failed``: count it; try again in ``retry_in`` s, or give it up."""
         def count(value: dict[str, Any] | None) -> dict[str, Any] | None:
             if value is None or value["due"] != due or value["state"] != "pending":
                 return None
             failures = value["failures"] + 1
-            return {**value, "failures": failures, "last_error": error, "next_try": time.time() + retry_in,
+            return {**value, "failures": failures, "last_error": error, "next_try": (time.time() if now is None else now) + retry_in,
                     "state": "failed" if failures >= max_attempts else value["state"]}
         self._journal.run(self._change(f"event-{event_id}", count))
         return self.get(event_id)

@@ -143,14 +143,15 @@ class EventStore:
                                  (following, event_id))
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
-               retry_in: float) -> StoredEvent | None:
+               retry_in: float, now: float | None = None) -> StoredEvent | None:
         """The occurrence at ``due`` was not delivered: count it, and either try it again
-        in ``retry_in`` seconds or, after ``max_attempts`` tries, give it up."""
+        in ``retry_in`` seconds (after ``now``, the runtime's clock; default the wall
+        clock) or, after ``max_attempts`` tries, give it up."""
         with self._lock:
             self._db.execute(
                 "UPDATE events SET failures = failures + 1, last_error = ?, next_try = ?, "
                 "state = CASE WHEN failures + 1 >= ? THEN 'failed' ELSE state END "
                 "WHERE id = ? AND due = ? AND state = 'pending'",
-                (error, time.time() + retry_in, max_attempts, event_id, due),
+                (error, (time.time() if now is None else now) + retry_in, max_attempts, event_id, due),
             )
         return self.get(event_id)

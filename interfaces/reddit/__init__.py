@@ -41,7 +41,7 @@ def _mount(m: Mount) -> None:
     except Exception as exc:  # OAuthException, ResponseException, RequestException: say so, without secrets
         raise MountError(f"cannot sign in to Reddit: {type(exc).__name__}: {exc}") from None
     m.on_loop_close(reddit.close)
-    delivery = RedditDelivery(reddit, m.journal)
+    delivery = RedditDelivery(reddit, m.journal, sleep=m.runtime.clock.sleep)
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), RedditSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), RedditInterface, (settings, reddit, username)))

@@ -12,7 +12,6 @@ RedditItem(fullname='t1_3e9', kind='comment_reply', author='ada', body='run df -
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any
@@ -100,7 +99,8 @@ class RedditInterface(TypedActor):
         log.info("reading the Reddit inbox every %gs", self.settings.poll_interval)
 
     async def _poll(self) -> None:
-        failures = Backoff(POLL_BACKOFF)
+        clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
+        failures = Backoff(POLL_BACKOFF, clock=clock.monotonic)
         # Several daemons: only the holder of the account's lease reads the inbox.
         async with polling(self.runtime.journal, f"reddit-{self._username}") as shared:
             while True:
@@ -112,10 +112,10 @@ class RedditInterface(TypedActor):
                     delay = failures.next_delay()
                     log.warning("reading the Reddit inbox failed (%s: %s); retrying in %.1fs",
                                 type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay)
+                    await clock.sleep(delay)
                     continue
                 failures.reset()
-                await asyncio.sleep(self.settings.poll_interval)
+                await clock.sleep(self.settings.poll_interval)
 
     async def _take_unread(self) -> None:
         """Journal every unread item, oldest first, then mark them read."""

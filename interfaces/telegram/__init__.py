@@ -28,7 +28,8 @@ def _mount(m: Mount) -> None:
 
     settings: TelegramSettings = m.settings
     delivery = TelegramDelivery(make_bot(settings), parse_mode=settings.parse_mode, journal=m.journal,
-                                max_retry_after=settings.max_retry_after)
+                                max_retry_after=settings.max_retry_after,
+                                clock=m.runtime.clock.monotonic, sleep=m.runtime.clock.sleep)
     try:
         m.run(delivery.start())
     except Exception as exc:  # InvalidToken, NetworkError: say so, without the token

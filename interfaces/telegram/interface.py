@@ -19,7 +19,6 @@ journaled, through the same ``_receive`` as a polled one.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -145,7 +144,8 @@ class TelegramInterface(TypedActor):
         secret = self.settings.webhook_secret
         assert secret is not None  # the settings refuse a webhook_url without one
         server = self._webhook = WebhookServer(listen_address(self.settings.webhook_listen), url, secret,
-                                               receive=self._receive, malformed=self._malformed)
+                                               receive=self._receive, malformed=self._malformed,
+                                               monotonic=self.runtime.clock.monotonic)
         self.runtime.io.run(server.start(), timeout=30)  # a port in use fails this start, saying so
         self.start_task(server.serve(), "webhook")  # owned: closed when this incarnation ends
         try:
@@ -189,7 +189,7 @@ class TelegramInterface(TypedActor):
         bot, intake = self._bot, self.runtime.intake
         timeout = self.settings.poll_timeout
         offset: int | None = None
-        failures = Backoff(POLL_BACKOFF)
+        failures = Backoff(POLL_BACKOFF, clock=self.runtime.clock.monotonic)
         # Several daemons: only the holder of the account's lease polls, from the shared offset.
         async with polling(self.runtime.journal, f"telegram-{bot.id}") as shared:
             if shared is not None and shared.position:
@@ -209,7 +209,7 @@ class TelegramInterface(TypedActor):
                 except TelegramError as exc:
                     delay = failures.next_delay()
                     log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
-                    await asyncio.sleep(delay)
+                    await self.runtime.clock.sleep(delay)
                     continue
                 failures.reset()
                 for item in raw[:TELEGRAM_MAX_UPDATES]:

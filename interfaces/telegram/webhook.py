@@ -61,13 +61,15 @@ class WebhookServer:
 
     def __init__(self, listen: tuple[str, int], url: str, secret: SecretStr, *,
                  receive: Callable[[Any], Awaitable[object]],
-                 malformed: Callable[[Any, str], None]) -> None:
+                 malformed: Callable[[Any, str], None],
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.host, self.port = listen
         #: The path Telegram posts to; the proxy forwards it as it is.
         self.path = URL(url).path or "/"
         self._secret = secret.get_secret_value().encode()
         self._receive = receive
         self._malformed = malformed
+        self._monotonic = monotonic  # the runtime's clock: how often refusals are logged
         self._runner: web.AppRunner | None = None
         self._closed: asyncio.Future[None] | None = None
         self._refused = 0  # calls refused since the last log line about them
@@ -156,7 +158,7 @@ class WebhookServer:
 
     def _log_refused(self, request: web.Request) -> None:
         self._refused += 1
-        now = time.monotonic()
+        now = self._monotonic()
         if now - self._refused_logged >= REFUSED_LOG_SECONDS:
             log.warning("refused %d Telegram webhook call(s) without the right secret token "
                         "(the last from %s)", self._refused, request.remote)

@@ -67,7 +67,8 @@ def _mount(m: Mount) -> None:
         raise MountError(f"cannot sign in to Telegram as the userbot: {type(exc).__name__}: {exc}") from None
     if provided is None:
         m.on_loop_close(userbot.aclose)
-    delivery = UserbotDelivery(userbot, m.journal, parse_mode=settings.parse_mode)
+    delivery = UserbotDelivery(userbot, m.journal, parse_mode=settings.parse_mode,
+                               sleep=m.runtime.clock.sleep)
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelethonSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelethonInterface, (settings, userbot, me)))

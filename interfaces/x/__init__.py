@@ -53,7 +53,7 @@ def _mount(m: Mount) -> None:
         cursor = MentionCursor.open(where, user_id=me.id)
     except (OSError, ValueError) as exc:
         raise MountError(f"cannot keep X's since_id in {where}: {exc}") from None
-    delivery = XDelivery(api, m.journal)
+    delivery = XDelivery(api, m.journal, clock=m.runtime.clock)
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), XSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), XInterface, (settings, api, me, cursor)))

@@ -38,12 +38,14 @@ X_API_HOSTS = ("api.twitter.com", "api.x.com")
 _TWEET_FIELDS = ["author_id", "conversation_id", "created_at", "in_reply_to_user_id"]
 
 
-def seconds_until(reset: int | None) -> float:
-    """How long a 429 asks us to wait: until ``x-rate-limit-reset`` (epoch seconds), at
-    least a second, at most ``X_MAX_RATE_LIMIT_WAIT_SECONDS``; a minute if X named no time."""
+def seconds_until(reset: int | None, now: float | None = None) -> float:
+    """How long a 429 asks us to wait: until ``x-rate-limit-reset`` (epoch seconds), from
+    ``now`` (the runtime's clock's wall time; default the wall clock), at least a second,
+    at most ``X_MAX_RATE_LIMIT_WAIT_SECONDS``; a minute if X named no time."""
     if reset is None:
         return 60.0
-    return min(X_MAX_RATE_LIMIT_WAIT_SECONDS, max(1.0, reset - time.time() + 1.0))
+    now = time.time() if now is None else now
+    return min(X_MAX_RATE_LIMIT_WAIT_SECONDS, max(1.0, reset - now + 1.0))
 
 
 class PinnedResolver(AbstractResolver):

@@ -25,6 +25,7 @@ import aiohttp
 from tweepy import HTTPException, TooManyRequests, TwitterServerError
 
 from autoresponse.actors.kernel.backoff import SEND_BACKOFF
+from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.x.client import XApi, seconds_until
@@ -47,11 +48,15 @@ def _post_id(value: Any) -> int | None:
 
 
 class XDelivery:
+    """``clock`` (the runtime's) reads the time for X's rate-limit resets and waits them
+    out; ``sleep`` replaces its sleep alone."""
+
     def __init__(self, api: XApi, journal: DeliveryJournal | None = None, *,
-                 sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Any] | None = None, clock: Clock | None = None) -> None:
         self.api = api
         self.ledger = SendLedger(journal)
-        self._sleep = sleep
+        self._clock = clock if clock is not None else Clock()
+        self._sleep = sleep if sleep is not None else self._clock.sleep
 
     async def deliver(self, message: OutboundMessage) -> list[int]:
         """Post every chunk of ``message``; the ids X gave them. Raises Undeliverable."""
@@ -74,7 +79,7 @@ class XDelivery:
                 return await self.api.reply(text, in_reply_to)
             except TooManyRequests as exc:
                 rate_limits += 1
-                wait = seconds_until(exc.reset_time)
+                wait = seconds_until(exc.reset_time, now=self._clock.time())
                 if rate_limits > X_MAX_RATE_LIMITS or wait >= X_MAX_RATE_LIMIT_WAIT_SECONDS:
                     raise Undeliverable("rate limited", str(exc)) from None
                 log.info("X rate-limited the reply to %s; it waits %.0fs", in_reply_to, wait)

@@ -78,7 +78,7 @@ class XInterface(TypedActor):
         log.info("reading the mentions of @%s every %gs", self._me.username, self.settings.poll_interval)
 
     async def _poll(self) -> None:
-        failures = Backoff(POLL_BACKOFF)
+        failures = Backoff(POLL_BACKOFF, clock=self.runtime.clock.monotonic)
         # Several daemons: only the holder of the account's lease reads the mentions, from
         # the since_id they share.
         async with polling(self.runtime.journal, f"x-{self._me.id}") as shared:
@@ -87,24 +87,25 @@ class XInterface(TypedActor):
             await self._read_mentions(failures, shared)
 
     async def _read_mentions(self, failures: Backoff, shared: SharedPoller | None) -> None:
+        clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
         while True:
             try:
                 await self._take_new()
                 if shared is not None and self._cursor.since_id is not None:
                     await shared.save(str(self._cursor.since_id))
             except TooManyRequests as exc:
-                wait = seconds_until(exc.reset_time)
+                wait = seconds_until(exc.reset_time, now=clock.time())
                 log.warning("X rate-limited the mentions timeline; looking again in %.0fs", wait)
-                await asyncio.sleep(wait)
+                await clock.sleep(wait)
                 continue
             except (TimeoutError, TweepyException, aiohttp.ClientError) as exc:
                 delay = failures.next_delay()
                 log.warning("reading the mentions failed (%s: %s); retrying in %.1fs",
                             type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
+                await clock.sleep(delay)
                 continue
             failures.reset()
-            await asyncio.sleep(self.settings.poll_interval)
+            await clock.sleep(self.settings.poll_interval)
 
     async def _take_new(self) -> None:
         """Journal every new mention, oldest first, moving ``since_id`` past each."""
