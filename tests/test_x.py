@@ -3,6 +3,9 @@
 tweepy only knows https://api.twitter.com; our session resolves that name to the fake
 and trusts the fake's test certificate authority, so the requests, their TLS and their
 OAuth 1.0a signatures are the ones X would get (the fake checks the signatures).
+
+The bot and the fake share a ManualClock: the mentions are read on a timer, and a 429 is
+waited out on one, so a test fires the timers (``advance_until``) instead of waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 from conftest import system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
@@ -41,8 +45,8 @@ def x_platform() -> Iterator[None]:
 
 
 @pytest.fixture
-def fake_x() -> Iterator[FakeXServer]:
-    with FakeXServer(user_id=ME, username="synth", oauth1=KEYS) as server:
+def fake_x(manual_clock: ManualClock) -> Iterator[FakeXServer]:
+    with FakeXServer(user_id=ME, username="synth", oauth1=KEYS, clock=manual_clock) as server:
         yield server
 
 
@@ -51,14 +55,22 @@ def x_settings(fake: FakeXServer, tmp_path: Path, **extra: Any) -> dict[str, Any
     return {"consumer_key": consumer_key, "consumer_secret": consumer_secret, "access_token": access_token,
             "access_token_secret": access_token_secret, "api_address": fake.api_address,
             "ca_file": str(fake.write_ca(tmp_path / "x-ca.pem")), "allowed_users": [ADA],
-            "poll_interval": 0.1, **extra}
+            "poll_interval": 60, **extra}
 
 
 @pytest.fixture
 def bot(fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application],
         tmp_path: Path) -> Application:
     # The servers come first so that they outlive the app: it stops before they do.
-    return make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path))
+    return make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path), clock=fake_x.clock)
+
+
+def until(fake: FakeXServer, condition: Callable[[], Any]) -> Any:
+    """Fire the bot's timers (the mentions' polling, rate-limit waits) in turn until
+    ``condition()`` holds; its value."""
+    assert isinstance(fake.clock, ManualClock)
+    assert fake.clock.advance_until(condition), "condition not met"
+    return condition()
 
 
 def actions(*items: dict[str, Any]) -> FakeResponse:
@@ -81,10 +93,10 @@ def test_a_mention_gets_one_threaded_reply_through_the_whole_loop(
     fake_llm.script(actions({"type": "terminal", "payload": {"command": "df -h"}}),
                     actions({"type": "message_x", "payload": {"text": "Your disks are fine."}}))
     mention = fake_x.push_mention("@synth run df -h", author_id=ADA, username="ada")
-    [post] = wait_for(lambda: fake_x.posts())
+    [post] = until(fake_x, lambda: fake_x.posts())
     assert bot.runtime.wait_idle(timeout=10)
     seen = looks(fake_x)
-    wait_for(lambda: looks(fake_x) >= seen + 5)  # later looks at the mentions change nothing
+    until(fake_x, lambda: looks(fake_x) >= seen + 5)  # later looks at the mentions change nothing
     assert fake_x.posts() == [post]
     assert (post.text, post.in_reply_to) == ("Your disks are fine.", mention)
     # The LLM got the request without the mention, and the command's real output.
@@ -135,18 +147,18 @@ def test_since_id_survives_a_restart_neither_repeating_nor_skipping(
 ) -> None:
     old = fake_x.push_mention("@synth hello from before", author_id=ADA, username="ada", ago=60)
     settings = x_settings(fake_x, tmp_path)
-    first = make_app(base_url=fake_llm.base_url, x=settings)
+    first = make_app(base_url=fake_llm.base_url, x=settings, clock=fake_x.clock)
     one = fake_x.push_mention("@synth hello", author_id=ADA, username="ada")
-    wait_for(lambda: fake_x.posts(one))
+    until(fake_x, lambda: fake_x.posts(one))
     assert first.runtime.wait_idle(timeout=10)
     first.stop()
     looked_before_restart = looks(fake_x)
     two = fake_x.push_mention("@synth hello again", author_id=ADA, username="ada")  # while it is down
-    second = make_app(base_url=fake_llm.base_url, x=settings)
-    wait_for(lambda: fake_x.posts(two))
+    second = make_app(base_url=fake_llm.base_url, x=settings, clock=fake_x.clock)
+    until(fake_x, lambda: fake_x.posts(two))
     assert second.runtime.wait_idle(timeout=10)
     seen = looks(fake_x)
-    wait_for(lambda: looks(fake_x) >= seen + 5)
+    until(fake_x, lambda: looks(fake_x) >= seen + 5)
     assert [p.in_reply_to for p in fake_x.posts()] == [one, two]  # each once; none from before the start
     assert old not in {p.in_reply_to for p in fake_x.posts()}
     # After the restart X was asked only for what came after the last mention taken.
@@ -158,19 +170,19 @@ def test_a_429_on_a_reply_waits_for_x_rate_limit_reset(bot: Application, fake_x:
     mention = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
     fake_x.fail_next("POST /2/tweets", 429, reset_in=3)
     tell(bot, "eventually", mention)
-    [post] = wait_for(lambda: fake_x.posts())
+    [post] = until(fake_x, lambda: fake_x.posts())
     [refused, accepted] = fake_x.calls_to("POST /2/tweets")
     assert not refused.ok and accepted.ok
-    assert accepted.time - refused.time >= 2.0  # not before the reset X named
+    assert accepted.time - refused.time >= 3.0  # not before the reset X named (on the clock)
     assert post.text == "eventually" and bot.runtime.dead_letters.letters() == []
 
 
 def test_a_429_on_the_mentions_waits_for_x_rate_limit_reset(bot: Application, fake_x: FakeXServer) -> None:
-    wait_for(lambda: looks(fake_x) >= 2)
+    until(fake_x, lambda: looks(fake_x) >= 2)
     fake_x.fail_next("GET mentions", 429, reset_in=3)
-    refused = wait_for(lambda: [c for c in fake_x.calls_to("GET mentions") if not c.ok])[0]
-    after = wait_for(lambda: [c for c in fake_x.calls_to("GET mentions") if c.time > refused.time])[0]
-    assert after.time - refused.time >= 2.0
+    refused = until(fake_x, lambda: [c for c in fake_x.calls_to("GET mentions") if not c.ok])[0]
+    after = until(fake_x, lambda: [c for c in fake_x.calls_to("GET mentions") if c.time > refused.time])[0]
+    assert 3.0 <= after.time - refused.time < 60  # the reset X named, not the next poll
 
 
 def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
@@ -190,7 +202,7 @@ def test_strangers_and_the_account_itself_get_no_action(
     with bot.runtime.probe(executor("terminal")) as ran:
         fake_x.push_mention("@synth run df -h", author_id=STRANGER, username="mallory")
         mine = fake_x.push_mention("@synth run df -h", author_id=ME, username="synth")
-        wait_for(lambda: any(c.params.get("since_id") == mine for c in fake_x.calls_to("GET mentions")))
+        until(fake_x, lambda: any(c.params.get("since_id") == mine for c in fake_x.calls_to("GET mentions")))
         assert bot.runtime.wait_idle(timeout=10)
         assert ran.envelopes == []
     assert fake_llm.requests == [] and fake_x.posts() == []
@@ -199,9 +211,10 @@ def test_strangers_and_the_account_itself_get_no_action(
 def test_the_refusal_policy_can_answer_strangers_politely(
     fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
 ) -> None:
-    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"))
+    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"),
+                   clock=fake_x.clock)
     mention = fake_x.push_mention("@synth run df -h", author_id=STRANGER, username="mallory")
-    [refusal] = wait_for(lambda: fake_x.posts())
+    [refusal] = until(fake_x, lambda: fake_x.posts())
     assert app.runtime.wait_idle(timeout=10)
     assert (refusal.in_reply_to, refusal.text) == (mention, REFUSAL)
     assert fake_llm.requests == []
@@ -212,7 +225,7 @@ def test_wrong_keys_stop_the_start_with_a_reason_and_no_secret(
 ) -> None:
     wrong = "not-the-consumer-secret-77"
     with pytest.raises(StartError) as failed:
-        make_app(x=x_settings(fake_x, tmp_path, consumer_secret=wrong))
+        make_app(x=x_settings(fake_x, tmp_path, consumer_secret=wrong), clock=fake_x.clock)
     assert "cannot sign in to X: Unauthorized" in str(failed.value)
     assert wrong not in str(failed.value)
 
@@ -230,10 +243,10 @@ def test_no_secret_appears_in_logs_status_or_dead_letters(
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)  # tweepy logs each request's headers at DEBUG
     try:
-        app = make_app(base_url=fake_llm.base_url, x=settings)
+        app = make_app(base_url=fake_llm.base_url, x=settings, clock=fake_x.clock)
         fake_x.fail_next("POST /2/tweets", 403)
         fake_x.push_mention("@synth run df -h", author_id=ADA, username="ada")
-        wait_for(lambda: app.runtime.dead_letters.letters(), timeout=30)
+        until(fake_x, lambda: app.runtime.dead_letters.letters())
         assert app.runtime.wait_idle(timeout=10)
         status = snapshot(app.runtime).model_dump_json()
         letters = json.dumps([d.summary() for d in app.runtime.dead_letters.letters()], default=str)

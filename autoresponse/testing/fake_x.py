@@ -33,7 +33,6 @@ import json
 import re
 import ssl
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from aiohttp import web
 from oauthlib.oauth1 import Client as OAuth1Client
 from oauthlib.oauth1.rfc5849.utils import parse_authorization_header
 
+from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.loopback import LoopbackServer
 
 #: The names the fake's certificate is valid for: X's API hosts.
@@ -53,7 +53,7 @@ _MENTIONS = re.compile(r"^/2/users/(\d+)/mentions$")
 
 @dataclass(frozen=True)
 class Call:
-    time: float  # time.monotonic() when the call arrived
+    time: float  # the fake's clock.monotonic() when the call arrived
     method: str
     path: str
     params: dict[str, str]
@@ -93,10 +93,12 @@ def _iso(moment: dt.datetime) -> str:
 class FakeXServer(LoopbackServer):
     def __init__(self, *, port: int = 0, tls_port: int = 0, user_id: int = 1000, username: str = "synth",
                  bearer_token: str | None = None,
-                 oauth1: tuple[str, str, str, str] | None = None) -> None:
+                 oauth1: tuple[str, str, str, str] | None = None, clock: Clock | None = None) -> None:
         """``bearer_token`` or ``oauth1`` (consumer key and secret, access token and
-        secret), when given, are the only credentials the fake accepts."""
+        secret), when given, are the only credentials the fake accepts. ``clock`` (the
+        bot's, a ManualClock in tests) times the calls and posts and names 429 resets."""
         super().__init__(port=port, name="fake-x")
+        self.clock = clock if clock is not None else Clock()
         self.user = {"id": str(user_id), "name": username, "username": username}
         self._bearer = bearer_token
         self._oauth1 = oauth1
@@ -197,14 +199,14 @@ class FakeXServer(LoopbackServer):
         if body is not None:
             params["json"] = json.dumps(body)
         with self._lock:
-            self.calls.append(Call(time.monotonic(), request.method, request.path, params, auth,
+            self.calls.append(Call(self.clock.monotonic(), request.method, request.path, params, auth,
                                    auth != "none" and failure is None))
         if auth == "none":
             return self._problem(401, "Unauthorized")
         if failure is not None:
             headers = {}
             if failure.reset_in is not None:
-                headers["x-rate-limit-reset"] = str(int(time.time() + failure.reset_in))
+                headers["x-rate-limit-reset"] = str(int(self.clock.time() + failure.reset_in))
                 headers["x-rate-limit-remaining"] = "0"
             return self._problem(failure.status, "Too Many Requests" if failure.status == 429 else "scripted",
                                  headers)
@@ -245,7 +247,7 @@ class FakeXServer(LoopbackServer):
         id_ = str(next(self._ids))
         reply_to = (body.get("reply") or {}).get("in_reply_to_tweet_id")
         with self._lock:
-            self._posts.append(Post(time.monotonic(), id_, body.get("text", ""), reply_to))
+            self._posts.append(Post(self.clock.monotonic(), id_, body.get("text", ""), reply_to))
         return {"id": id_, "text": body.get("text", ""), "edit_history_tweet_ids": [id_]}
 
     # ---------------------------------------------------------------- the HTTPS listener
