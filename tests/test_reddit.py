@@ -1,4 +1,9 @@
-"""Reddit end to end: real asyncpraw against a fake Reddit API served by aiohttp on 127.0.0.1."""
+"""Reddit end to end: real asyncpraw against a fake Reddit API served by aiohttp on 127.0.0.1.
+
+The bot and the fake share a ManualClock: the inbox is read on a timer, and a RATELIMIT is
+waited out on one, so a test fires the timers (``until``) instead of waiting. Two tests keep
+real time, each saying why: asyncprawcore paces by its own clock, and the kill -9 test runs
+the daemon as a real process."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from conftest import Daemon, system_messages, wait_for
 
 import autoresponse.interfaces
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import Clock, ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
@@ -40,23 +46,31 @@ def reddit_platform() -> Iterator[None]:
 
 
 @pytest.fixture
-def fake_reddit() -> Iterator[FakeRedditServer]:
+def fake_reddit(manual_clock: ManualClock) -> Iterator[FakeRedditServer]:
     with FakeRedditServer(username="synth_bot", client_id=CLIENT_ID, client_secret=CLIENT_SECRET,
-                          password=PASSWORD) as server:
+                          password=PASSWORD, clock=manual_clock) as server:
         yield server
 
 
 def reddit_settings(fake: FakeRedditServer, **extra: Any) -> dict[str, Any]:
     return {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "username": "synth_bot",
             "password": PASSWORD, "oauth_url": fake.base_url, "reddit_url": fake.base_url,
-            "allowed_users": ["Ada"], "poll_interval": 0.1, **extra}
+            "allowed_users": ["Ada"], "poll_interval": 60, **extra}
 
 
 @pytest.fixture
 def bot(fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer,
         make_app: Callable[..., Application]) -> Application:
     # The servers come first so that they outlive the app: it stops before they do.
-    return make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit))
+    return make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit), clock=fake_reddit.clock)
+
+
+def until(fake: FakeRedditServer, condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Fire the bot's timers (the inbox's polling, RATELIMIT waits) in turn until
+    ``condition()`` holds; its value."""
+    assert isinstance(fake.clock, ManualClock)
+    assert fake.clock.advance_until(condition, timeout), "condition not met"
+    return condition()
 
 
 def tell(app: Application, text: str, thing: str) -> None:
@@ -74,17 +88,17 @@ def test_a_comment_reply_and_a_direct_message_are_each_answered_once_threaded(
 ) -> None:
     journaled_when_read: list[tuple[list[str], set[str]]] = []
     with FakeLLMServer(delay=0.3) as llm:  # slow enough that the work is open when Reddit hears "read"
-        app = make_app(base_url=llm.base_url, reddit=reddit_settings(fake_reddit))
+        app = make_app(base_url=llm.base_url, reddit=reddit_settings(fake_reddit), clock=fake_reddit.clock)
         assert app.journal is not None
         journal = app.journal
         fake_reddit.on_read = lambda names: journaled_when_read.append(
             (names, {item.correlation for item in journal.unfinished()}))
         comment = fake_reddit.push_comment("u/synth_bot run df -h", author="ada", subreddit="selfhosted")
         message = fake_reddit.push_message("run uptime", author="ada", subject="my server")
-        wait_for(lambda: len(fake_reddit.replies()) == 2, timeout=30)
+        until(fake_reddit, lambda: len(fake_reddit.replies()) == 2, timeout=30)
         assert app.runtime.wait_idle(timeout=15)
         seen = polls(fake_reddit)
-        wait_for(lambda: polls(fake_reddit) >= seen + 5)  # later looks at the inbox change nothing
+        until(fake_reddit, lambda: polls(fake_reddit) >= seen + 5)  # later looks at the inbox change nothing
         app.stop()
     replies = {r.thing_id: r for r in fake_reddit.replies()}
     assert sorted(replies) == sorted([comment, message])  # each answered once, threaded under it
@@ -129,7 +143,8 @@ def test_a_ratelimit_error_parks_only_that_reply(bot: Application, fake_reddit: 
     tell(bot, "to A", "t1_a")
     wait_for(lambda: [c for c in fake_reddit.calls_to("api/comment") if not c.ok])
     tell(bot, "to B", "t4_b")
-    wait_for(lambda: fake_reddit.replies("t1_a") and fake_reddit.replies("t4_b"))
+    wait_for(lambda: fake_reddit.replies("t4_b"))  # while A waits: no time has passed
+    until(fake_reddit, lambda: fake_reddit.replies("t1_a"))
     assert bot.runtime.wait_idle(timeout=10)
     [refused] = [c for c in fake_reddit.calls_to("api/comment") if not c.ok]
     [to_a], [to_b] = fake_reddit.replies("t1_a"), fake_reddit.replies("t4_b")
@@ -139,8 +154,12 @@ def test_a_ratelimit_error_parks_only_that_reply(bot: Application, fake_reddit: 
 
 
 def test_a_spent_rate_limit_budget_holds_back_the_next_request(
-    bot: Application, fake_reddit: FakeRedditServer
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
 ) -> None:
+    """Real time: asyncprawcore honours X-Ratelimit-Reset by sleeping on its own clock, which
+    the runtime's does not drive; so the bot and the fake run on real time here."""
+    fake_reddit.clock = Clock()
+    bot = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, poll_interval=0.1))
     wait_for(lambda: polls(fake_reddit) >= 2)
     fake_reddit.spend_budget(reset=2)  # the next answer says: nothing left for 2 seconds
     spent = wait_for(lambda: [c for c in fake_reddit.calls if c.remaining == 0])[0]
@@ -169,9 +188,9 @@ def test_strangers_get_no_action_and_by_default_no_answer(
 ) -> None:
     with bot.runtime.probe(executor("terminal")) as ran:
         item = fake_reddit.push_message("run df -h", author="mallory")
-        wait_for(lambda: fake_reddit.is_read(item))
+        until(fake_reddit, lambda: fake_reddit.is_read(item))
         seen = polls(fake_reddit)
-        wait_for(lambda: polls(fake_reddit) >= seen + 3)
+        until(fake_reddit, lambda: polls(fake_reddit) >= seen + 3)
         assert bot.runtime.wait_idle(timeout=10)
         assert ran.envelopes == []
     assert fake_llm.requests == [] and fake_reddit.replies() == []
@@ -180,9 +199,10 @@ def test_strangers_get_no_action_and_by_default_no_answer(
 def test_the_refusal_policy_can_answer_strangers_politely(
     fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
 ) -> None:
-    app = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, strangers="refuse"))
+    app = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, strangers="refuse"),
+                   clock=fake_reddit.clock)
     item = fake_reddit.push_comment("run df -h", author="mallory")
-    [refusal] = wait_for(lambda: fake_reddit.replies())
+    [refusal] = until(fake_reddit, lambda: fake_reddit.replies())
     assert app.runtime.wait_idle(timeout=10)
     assert (refusal.thing_id, refusal.text) == (item, REFUSAL)
     assert fake_llm.requests == []
@@ -193,7 +213,7 @@ def test_wrong_credentials_stop_the_start_with_a_reason_and_no_secret(
 ) -> None:
     wrong = "not-the-password-3f9a"
     with pytest.raises(StartError) as failed:
-        make_app(reddit=reddit_settings(fake_reddit, password=wrong))
+        make_app(reddit=reddit_settings(fake_reddit, password=wrong), clock=fake_reddit.clock)
     assert "cannot sign in to Reddit" in str(failed.value) and "invalid_grant" in str(failed.value)
     assert wrong not in str(failed.value)
 
@@ -211,10 +231,10 @@ def test_no_secret_appears_in_logs_status_or_dead_letters(
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
-        app = make_app(base_url=fake_llm.base_url, reddit=settings)
+        app = make_app(base_url=fake_llm.base_url, reddit=settings, clock=fake_reddit.clock)
         fake_reddit.fail_next("api/comment", status=403)
         fake_reddit.push_message("run df -h", author="ada")
-        wait_for(lambda: app.runtime.dead_letters.letters(), timeout=30)
+        until(fake_reddit, lambda: app.runtime.dead_letters.letters(), timeout=30)
         assert app.runtime.wait_idle(timeout=10)
         status = snapshot(app.runtime).model_dump_json()
         letters = json.dumps([d.summary() for d in app.runtime.dead_letters.letters()], default=str)
@@ -233,6 +253,7 @@ def test_no_secret_appears_in_logs_status_or_dead_letters(
 @pytest.mark.skipif("reddit" not in autoresponse.interfaces.BUILTIN_PLATFORMS,
                     reason="the daemon knows Reddit only once it is a built-in platform")
 def test_a_kill_9_before_the_reply_loses_neither_and_answers_neither_twice(tmp_path: Path) -> None:
+    """Real time: the daemon is a real process, killed with SIGKILL and started again."""
     with FakeLLMServer(delay=1.0) as llm, FakeRedditServer(password=PASSWORD) as reddit:
         daemon = Daemon(
             tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url, AUTORESPONSE_CONSOLE__ENABLED="false",

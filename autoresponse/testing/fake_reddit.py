@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import BasicAuth, web
 
+from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.loopback import LoopbackServer
 
 #: What the fake says about its rate-limit budget unless told otherwise: plenty left,
@@ -41,7 +42,7 @@ _AMPLE_BUDGET = {"X-Ratelimit-Remaining": "1000", "X-Ratelimit-Used": "0", "X-Ra
 
 @dataclass(frozen=True)
 class Call:
-    time: float  # time.monotonic() when the call arrived
+    time: float  # the fake's clock.monotonic() when the call arrived
     method: str
     path: str  # without the leading and trailing slashes: "api/comment"
     params: dict[str, str]
@@ -54,7 +55,7 @@ class Call:
 class Reply:
     """A reply the account posted."""
 
-    time: float  # time.monotonic() when it was posted
+    time: float  # the fake's clock.monotonic() when it was posted
     thing_id: str  # what it answers
     fullname: str  # what Reddit named it
     text: str
@@ -83,8 +84,11 @@ class Item:
 
 class FakeRedditServer(LoopbackServer):
     def __init__(self, *, port: int = 0, username: str = "synth_bot", client_id: str | None = None,
-                 client_secret: str | None = None, password: str | None = None) -> None:
+                 client_secret: str | None = None, password: str | None = None,
+                 clock: Clock | None = None) -> None:
+        """``clock`` (the bot's, a ManualClock in tests) times the calls and replies."""
         super().__init__(port=port, name="fake-reddit")
+        self.clock = clock if clock is not None else Clock()
         self.username = username
         #: When set, the token endpoint checks them (a wrong one gets ``invalid_grant``).
         self._credentials = (client_id, client_secret, password)
@@ -189,7 +193,7 @@ class FakeRedditServer(LoopbackServer):
                 headers: dict[str, str] | None = None) -> None:
         remaining = None if headers is None else int(headers["X-Ratelimit-Remaining"])
         with self._lock:
-            self.calls.append(Call(time.monotonic(), request.method, request.path.strip("/"), params, ok,
+            self.calls.append(Call(self.clock.monotonic(), request.method, request.path.strip("/"), params, ok,
                                    remaining))
 
     async def _token(self, request: web.Request) -> web.Response:
@@ -267,7 +271,7 @@ class FakeRedditServer(LoopbackServer):
                 "parent_id": thing_id, "link_id": thing_id if thing_id.startswith("t3_") else "t3_0",
                 "subreddit": "test", "created_utc": time.time(), "replies": "", "distinguished": None}}
         with self._lock:
-            self.posted.append(Reply(time.monotonic(), thing_id, thing["data"]["name"], text))
+            self.posted.append(Reply(self.clock.monotonic(), thing_id, thing["data"]["name"], text))
         return {"json": {"errors": [], "data": {"things": [thing]}}}
 
     def routes(self, app: web.Application) -> None:
