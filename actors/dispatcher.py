@@ -215,10 +215,14 @@ class ActionDispatcher(TypedActor):
         if reply.previewed and not replaced_preview:
             self._withdraw(ctx, turn, env)
         if errors:
+            cut_off = reply.finish_reason == "length"
+            if cut_off:
+                errors.insert(0, "your reply was cut off at its token limit before it was complete; "
+                                 "answer again, much shorter")
             message = rejection(prompt, reply.text or _calls_text(reply), errors)
             self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),
                                         sent=tuple(sent), positions=tuple(positions),
-                                        tool_calls=reply.tool_calls),
+                                        tool_calls=reply.tool_calls, cut_off=cut_off),
                               cause=env, detail="; ".join(message.errors))
 
     @staticmethod

@@ -24,6 +24,10 @@ DEAD_LETTERS_KEPT = 10_000
 MAX_YOUR_REPLY_CHARS = 4_000
 #: A re-ask quotes at most this much of the reply it rejects (its start and its end).
 REASK_EXCERPT_CHARS = 600
+#: Characters per token when a request's size is estimated (JSON tokenizes worse than prose).
+CHARS_PER_TOKEN = 3
+#: Tokens of a context window left unused, for what the estimate misses (chat templates).
+CONTEXT_MARGIN_TOKENS = 96
 
 #: Errors listed in one error system message; the rest are counted.
 MAX_ERRORS_SHOWN = 10

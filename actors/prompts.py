@@ -374,5 +374,10 @@ def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -
     messages.extend(_render_turn(t, protocol) for t in prompt.turns)
     current = (prompt.current_text if message is None or protocol == "text"
                else _system_message_text(message, prompt.allowed_actions, protocol))
-    messages.append({"role": "user", "content": current})
+    if protocol == "tools" and message is not None and prompt.turns and prompt.turns[-1].role == "tool":
+        # A re-ask in tools: the tool turns answer the rejected calls, and the last one
+        # carries the error system message; no fresh user message.
+        messages[-1]["content"] += "\n\n" + current
+    else:
+        messages.append({"role": "user", "content": current})
     return messages

@@ -54,7 +54,10 @@ class RetryActor(TypedActor):
         reask = build_reask_request(prompt, rejection.message, carried_out=rejection.carried_out,
                                     sent=rejection.sent, positions=rejection.positions,
                                     tool_calls=rejection.tool_calls, max_errors=self.settings.max_errors)
-        if prompt.reask >= self.settings.max_attempts:
+        # A reply cut off at its token limit gets one shorter try, not more: a model that
+        # rambles would ramble again, and each try costs a whole reply's time.
+        limit = min(self.settings.max_attempts, 1) if rejection.cut_off else self.settings.max_attempts
+        if prompt.reask >= limit:
             self._give_up(rejection, reask.model_copy(update={"reask": 0}), env)
             return
         self.schedule(self.settings.delay(prompt.reask), LLMRequest(prompt=reask), cause=env)

@@ -96,6 +96,7 @@ def _http_engine(settings: LLMSettings, base_url: str, model: str, api_key: Any)
         protocol=settings.protocol,
         max_tokens=settings.max_tokens,
         seed=settings.seed,
+        context_tokens=settings.context_tokens,
     )
 
 
@@ -103,9 +104,19 @@ def engine_status(engine: LLMEngine) -> dict[str, Any]:
     """What the LLM engines are doing: the protocol each speaks now, and their circuits."""
     if isinstance(engine, EngineChain):
         return {"engines": engine.status()}
-    return {"engines": [{"name": "main", "engine": repr(engine), "circuit": "closed",
-                         "protocol": getattr(engine, "mode", "text"),
-                         "context_tokens": getattr(engine, "context_tokens", None)}]}
+    return {"engines": [{"name": "main", "engine": repr(engine), "circuit": "closed", **engine_facts(engine)}]}
+
+
+def engine_facts(engine: LLMEngine) -> dict[str, Any]:
+    """The protocol an engine speaks now, its context window and the budget in use."""
+    budget = getattr(engine, "budget", None)
+    return {"protocol": getattr(engine, "mode", "text"),
+            "configured_protocol": getattr(engine, "protocol", "text"),
+            "context_tokens": getattr(engine, "context_tokens", None),
+            "max_tokens": getattr(engine, "max_tokens", None),
+            "request_budget_tokens": budget.room if budget is not None else None,
+            "last_request_tokens": getattr(engine, "last_request_tokens", None),
+            "server": getattr(engine, "server_facts", {}).get("server")}
 
 
 def names_in(spec: Spec) -> list[str]:

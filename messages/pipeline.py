@@ -72,6 +72,9 @@ class LLMFailure(BaseModel):
     status: int | None = None
     #: Part of the reply was shown to the chat before the LLM failed: it is taken back.
     previewed: bool = False
+    #: The request did not fit the model (HTTP 413, or its context window even after
+    #: shrinking): the user is told it is too long, not that the model is away.
+    too_long: bool = False
 
 
 class ActionRequest(BaseModel):
@@ -142,6 +145,8 @@ class Rejection(BaseModel):
     positions: tuple[Position, ...] = ()
     #: The rejected reply's native tool calls (a re-ask answers them with tool turns).
     tool_calls: tuple[ToolCall, ...] = ()
+    #: The reply stopped at its token limit before it parsed: one shorter re-ask at most.
+    cut_off: bool = False
 
 
 class ReplyDelivered(BaseModel):

@@ -131,7 +131,8 @@ class EngineChain:
     def status(self) -> list[dict[str, Any]]:
         return [{"name": name, "engine": repr(engine), "circuit": self.breakers[name].state,
                  "failures_in_a_row": self.breakers[name].consecutive,
-                 "protocol": getattr(engine, "mode", None)}
+                 "protocol": getattr(engine, "mode", "text"),
+                 "context_tokens": getattr(engine, "context_tokens", None)}
                 for name, engine in self.engines]
 
     async def aclose(self) -> None:

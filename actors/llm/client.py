@@ -124,7 +124,8 @@ class LLMClient(TypedActor):
             answer = await (self.engine.answer(prompt) if watch is None
                             else self.engine.answer(prompt, on_text))
         except LLMError as exc:
-            return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed)
+            return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed,
+                              too_long=exc.context_exceeded or exc.status == 413)
         except Exception as exc:
             # An engine bug or a surprise it let through: crashing would replay the call
             # and then drop the turn silently; as a failure the user still hears back.
@@ -163,5 +164,5 @@ class LLMClient(TypedActor):
             self.send(sender(ctx.interface_name), withdrawal(ctx, key), cause=env)
         if receipt_failed(self, ctx, env, f"llm unavailable: {failure.error}"):
             return  # whoever asked for the receipt decides what the user hears
-        notice = TOO_LONG_NOTICE if failure.status == 413 else UNREACHABLE_NOTICE  # reached, and refused
+        notice = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
         self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, notice, notice=True), cause=env)

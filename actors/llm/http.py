@@ -30,6 +30,7 @@ import base64
 import email.utils
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,7 @@ from autoresponse.actors.limits import (
     LLM_REQUEST_TIMEOUT_SECONDS,
     STREAM_WATCH_SECONDS,
 )
+from autoresponse.actors.llm.budget import ContextBudget, request_tokens
 from autoresponse.actors.llm.engine import Completion, LLMError
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.prompts import (
@@ -245,6 +247,7 @@ class HttpEngine:
         protocol: str = "auto",
         max_tokens: int | None = LLM_MAX_TOKENS,
         seed: int | None = None,
+        context_tokens: int | None = None,
     ) -> None:
         if protocol != "auto" and protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be auto, {', '.join(PROTOCOLS)}; not {protocol!r}")
@@ -280,6 +283,14 @@ class HttpEngine:
         #: What the server refused, once each: learnt, never retried.
         self.refused: set[str] = set()
         self._base = base.rstrip("/")
+        #: The model's context window: configured, else what the server says (once).
+        self.context_tokens = context_tokens
+        #: What the server said of itself at the first call (llama.cpp /props, ...).
+        self.server_facts: dict[str, Any] = {}
+        self._discovered = False
+        #: Estimated tokens of the last request sent (the budget in use, for the status).
+        self.last_request_tokens: int | None = None
+        self._budget: ContextBudget | None = None
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -300,10 +311,16 @@ class HttpEngine:
 
     async def answer(self, prompt: PromptRequest,
                      on_text: Callable[[str], None] | None = None) -> Completion:
-        """The model's answer to ``prompt`` in the protocol this engine speaks now."""
+        """The model's answer to ``prompt`` in the protocol this engine speaks now, the
+        request fitted to the model's context window (one smaller try if the server
+        still finds it too big)."""
+        await self._discover()
+        shrunk = False
         while True:
             mode = self.mode
-            body: dict[str, Any] = {"messages": render_openai_messages(prompt, mode)}
+            budget = self.budget
+            fitted = budget.fit(prompt, mode) if budget is not None else prompt
+            body: dict[str, Any] = {"messages": render_openai_messages(fitted, mode)}
             if mode == "tools":
                 body["tools"] = tool_definitions(prompt.allowed_actions)
                 if "tool_choice" not in self.refused:
@@ -312,13 +329,53 @@ class HttpEngine:
                     body["tool_choice"] = "required" if must else "auto"
             elif mode == "json_schema":
                 body["response_format"] = response_format(prompt.allowed_actions)
+            self.last_request_tokens = request_tokens(fitted, mode)
             try:
                 completion = await self.chat(body, on_text)
             except LLMError as exc:
+                if exc.context_exceeded and not shrunk:
+                    shrunk = True
+                    self._too_big(str(exc))
+                    continue
                 if not self._learn(exc, mode):
                     raise
                 continue
-            return Completion(**{**completion.__dict__, "protocol": mode})
+            return Completion(**{**completion.__dict__, "protocol": mode, "model": completion.model or self.model})
+
+    @property
+    def budget(self) -> ContextBudget | None:
+        """The context budget, once the window is known."""
+        if self._budget is None and self.context_tokens:
+            self._budget = ContextBudget(self.context_tokens, self.max_tokens or 0)
+        return self._budget
+
+    def _too_big(self, error: str) -> None:
+        """The server found the request too big: learn its window if it says, and aim lower."""
+        said = re.search(r'"n_ctx"\s*:\s*(\d+)', error)
+        if said and not self.context_tokens:
+            self.context_tokens = int(said.group(1))
+        budget = self.budget
+        if budget is None:  # the window is still unknown: take what was sent as too big
+            self._budget = budget = ContextBudget((self.last_request_tokens or 0) + (self.max_tokens or 0),
+                                                  self.max_tokens or 0)
+        budget.shrink()
+        log.warning("the LLM server found a request too big for its context; fitting requests "
+                    "into %d tokens from now on", budget.room)
+
+    async def _discover(self) -> None:
+        """Ask the server, once, what it is: its context window and whether its chat
+        template supports tools (llama.cpp ``/props``, vLLM ``/v1/models``, Ollama
+        ``/api/show``). Anything it does not say stays unknown; nothing here fails a call."""
+        if self._discovered:
+            return
+        self._discovered = True
+        facts = await discover_server(self._open(), self._base, self.model)
+        self.server_facts = facts
+        if not self.context_tokens and facts.get("context_tokens"):
+            self.context_tokens = int(facts["context_tokens"])
+        if self.protocol == "auto" and facts.get("supports_tools") is False and self.mode == "tools":
+            self.mode = "json_schema"
+            log.info("the LLM server's chat template does not support tools; speaking json_schema")
 
     def _learn(self, exc: LLMError, mode: Protocol) -> bool:
         """A refusal of a feature this call used: note it, and say whether to ask again."""
@@ -535,3 +592,53 @@ class HttpEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+#: How long finding out what the server is may take, at most, once.
+_DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+async def discover_server(session: aiohttp.ClientSession, base: str, model: str) -> dict[str, Any]:
+    """What an OpenAI-compatible server says of the model it serves: ``context_tokens``
+    and ``supports_tools`` where it says; ``server`` names which kind answered."""
+    root = base.removesuffix("/v1")
+    facts: dict[str, Any] = {}
+    props = await _get_json(session, "GET", f"{root}/props")
+    if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
+        settings = props.get("default_generation_settings") or {}
+        n_ctx = settings.get("n_ctx") or props.get("n_ctx")
+        caps = props.get("chat_template_caps") or {}
+        facts.update(server="llama.cpp", context_tokens=n_ctx if isinstance(n_ctx, int) else None)
+        if isinstance(caps.get("supports_tools"), bool):
+            facts["supports_tools"] = caps["supports_tools"]
+        return facts
+    models = await _get_json(session, "GET", f"{base}/models")
+    if isinstance(models, dict) and isinstance(models.get("data"), list):
+        for entry in models["data"]:
+            if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int) and (
+                    entry.get("id") == model or len(models["data"]) == 1):
+                return {"server": "vllm", "context_tokens": entry["max_model_len"]}
+    shown = await _get_json(session, "POST", f"{root}/api/show", {"model": model})
+    if isinstance(shown, dict) and isinstance(shown.get("model_info"), dict):
+        # Ollama serves num_ctx (its parameters, else its default), not the model's maximum.
+        found = re.search(r"num_ctx\s+(\d+)", str(shown.get("parameters") or ""))
+        most = next((v for k, v in shown["model_info"].items()
+                     if k.endswith(".context_length") and isinstance(v, int)), None)
+        window = int(found.group(1)) if found else min(most or OLLAMA_DEFAULT_CONTEXT, OLLAMA_DEFAULT_CONTEXT)
+        return {"server": "ollama", "context_tokens": window}
+    return facts
+
+
+#: Ollama's context when a model sets no num_ctx.
+OLLAMA_DEFAULT_CONTEXT = 4096
+
+
+async def _get_json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:
+    try:
+        async with session.request(method, url, json=body, timeout=_DISCOVERY_TIMEOUT) as resp:
+            if resp.status != 200:
+                return None
+            raw = await resp.content.read(256 * 1024)
+            return json.loads(raw)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, RecursionError):
+        return None

@@ -232,7 +232,7 @@ class FakeLLMServer(LoopbackServer):
                        for i in range(0, len(arguments), scripted.piece)]
         try:
             for delta in deltas:
-                chunk = {"choices": [{"index": 0, "delta": delta}]}
+                chunk = {"model": body.get("model", "fake"), "choices": [{"index": 0, "delta": delta}]}
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 if scripted.every and await self._stopped_within(scripted.every):
                     return response

@@ -1,0 +1,79 @@
+"""Every request fits the model's context window: the reply's reserve (``max_tokens``)
+first, then the instructions, then the chat's memory, trimmed from the oldest.
+
+>>> budget = ContextBudget(window=4096, reserve=1200)
+>>> budget.room                              # tokens the request itself may use
+2796
+>>> fitted = budget.fit(prompt, protocol="json_schema")               # doctest: +SKIP
+
+Tokens are estimated from characters (no tokenizer is loaded): conservatively, since
+JSON and schema text tokenize worse than prose. A server that still says the context
+was exceeded gets one smaller request (``shrink``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS, REASK_EXCERPT_CHARS
+from autoresponse.actors.prompts import Protocol, excerpt, render_openai_messages, response_format, tool_definitions
+from autoresponse.messages import PromptRequest
+
+#: The turns of a re-ask's own exchange: the question, the rejected answer and (in the
+#: tools protocol) the tool turn that answers it.
+_REASK_TURNS = 3
+
+
+def estimate_tokens(value: Any) -> int:
+    """Tokens a JSON-able value costs in a request, estimated from its characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return 1 + len(text) // CHARS_PER_TOKEN
+
+
+def request_tokens(prompt: PromptRequest, protocol: Protocol) -> int:
+    """The estimated size of ``prompt`` as sent in ``protocol`` (messages and format)."""
+    size = estimate_tokens(render_openai_messages(prompt, protocol))
+    if protocol == "tools":
+        size += estimate_tokens(tool_definitions(prompt.allowed_actions))
+    elif protocol == "json_schema":
+        size += estimate_tokens(response_format(prompt.allowed_actions))
+    return size
+
+
+@dataclass
+class ContextBudget:
+    """A model's context window and the part of it kept for the reply."""
+
+    window: int
+    reserve: int
+    #: Shrunk after a server said a request was still too big (see ``shrink``).
+    scale: float = 1.0
+
+    @property
+    def room(self) -> int:
+        return max(0, int((self.window - self.reserve - CONTEXT_MARGIN_TOKENS) * self.scale))
+
+    def fit(self, prompt: PromptRequest, protocol: Protocol) -> PromptRequest:
+        """``prompt`` with the oldest memory dropped, then the current text cut to an
+        excerpt, until it fits the room; unchanged if it fits already."""
+        if request_tokens(prompt, protocol) <= self.room:
+            return prompt
+        turns = list(prompt.turns)
+        fitted = prompt
+        # Memory comes first in the turns, so the oldest go first; a re-ask keeps the
+        # rejected exchange (its last turns) longest.
+        for floor in ((_REASK_TURNS if prompt.reask else 0), 0):
+            while len(turns) > floor and request_tokens(fitted, protocol) > self.room:
+                turns.pop(0)
+                fitted = prompt.model_copy(update={"turns": tuple(turns)})
+        if request_tokens(fitted, protocol) > self.room and prompt.system_message is None:
+            over = (request_tokens(fitted, protocol) - self.room) * CHARS_PER_TOKEN
+            cut = max(REASK_EXCERPT_CHARS, len(prompt.current_text) - over)
+            fitted = fitted.model_copy(update={"current_text": excerpt(prompt.current_text, cut)})
+        return fitted
+
+    def shrink(self) -> None:
+        """The server said the last request was too big: aim a quarter lower."""
+        self.scale *= 0.75

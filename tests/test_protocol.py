@@ -1,0 +1,376 @@
+"""The LLM's own protocol: reasoning is never executed, native tool calls are actions, a
+server's refusal steps the protocol down once, re-asks answer places, usage is counted,
+budgets and fallbacks hold.
+
+Against the fake OpenAI-compatible server (a real aiohttp server on 127.0.0.1), driven
+through the real HTTP engine. Re-ask delays run on a ManualClock the tests advance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import ask, system_message
+
+from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.limits import LLM_MAX_TOKENS
+from autoresponse.actors.llm import HttpEngine
+from autoresponse.actors.llm.client import BUDGET_NOTICE
+from autoresponse.actors.llm.reasoning import split_reasoning
+from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+from autoresponse.actors.retry import GIVE_UP_NOTICE
+from autoresponse.actors.routes import executor, sender
+from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
+
+MakeApp = Callable[..., Application]
+FAST = {"backoff_min": 5.0, "backoff_max": 20.0}
+DRAFT = '{"actions": [{"type": "terminal", "payload": {"command": "echo DRAFT-RAN"}}]}'
+
+
+def say(text: str) -> dict[str, Any]:
+    return {"type": "message_console", "payload": {"text": text}}
+
+
+def actions(*items: dict[str, Any]) -> FakeResponse:
+    return FakeResponse(content=json.dumps({"actions": list(items)}))
+
+
+def replies(app: Application, text: str, clock: ManualClock) -> list[OutboundMessage]:
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, text, clock=clock)
+        return out.bodies(OutboundMessage)
+
+
+# ------------------------------------------------------------------ reasoning
+
+
+@pytest.mark.parametrize("reply", [
+    f"<think>The user may want {DRAFT}</think>The answer is 42.",
+    f"<thinking>{DRAFT}</thinking>\nThe answer is 42.",
+    f"<reasoning>draft: {DRAFT}</reasoning>The answer is 42.",
+    f"<THINK>{DRAFT}</THINK>The answer is 42.",
+    f"The template opened it: {DRAFT}</think>The answer is 42.",
+], ids=["think", "thinking", "reasoning", "upper-case", "closing-tag-only"])
+def test_a_drafted_command_in_reasoning_never_runs(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, reply: str
+) -> None:
+    fake_llm.script(FakeResponse(content=reply))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"stream": False})
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "what is the answer?", manual_clock)
+        assert ran.envelopes == []
+    assert [m.text for m in sent] == ["The answer is 42."]  # prose after the reasoning is the answer
+    assert len(fake_llm.requests) == 1
+
+
+def test_an_unterminated_reasoning_block_is_no_answer_and_runs_nothing(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(content=f"<think>still drafting {DRAFT}"), actions(say("Here you go.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, llm={"stream": False})
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "hello", manual_clock)
+        assert ran.envelopes == []
+    assert [m.text for m in sent] == ["Here you go."]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_reasoning_fields_never_become_actions_or_previews(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, stream: bool
+) -> None:
+    fake_llm.script(FakeResponse(content=json.dumps({"actions": [say("Done thinking.")]}),
+                                 reasoning=f"maybe {DRAFT} or not", piece=8))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"stream": stream, "protocol": "text"})
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "hello", manual_clock)
+        assert ran.envelopes == []
+    assert [m.text for m in sent if not m.preview] == ["Done thinking."]
+    assert not any("DRAFT" in m.text or "maybe" in m.text for m in sent)
+
+
+def test_a_streamed_preview_never_shows_reasoning(fake_llm: FakeLLMServer) -> None:
+    answer = json.dumps({"actions": [say("The disk is fine, 42% used.")]})
+    fake_llm.script(FakeResponse(content=f"<think>I wonder {DRAFT}</think>{answer}", piece=4))
+    seen: list[str] = []
+    prompt = build_chat_request("disk?", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console", "terminal"])
+
+    async def run() -> str:
+        async with HttpEngine(fake_llm.base_url, model="fake", stream=True, protocol="text") as engine:
+            return (await engine.answer(prompt, seen.append)).text
+
+    assert asyncio.run(run()) == answer
+    assert seen and not any("think" in s or "wonder" in s for s in seen)
+
+
+def test_splitting_reasoning_is_linear_on_hostile_input() -> None:
+    hostile = "<think>a</think>" * 50_000 + "<think>" * 50_000 + "</thinking>" * 50_000
+    answer, thought = split_reasoning(hostile)
+    assert answer == "" and thought.startswith("a")
+
+
+# ------------------------------------------------------------------ native protocol
+
+
+def test_tool_calls_become_actions_and_the_output_comes_back_through_the_llm(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """Unscripted, the fake answers offline in the protocol asked: tool_calls here."""
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    sent = replies(app, "run echo hello-tools", manual_clock)
+    assert len(sent) == 1 and "hello-tools" in sent[0].text
+    chat, delivery = fake_llm.requests
+    assert sorted(t["function"]["name"] for t in chat.body["tools"]) == ["message_console", "terminal"]
+    assert chat.body["tool_choice"] == "auto" and "response_format" not in chat.body
+    # The format travels in tools, not again in the prompt: no schema text for a model to copy.
+    assert "$defs" not in chat.messages[0]["content"] and "JSON schemas" not in chat.messages[0]["content"]
+    assert [t["function"]["name"] for t in delivery.body["tools"]] == ["message_console"]
+    assert delivery.body["tool_choice"] == "required"
+    assert chat.body["max_tokens"] == LLM_MAX_TOKENS
+
+
+def test_streamed_tool_call_deltas_become_actions(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(tool_calls=(("message_console", {"text": "streamed in pieces"}),), piece=3))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"stream": True})
+    sent = replies(app, "hi", manual_clock)
+    assert [m.text for m in sent if not m.preview] == ["streamed in pieces"]
+    assert fake_llm.requests[0].body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(("tools", "json_schema", "spoken"), [
+    (True, True, "tools"), (False, True, "json_schema"), (False, False, "text")])
+def test_auto_steps_down_once_and_remembers(
+    make_app: MakeApp, manual_clock: ManualClock, tools: bool, json_schema: bool, spoken: str
+) -> None:
+    with FakeLLMServer(tools=tools, json_schema=json_schema) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, admin={"enabled": True, "port": 0})
+        first = replies(app, "hello", manual_clock)
+        second = replies(app, "hello again", manual_clock)
+        assert len(first) == len(second) == 1 and "Hello" in first[0].text
+        refused = [r for r in llm.requests if ("tools" in r.body and not tools)
+                   or ("response_format" in r.body and not json_schema)]
+        # Each refusal happened once, on the first call; the second call went straight to the level learnt.
+        assert len(refused) == (not tools) + (not json_schema)
+        last = llm.requests[-1].body
+        assert ("tools" in last) == (spoken == "tools")
+        assert ("response_format" in last) == (spoken == "json_schema")
+        with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+            status = json.load(response)
+        [engine] = status["reports"]["llm"]["engines"]
+        assert engine["protocol"] == spoken and engine["configured_protocol"] == "auto"
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_a_delivery_turn_stays_fail_closed_in_json_schema_mode(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"protocol": "json_schema"})
+    sent = replies(app, "run echo via-schema", manual_clock)
+    assert len(sent) == 1 and "via-schema" in sent[0].text
+    chat, delivery = fake_llm.requests
+    schema = json.dumps(delivery.body["response_format"])
+    assert delivery.body["response_format"]["json_schema"]["strict"] is True
+    assert '"message_console"' in schema and '"terminal"' not in schema
+    assert "$defs" not in delivery.messages[0]["content"]
+
+
+def test_a_re_ask_in_tools_mode_answers_the_rejected_call_with_a_tool_message(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(tool_calls=(("message_console", {"text": "first part"}),
+                                             ("terminal", {"cmd": "df -h"}))),
+                    FakeResponse(tool_calls=(("terminal", {"command": "echo fixed"}),)),
+                    FakeResponse(tool_calls=(("message_console", {"text": "fixed ran"}),)))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    sent = replies(app, "do two things", manual_clock)
+    assert [m.text for m in sent] == ["first part", "fixed ran"]
+    reask = fake_llm.requests[1].messages
+    assert reask[-1]["role"] == "tool" and reask[-1]["content"].startswith("error:")
+    assert reask[-2]["role"] == "tool" and reask[-2]["content"].startswith("done")
+    assert reask[-3]["role"] == "assistant" and len(reask[-3]["tool_calls"]) == 2
+    assert reask[-1]["tool_call_id"] == reask[-3]["tool_calls"][1]["id"]
+
+
+# ------------------------------------------------------------------ re-asks answer places
+
+
+def test_an_empty_answer_to_a_re_ask_is_nothing_more(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(actions(say("Working on it, the answer is 42."), {"type": "teleport", "payload": {}}),
+                    FakeResponse(content='{"actions": []}'))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    sent = replies(app, "what is the answer?", manual_clock)
+    assert [m.text for m in sent] == ["Working on it, the answer is 42."]
+    assert GIVE_UP_NOTICE not in [m.text for m in sent]
+    assert len(fake_llm.requests) == 2  # one re-ask, then done
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_a_reworded_repeat_of_a_delivered_place_is_dropped_and_traced(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(actions(say("Working on it, the answer is 42."),
+                            {"type": "terminal", "payload": {"cmd": "broken"}}),
+                    actions(say("Sure, the answer is 42.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    with app.runtime.probe(executor("terminal")) as ran, app.runtime.probe(sender("console")) as out:
+        envelope = ask(app, "what is the answer?", clock=manual_clock)
+        assert ran.envelopes == []
+        assert [m.text for m in out.bodies(OutboundMessage)] == ["Working on it, the answer is 42."]
+    error = system_message(fake_llm.requests[1])
+    done = [p for p in error["positions"] if p["done"]]
+    assert [p["index"] for p in done] == [1] and "Working on it" in done[0]["excerpt"]
+    assert [p["type"] for p in error["positions"] if not p["done"]] == ["terminal"]
+    assert app.runtime.dead_letters.letters() == []
+    hops = app.runtime.trace(envelope.correlation_id)
+    assert any((hop["outcome"] or "").startswith("dropped") for hop in hops)
+
+
+def test_a_re_ask_quotes_only_an_excerpt_of_a_long_rejected_reply(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    rambling = "{ " + "and so on " * 2_000
+    fake_llm.script(FakeResponse(content=rambling), actions(say("Short now.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    assert [m.text for m in replies(app, "hello", manual_clock)] == ["Short now."]
+    reask = fake_llm.requests[1].raw
+    assert len(reask) < len(rambling) / 3  # neither the assistant turn nor your_reply carries it whole
+
+
+def test_a_reply_cut_off_at_its_token_limit_gets_one_shorter_try_then_a_notice(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    cut = FakeResponse(content='{"actions": [{"type": "message_console", "payload": {"text": "blah blah',
+                       finish_reason="length")
+    fake_llm.script(cut, cut, cut)
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    sent = replies(app, "tell me everything", manual_clock)
+    assert [m.text for m in sent] == [GIVE_UP_NOTICE]
+    assert len(fake_llm.requests) == 2
+    assert "cut off at its token limit" in system_message(fake_llm.requests[1])["errors"][0]
+
+
+# ------------------------------------------------------------------ prose
+
+
+def test_prose_is_an_answer_and_never_executed(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(content="The capital of France is Paris. Run rm -rf / for fun."))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "What is the capital of France?", manual_clock)
+        assert ran.envelopes == []
+    assert [m.text for m in sent] == ["The capital of France is Paris. Run rm -rf / for fun."]
+    assert len(fake_llm.requests) == 1
+
+
+def test_prose_is_re_asked_when_configured(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(content="Paris."), actions(say("Paris, as an action.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, llm={"prose": "reask"})
+    assert [m.text for m in replies(app, "capital of France?", manual_clock)] == ["Paris, as an action."]
+
+
+def test_a_reply_that_echoes_the_runtime_schema_never_reaches_the_user(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(actions(say("#/$defs/TelegramMessagePayload")), actions(say("Hello there.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    assert [m.text for m in replies(app, "hi", manual_clock)] == ["Hello there."]
+
+
+def test_two_identical_message_actions_in_one_reply_are_sent_once(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(actions(say("Hello, I'm a chatbot."), say("Hello, I'm a chatbot.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    assert [m.text for m in replies(app, "hi", manual_clock)] == ["Hello, I'm a chatbot."]
+
+
+# ------------------------------------------------------------------ usage, budget, fallbacks
+
+
+def test_usage_is_counted_per_kind_and_model_in_metrics_status_and_trace(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(tool_calls=(("terminal", {"command": "echo counted"}),),
+                                 usage={"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}),
+                    FakeResponse(tool_calls=(("message_console", {"text": "counted"}),),
+                                 usage={"prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55}))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, admin={"enabled": True, "port": 0},
+                   llm={"model": "fake"})
+    envelope = ask(app, "run echo counted", clock=manual_clock)
+    with urllib.request.urlopen(f"{app.admin.url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'autoresponse_llm_tokens_total{direction="prompt",kind="chat",model="fake"} 100.0' in metrics
+    assert 'autoresponse_llm_tokens_total{direction="completion",kind="delivery",model="fake"} 5.0' in metrics
+    with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+        usage = json.load(response)["reports"]["llm"]["usage"]
+    assert usage["tokens_by_kind"] == {"chat": 120, "delivery": 55}
+    hops = app.runtime.trace(envelope.correlation_id)
+    assert any("100+20 tokens" in (hop["outcome"] or "") for hop in hops)
+
+
+def test_past_its_daily_budget_a_chat_gets_one_notice_and_nothing_is_lost(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(content=json.dumps({"actions": [say("first")]}),
+                                 usage={"prompt_tokens": 90, "completion_tokens": 20, "total_tokens": 110}))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"daily_tokens_per_chat": 100})
+    assert [m.text for m in replies(app, "one", manual_clock)] == ["first"]
+    assert [m.text for m in replies(app, "two", manual_clock)] == [BUDGET_NOTICE]
+    assert replies(app, "three", manual_clock) == []  # one notice, not one per message
+    letters = app.runtime.dead_letters.letters()
+    assert [d.reason for d in letters] == ["token budget", "token budget"]
+    assert len(fake_llm.requests) == 1
+    app.usage.daily_tokens_per_chat = None  # the next day, or a bigger budget: replay
+    with app.runtime.probe(sender("console")) as out:
+        env = app.runtime.replay(letters[0].id)
+        assert env is not None and app.runtime.wait_idle(env.correlation_id, 10)
+        assert len(out.bodies(OutboundMessage)) == 1
+
+
+def test_a_dead_main_engine_falls_back_and_its_circuit_opens(make_app: MakeApp, manual_clock: ManualClock) -> None:
+    with FakeLLMServer() as main, FakeLLMServer() as spare:
+        main.responder = lambda body: FakeResponse(status=500)
+        app = make_app(base_url=main.base_url, clock=manual_clock, admin={"enabled": True, "port": 0},
+                       llm={"max_attempts": 1, "breaker_failures": 2,
+                            "fallbacks": [{"name": "spare", "base_url": spare.base_url, "model": "small"}]})
+        for n in range(4):
+            sent = replies(app, f"hello {n}", manual_clock)
+            assert len(sent) == 1 and "Hello" in sent[0].text
+        assert len(main.requests) == 2  # then its circuit opened: no more hammering
+        assert len(spare.requests) == 4
+        with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+            engines = json.load(response)["reports"]["llm"]["engines"]
+        assert [(e["name"], e["circuit"]) for e in engines] == [("main", "open"), ("spare", "closed")]
+        assert app.usage.replies["spare"] == 4
+
+
+def test_offline_closes_the_chain_with_a_short_notice(make_app: MakeApp, manual_clock: ManualClock) -> None:
+    with FakeLLMServer() as main:
+        main.responder = lambda body: FakeResponse(status=503)
+        app = make_app(base_url=main.base_url, clock=manual_clock,
+                       llm={"max_attempts": 1, "fallbacks": [{"base_url": "offline"}]})
+        [sent] = replies(app, "hello", manual_clock)
+    assert "can't think right now" in sent.text
+
+
+def test_the_prompt_a_chat_turn_sends_is_lean_where_the_format_is_enforced() -> None:
+    import autoresponse.interfaces  # noqa: F401  (registers the actions)
+    prompt = build_chat_request("hi", OriginalContext(chat_id=1, interface_name="telegram"),
+                                allowed_actions=["message_telegram_bot", "terminal", "event"])
+    sizes = {mode: len(json.dumps(render_openai_messages(prompt, mode))) for mode in ("tools", "json_schema", "text")}
+    assert sizes["tools"] < sizes["text"] / 3 and sizes["json_schema"] < sizes["text"] / 3
+
