@@ -6,6 +6,9 @@ own TL types (``UpdateNewMessage``, ``Message``, ``User``, ``Channel``), finishe
 ``NewMessage.Event`` the way Telethon's dispatch does (on a Telethon client that never
 connects), and records what is sent. Everything behind the boundary runs for real:
 the interface, the journal, the LLM turns, the command, the delivery and the sender.
+
+The application and the stand-in share a ManualClock: a flood wait is waited out on a
+timer of the runtime's clock, which the test fires (no real waiting).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from telethon.sessions import StringSession
 from telethon.tl import types
 
 from autoresponse import Application, Settings
+from autoresponse.actors.kernel import Clock, ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.actors.routes import executor, sender
 from autoresponse.app import StartError
@@ -86,8 +89,10 @@ def message(message_id: int, text: str, *, chat: types.TypePeer, sender: int, ou
 class StandInUserbot:
     """``UserbotClient`` without MTProto: Telethon's TL types in, what was sent out."""
 
-    def __init__(self, me: types.User) -> None:
+    def __init__(self, me: types.User, clock: Clock | None = None) -> None:
         self.me = me
+        #: The application's clock too (see ``make_userbot``): it times what is sent.
+        self.clock = clock if clock is not None else Clock()
         # Never connected: it finishes events (entities, sender, chat, "out") as Telethon's
         # dispatch does for a real client, which is all it is used for.
         self._telethon = TelegramClient(StringSession(), 1, API_HASH)
@@ -109,7 +114,7 @@ class StandInUserbot:
         with self._lock:
             queue = self._failures.get(entity)
             failure = queue.popleft() if queue else None
-            self.sent.append(Sent(time.monotonic(), entity, message, reply_to,
+            self.sent.append(Sent(self.clock.monotonic(), entity, message, reply_to,
                                   None if failure else next(self._ids)))
             sent = self.sent[-1]
         if failure is not None:
@@ -147,8 +152,8 @@ class StandInUserbot:
 
 
 @pytest.fixture
-def standin() -> StandInUserbot:
-    return StandInUserbot(user(ME, "me_myself"))
+def standin(manual_clock: ManualClock) -> StandInUserbot:
+    return StandInUserbot(user(ME, "me_myself"), clock=manual_clock)
 
 
 def telethon_settings(**extra: Any) -> dict[str, Any]:
@@ -166,7 +171,8 @@ def make_userbot(tmp_path: Path) -> Iterator[Callable[..., Application]]:
             terminal={"enabled": True, "allowed_commands": list(DEMO_COMMANDS)},
             telethon=telethon_settings(**telethon), admin={"enabled": False}, events={"enabled": False},
             data_dir=tmp_path / "data")
-        app = Application(settings, console=Console(io.StringIO()), provided={USERBOT: userbot}).start()
+        app = Application(settings, console=Console(io.StringIO()), provided={USERBOT: userbot},
+                          clock=getattr(userbot, "clock", None)).start()
         apps.append(app)
         return app
 
@@ -271,7 +277,11 @@ def test_a_flood_wait_holds_back_only_its_own_chat(userbot: Application, standin
     tell(userbot, "to Ada", ADA, 51)
     wait_for(lambda: standin.sent)
     tell(userbot, "to Mallory", MALLORY, 52)
-    wait_for(lambda: standin.delivered(ADA) and standin.delivered(MALLORY))
+    wait_for(lambda: standin.delivered(MALLORY))  # while Ada's chat waits: no time has passed
+    assert isinstance(standin.clock, ManualClock)
+    wait_for(lambda: standin.clock.pending() == [2.0])  # the flood wait, on the runtime's clock
+    standin.clock.advance(2)
+    wait_for(lambda: standin.delivered(ADA))
     assert userbot.runtime.wait_idle(timeout=10)
     [refused] = [s for s in standin.sent if s.id is None]
     [to_ada], [to_mallory] = standin.delivered(ADA), standin.delivered(MALLORY)
