@@ -1,5 +1,8 @@
 """Several daemons serve one bot through NATS JetStream: a real nats-server (from the
-venv, on 127.0.0.1, JetStream on a temp dir), real daemons, the fake Bot API and LLM."""
+venv, on 127.0.0.1, JetStream on a temp dir), real daemons, the fake Bot API and LLM.
+
+Real time: the daemons are real processes (killed, restarted) and the NATS server's
+leases, acknowledgement waits and redeliveries run on its clock, so no ManualClock here."""
 
 from __future__ import annotations
 

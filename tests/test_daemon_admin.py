@@ -1,4 +1,7 @@
-"""Operating a running daemon: status, inject, dead letters, root failure, secrets."""
+"""Operating a running daemon: status, inject, dead letters, root failure, secrets.
+
+Real time: the daemon runs as a real subprocess, reached over its admin endpoint, so these
+tests poll what it reports, with generous timeouts; no ManualClock can reach into it."""
 
 from __future__ import annotations
 

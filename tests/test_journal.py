@@ -1,4 +1,7 @@
-"""The delivery journal: nothing accepted is lost, even across kill -9."""
+"""The delivery journal: nothing accepted is lost, even across kill -9.
+
+Real time: the kill -9 and clean-stop tests run the daemon as a real process and kill or
+stop it at random real moments; the journal's own tests wait on no timer."""
 
 from __future__ import annotations
 

@@ -2,8 +2,12 @@
 replayed from it, traces drawn as waterfalls; and its token and cross-site rules.
 
 Chromium is Debian's (``apt-get install -y chromium``), driven by Playwright's Python
-package; Playwright's own browser downloads are never used. To refresh the README's
-screenshot::
+package; Playwright's own browser downloads are never used.
+
+Real time: the page is a real browser process pushed to over SSE at the page's own
+interval; the tests wait on what it shows, with generous timeouts, never on a runtime timer.
+
+To refresh the README's screenshot::
 
     STATUS_PAGE_SCREENSHOT=docs/status-page.png .venv/bin/pytest tests/test_page.py -k screenshot
 """

@@ -1,5 +1,8 @@
 """Running it as a service: systemd's readiness protocol, ``config show``, JSON logs,
-``--version``, and the systemd unit and Dockerfile an operator deploys with."""
+``--version``, and the systemd unit and Dockerfile an operator deploys with.
+
+Real time: the daemon runs as a real subprocess (signals, sockets, its own clock), so
+these tests wait on what it says and does, with generous timeouts."""
 
 from __future__ import annotations
 
