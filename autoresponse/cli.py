@@ -236,8 +236,30 @@ def status(args: argparse.Namespace) -> int:
     cluster = data.get("cluster")
     if cluster:
         view.add(_cluster_label(cluster))
+    llm = (data.get("reports") or {}).get("llm")
+    if llm:
+        for line in _llm_labels(llm):
+            view.add(line)
     RichConsole().print(view)
     return 0
+
+
+def _llm_labels(llm: dict[str, Any]) -> list[str]:
+    """The LLM lines of ``status``: each engine's protocol, window and circuit; tokens used."""
+    rows = []
+    for engine in llm.get("engines", ()):
+        window = engine.get("context_tokens")
+        budget = engine.get("request_budget_tokens")
+        fit = f"  context {window}" + (f" (requests fit in {budget}, last {engine.get('last_request_tokens')})"
+                                       if budget else "") if window else ""
+        colour = "red" if engine.get("circuit") == "open" else "green"
+        rows.append(f"llm {engine['name']}  speaks {engine.get('protocol')}{fit}  "
+                    f"[{colour}]circuit {engine.get('circuit')}[/]")
+    usage = llm.get("usage") or {}
+    if usage.get("tokens_total"):
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(usage.get("tokens_by_kind", {}).items()))
+        rows.append(f"llm tokens {usage['tokens_total']} ({kinds})")
+    return rows
 
 
 def _cluster_label(cluster: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from benchmarks import cases, plots, report
+from benchmarks import cases, plots, reask, report
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -51,6 +51,8 @@ def main() -> None:
          lambda: cases.daemon_scale(1_000 if quick else 10_000)),
         ("soak", "6: soak",
          lambda: cases.soak(20_000 if quick else 200_000, every=2_000 if quick else 20_000)),
+        ("reask_rate", "8: re-asks per reply, text and tools",
+         lambda: reask.reask_rate(100 if quick else 500)),
         ("cluster", "7: several daemons on NATS JetStream",
          lambda: cases.cluster([1, 2, 3], latency=0.5, in_flight=12,
                                updates_per_worker=100 if quick else 400)),

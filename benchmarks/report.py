@@ -106,6 +106,14 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"the JetStream round trips cost **{c['round_trip_cpu_ms']:.1f} ms** of CPU per delivery more "
                     f"(daemon and server, on {c['cores']} cores)",
                     "(reported)"))
+    if "reask_rate" in f:
+        c = f["reask_rate"]
+        out.append((f"8. LLM calls per delivered reply, a stand-in that errs on {c['mistakes']:.0%} of turns",
+                    " / ".join(f"{mode}: **{c[mode]['calls_per_reply']:.2f}** ({c[mode]['calls']} calls, "
+                               f"{c[mode]['replies']} replies, {c[mode]['dead_letters']} dead letters)"
+                               for mode in ("text", "tools")),
+                    f"≤ 1 + {c['mistakes']:g} (one re-ask per mistake): "
+                    + _verdict(all(c[m]["calls_per_reply"] <= 1 + c["mistakes"] * 1.3 for m in ("text", "tools")))))
     return out
 
 

@@ -20,7 +20,7 @@ from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.limits import LLM_MAX_TOKENS
 from autoresponse.actors.llm import HttpEngine
-from autoresponse.actors.llm.client import BUDGET_NOTICE
+from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
@@ -374,3 +374,58 @@ def test_the_prompt_a_chat_turn_sends_is_lean_where_the_format_is_enforced() -> 
     sizes = {mode: len(json.dumps(render_openai_messages(prompt, mode))) for mode in ("tools", "json_schema", "text")}
     assert sizes["tools"] < sizes["text"] / 3 and sizes["json_schema"] < sizes["text"] / 3
 
+
+
+# ------------------------------------------------------------------ the model's limits
+
+
+def test_auto_follows_what_the_server_says_it_supports(make_app: MakeApp, manual_clock: ManualClock) -> None:
+    """llama.cpp's /props: a 4096-token window, and a chat template without tools."""
+    props = {"default_generation_settings": {"n_ctx": 4096}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(props=props) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, admin={"enabled": True, "port": 0})
+        [sent] = replies(app, "hello", manual_clock)
+        assert "Hello" in sent.text
+        [request] = llm.requests
+        assert "response_format" in request.body and "tools" not in request.body
+        with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+            [engine] = json.load(response)["reports"]["llm"]["engines"]
+    assert engine["protocol"] == "json_schema" and engine["context_tokens"] == 4096
+    assert engine["request_budget_tokens"] == 4096 - LLM_MAX_TOKENS - 96
+
+
+def long_turns(app: Application, clock: ManualClock, count: int) -> None:
+    """Fill the chat's memory with long turns."""
+    for n in range(count):
+        replies(app, f"story part {n}: " + "once upon a time " * 90, clock)
+
+
+def test_every_request_fits_the_window_memory_trimmed_from_the_oldest(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    with FakeLLMServer(context=1_600) as llm:  # a bigger request gets llama.cpp's 400
+        app = make_app(base_url=llm.base_url, clock=manual_clock,
+                       llm={"context_tokens": 1_600, "max_tokens": 200, "protocol": "text"})
+        long_turns(app, manual_clock, 4)
+        [last] = replies(app, "and what did I say first?", manual_clock)
+    assert "offline" in last.text  # answered, not refused
+    assert all(r.body["max_tokens"] == 200 for r in llm.requests)
+    # The window held for every request, and the newest ones carried less than all the memory.
+    assert len(llm.requests) == 5
+    assert len(llm.requests[-1].messages) < 2 + 2 * 4
+
+
+def test_a_context_refusal_shrinks_the_request_once_and_is_never_called_unreachable(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    with FakeLLMServer() as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, llm={"protocol": "text"})
+        long_turns(app, manual_clock, 4)
+        llm.context = 1_300  # the model turns out smaller than the memory grew
+        [answer] = replies(app, "still there?", manual_clock)
+        assert not answer.notice and "offline" in answer.text
+        refused = [r for r in llm.requests[4:]]
+        assert len(refused) == 2  # one refusal, one smaller request that fitted
+        # A text that cannot fit whatever is trimmed: the user hears it is too long.
+        [notice] = replies(app, "x" * 20_000, manual_clock)
+    assert notice.notice and notice.text == TOO_LONG_NOTICE

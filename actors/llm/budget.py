@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS, REASK_EXCERPT_CHARS
-from autoresponse.actors.prompts import Protocol, excerpt, render_openai_messages, response_format, tool_definitions
+from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS
+from autoresponse.actors.llm.engine import LLMError
+from autoresponse.actors.prompts import Protocol, render_openai_messages, response_format, tool_definitions
 from autoresponse.messages import PromptRequest
 
 #: The turns of a re-ask's own exchange: the question, the rejected answer and (in the
@@ -51,13 +52,18 @@ class ContextBudget:
     #: Shrunk after a server said a request was still too big (see ``shrink``).
     scale: float = 1.0
 
+    def __post_init__(self) -> None:
+        # A window smaller than the configured reply: the reply gets a third of it.
+        self.reserve = min(self.reserve, self.window // 3)
+
     @property
     def room(self) -> int:
         return max(0, int((self.window - self.reserve - CONTEXT_MARGIN_TOKENS) * self.scale))
 
     def fit(self, prompt: PromptRequest, protocol: Protocol) -> PromptRequest:
-        """``prompt`` with the oldest memory dropped, then the current text cut to an
-        excerpt, until it fits the room; unchanged if it fits already."""
+        """``prompt`` with the oldest memory dropped until it fits the room (unchanged if
+        it fits already). ``LLMError`` (context exceeded) when the current text alone
+        cannot fit: the user hears it is too long, rather than an answer to half of it."""
         if request_tokens(prompt, protocol) <= self.room:
             return prompt
         turns = list(prompt.turns)
@@ -68,10 +74,10 @@ class ContextBudget:
             while len(turns) > floor and request_tokens(fitted, protocol) > self.room:
                 turns.pop(0)
                 fitted = prompt.model_copy(update={"turns": tuple(turns)})
-        if request_tokens(fitted, protocol) > self.room and prompt.system_message is None:
-            over = (request_tokens(fitted, protocol) - self.room) * CHARS_PER_TOKEN
-            cut = max(REASK_EXCERPT_CHARS, len(prompt.current_text) - over)
-            fitted = fitted.model_copy(update={"current_text": excerpt(prompt.current_text, cut)})
+        if estimate_tokens(prompt.current_text) > self.room:
+            # The user's own words do not fit, whatever is trimmed: never cut them silently.
+            raise LLMError(f"the message is too long for the model's context window ({self.window} tokens)",
+                           context_exceeded=True)
         return fitted
 
     def shrink(self) -> None:

@@ -413,7 +413,8 @@ class HttpEngine:
                 sent["seed"] = self.seed
             if self.max_tokens is not None:
                 limit = "max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"
-                sent[limit] = self.max_tokens
+                budget = self.budget
+                sent[limit] = budget.reserve if budget is not None else self.max_tokens
             if watch is not None:
                 sent["stream"] = True
                 if "stream_options" not in self.refused:
@@ -560,7 +561,7 @@ class HttpEngine:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             # RecursionError: json nests as deep as the server likes.
             raise LLMError(f"malformed LLM response: {text[:200]!r}") from exc
-        if content is None and calls:
+        if content is None:  # null content: tool calls only, or an empty answer
             content = ""
         if not isinstance(content, str):
             raise LLMError(f"LLM response has no text content: {text[:200]!r}")

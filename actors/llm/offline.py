@@ -104,9 +104,12 @@ class OfflineEngine:
         system = messages[0]["content"] if messages else ""
         last = messages[-1]["content"] if messages else ""
         data = None
-        if last.startswith('{"system_message"'):  # a delivery turn; a chat turn is never parsed
+        # A delivery or re-ask turn (in tools, a re-ask's system message ends its tool turn);
+        # a chat turn is never parsed.
+        start = 0 if last.startswith('{"system_message"') else last.find('\n\n{"system_message"') + 2
+        if start >= 0 and last[start:].startswith('{"system_message"'):
             try:
-                data = json.loads(last)
+                data = json.loads(last[start:])
             except ValueError:
                 data = None
         if isinstance(data, dict) and isinstance(data.get("system_message"), dict):
@@ -160,4 +163,6 @@ class OfflineEngine:
             late = event.get("late_seconds", 0)
             note = f" (I was {int(late // 60)} min late, sorry.)" if late >= 60 else ""
             return [_message(allowed, f"⏰ Reminder: {event.get('description', '')}{note}")]
+        if kind == "error" and any(p.get("done") for p in message.get("positions", [])):
+            return []  # the rest was carried out: nothing more to say
         return [_message(allowed, "Sorry, I could not do that.")]

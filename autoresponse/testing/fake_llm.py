@@ -147,8 +147,13 @@ class FakeLLMServer(LoopbackServer):
 
     def __init__(self, *, delay: float = 0.0, port: int = 0,
                  responder: Callable[[dict[str, Any]], str | FakeResponse | None] | None = None,
-                 tools: bool = True, json_schema: bool = True, mistakes: float = 0.0, seed: int = 7) -> None:
+                 tools: bool = True, json_schema: bool = True, mistakes: float = 0.0, seed: int = 7,
+                 context: int | None = None, props: dict[str, Any] | None = None) -> None:
         super().__init__(port=port, name="fake-llm")
+        #: A context window in (estimated) tokens: a bigger request gets llama.cpp's 400.
+        self.context = context
+        #: Served at GET /props, as llama.cpp's server describes itself (None: 404).
+        self.props = props
         self.delay = delay
         #: The fraction of first answers (not re-asks) that add an invalid action.
         self.mistakes = mistakes
@@ -171,7 +176,15 @@ class FakeLLMServer(LoopbackServer):
             self._script.extend(responses)
 
     def refusal(self, body: dict[str, Any]) -> web.Response | None:
-        """A 400 naming the feature the request uses and this server does not have."""
+        """A 400 naming the feature the request uses and this server does not have, or
+        saying (as llama.cpp does) that the request exceeds the context window."""
+        if self.context is not None:
+            size = estimated_usage(body, "")["prompt_tokens"] + int(body.get("max_tokens") or 0)
+            if size > self.context:
+                return web.json_response({"error": {
+                    "code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": size, "n_ctx": self.context,
+                    "message": f"the request exceeds the available context size ({size} > {self.context} tokens)"}},
+                    status=400)
         if body.get("tools") and not self.tools:
             return web.json_response({"error": {"message": "tools are not supported by this model",
                                                 "type": "invalid_request_error", "param": "tools"}}, status=400)
@@ -256,10 +269,11 @@ class FakeLLMServer(LoopbackServer):
         actions = json.loads(text)["actions"]
         reask = bool(messages) and '"type": "error"' in str(messages[-1].get("content", ""))
         if self.mistakes and not reask and self._rng.random() < self.mistakes:
-            actions.append({"type": actions[0]["type"] if actions else "terminal", "payload": {}})
+            actions.append({"type": "teleport", "payload": {"to": "mars"}})  # no such action
             text = json.dumps({"actions": actions}, ensure_ascii=False)
         if body.get("tools"):
-            return None, tuple((a["type"], a["payload"]) for a in actions)
+            calls = tuple((a["type"], a["payload"]) for a in actions)
+            return (None, calls) if calls else ("", None)
         return text, None
 
     async def _body(self, scripted: FakeResponse | None, request: dict[str, Any]) -> bytes:
@@ -312,8 +326,14 @@ class FakeLLMServer(LoopbackServer):
             return False
         return True
 
+    async def _props(self, request: web.Request) -> web.Response:
+        if self.props is None:
+            raise web.HTTPNotFound()
+        return web.json_response(self.props)
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/props", self._props)
 
 
 def main() -> None:
