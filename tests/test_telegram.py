@@ -1,4 +1,8 @@
-"""Telegram end to end: python-telegram-bot against a fake Bot API server on 127.0.0.1."""
+"""Telegram end to end: python-telegram-bot against a fake Bot API server on 127.0.0.1.
+
+The bot and the fake share a ManualClock: a chat's pacing, a 429's retry_after and a
+network error's backoff are timers of the runtime's clock, which the tests fire in turn
+(``until``) instead of waiting."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 from conftest import system_messages, wait_for
 
 from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
@@ -22,8 +27,8 @@ CHAT = 42
 
 
 @pytest.fixture
-def fake_telegram() -> Iterator[FakeTelegramServer]:
-    with FakeTelegramServer() as server:
+def fake_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
+    with FakeTelegramServer(clock=manual_clock) as server:
         yield server
 
 
@@ -34,7 +39,21 @@ def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
     return make_app(base_url=fake_llm.base_url, telegram={
         "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
         "allowed_users": [ALLOWED], "poll_timeout": 1,
-    })
+    }, clock=fake_telegram.clock)
+
+
+def until(fake: FakeTelegramServer, condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Fire the bot's timers (a chat's pacing, retry waits) in turn until ``condition()``
+    holds; its value."""
+    assert isinstance(fake.clock, ManualClock)
+    assert fake.clock.advance_until(condition, timeout), "condition not met"
+    return condition()
+
+
+def settle(app: Application, fake: FakeTelegramServer, timeout: float = 15.0) -> None:
+    """Fire the bot's timers in turn until nothing is in flight (a paced chunk, a retry)."""
+    until(fake, lambda: app.runtime.inflight.count() == 0, timeout)
+    assert app.runtime.wait_idle(timeout=timeout)
 
 
 
@@ -59,8 +78,8 @@ def test_the_full_loop_through_python_telegram_bot(
     fake_llm.script(actions({"type": "terminal", "payload": {"command": "df -h"}}),
                     actions({"type": "message_telegram_bot", "payload": {"text": "Your disks are fine."}}))
     message = fake_telegram.push_text("run df -h", chat_id=CHAT, user_id=ALLOWED)
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
-    assert bot.runtime.wait_idle(timeout=10)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram, timeout=10)
     assert sent.params["text"] == "Your disks are fine."
     assert reply_to(sent) == message["message_id"]
     assert sent.params["reply_parameters"]["allow_sending_without_reply"] is True
@@ -79,8 +98,8 @@ def test_a_long_reply_arrives_as_ordered_chunks(bot: Application, fake_telegram:
             + "Family 👨‍👩‍👧 time. " * 200)
     assert len(text) >= 10_000
     tell(bot, text)
-    chunks = wait_for(lambda: len(fake_telegram.sent(CHAT)) >= 3 and fake_telegram.sent(CHAT), timeout=30)
-    assert bot.runtime.wait_idle(timeout=30)
+    chunks = until(fake_telegram, lambda: len(fake_telegram.sent(CHAT)) >= 3 and fake_telegram.sent(CHAT), timeout=30)
+    settle(bot, fake_telegram, timeout=30)
     texts = [c.params["text"] for c in fake_telegram.sent(CHAT)]
     assert all(utf16_len(t) <= 4096 for t in texts)
     assert sum(code in t for t in texts) == 1  # the code block is whole, in one chunk
@@ -94,23 +113,24 @@ def test_a_429_holds_back_only_its_own_chat(bot: Application, fake_telegram: Fak
     fake_telegram.fail_next("sendMessage", 429, "Too Many Requests: retry after 2", chat_id=1,
                             parameters={"retry_after": 2})
     tell(bot, "to A", chat_id=1)
-    time.sleep(0.1)
+    wait_for(lambda: fake_telegram.calls_to("sendMessage"))  # refused: A waits 2 s on the clock
     tell(bot, "to B", chat_id=2)
-    wait_for(lambda: fake_telegram.sent(1) and fake_telegram.sent(2))
-    assert bot.runtime.wait_idle(timeout=10)
+    wait_for(lambda: fake_telegram.sent(2))  # while no time passes
+    until(fake_telegram, lambda: fake_telegram.sent(1))
+    settle(bot, fake_telegram, timeout=10)
     [refused] = [c for c in fake_telegram.calls_to("sendMessage") if not c.ok]
     [to_a], [to_b] = fake_telegram.sent(1), fake_telegram.sent(2)
-    assert to_a.time - refused.time >= 2.0  # the wait was obeyed
+    assert to_a.time - refused.time >= 2.0 - 1e-9  # the wait was obeyed (a float sum on the clock)
     assert to_b.time < to_a.time and to_b.time - refused.time < 1.0  # B was not held back
 
 
 def test_replies_to_one_chat_are_spaced_a_second_apart(bot: Application, fake_telegram: FakeTelegramServer) -> None:
     for n in range(5):
         tell(bot, f"reply {n}")
-    sent = wait_for(lambda: len(fake_telegram.sent(CHAT)) == 5 and fake_telegram.sent(CHAT), timeout=30)
+    sent = until(fake_telegram, lambda: len(fake_telegram.sent(CHAT)) == 5 and fake_telegram.sent(CHAT), timeout=30)
     assert [c.params["text"] for c in sent] == [f"reply {n}" for n in range(5)]
     gaps = [b.time - a.time for a, b in zip(sent, sent[1:], strict=False)]
-    assert all(gap >= 1.0 for gap in gaps), gaps
+    assert all(gap >= 1.0 - 1e-9 for gap in gaps), gaps  # (float sums on the manual clock)
 
 
 def test_an_unparsable_reply_is_resent_once_as_plain_text(
@@ -119,8 +139,8 @@ def test_an_unparsable_reply_is_resent_once_as_plain_text(
     fake_telegram.fail_next("sendMessage", 400, "Bad Request: can't parse entities: can't find end of "
                                                 "the entity starting at byte offset 3")
     tell(bot, "a *broken markdown reply")
-    wait_for(lambda: fake_telegram.sent(CHAT))
-    assert bot.runtime.wait_idle(timeout=10)
+    until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram, timeout=10)
     first, second = fake_telegram.calls_to("sendMessage")
     assert (first.ok, first.params["parse_mode"]) == (False, "Markdown")
     assert second.ok and "parse_mode" not in second.params
@@ -131,8 +151,8 @@ def test_a_too_long_message_is_split_further(bot: Application, fake_telegram: Fa
     fake_telegram.fail_next("sendMessage", 400, "Bad Request: message is too long")
     text = "first half. " * 20 + "second half. " * 20
     tell(bot, text)
-    wait_for(lambda: fake_telegram.sent(CHAT))
-    assert bot.runtime.wait_idle(timeout=15)
+    until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram, timeout=15)
     sent = fake_telegram.sent(CHAT)
     assert len(sent) > 1 and len(fake_telegram.calls_to("sendMessage")) == len(sent) + 1
     assert "".join(c.params["text"] for c in sent).replace(" ", "") == text.replace(" ", "")
@@ -143,9 +163,9 @@ def test_a_blocked_chat_is_marked_and_dead_lettered_without_retries(
 ) -> None:
     fake_telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user")
     tell(bot, "hello?")
-    wait_for(lambda: bot.runtime.dead_letters.letters())
+    until(fake_telegram, lambda: bot.runtime.dead_letters.letters())
     tell(bot, "are you there?")
-    assert bot.runtime.wait_idle(timeout=10)
+    settle(bot, fake_telegram, timeout=10)
     letters = bot.runtime.dead_letters.letters()
     assert [d.reason for d in letters] == ["chat unreachable", "chat unreachable"]
     assert "bot was blocked by the user" in letters[0].detail
@@ -157,16 +177,16 @@ def test_a_migrated_chat_is_re_targeted(bot: Application, fake_telegram: FakeTel
     fake_telegram.fail_next("sendMessage", 400, "Bad Request: group chat was upgraded to a supergroup chat",
                             chat_id=-5, parameters={"migrate_to_chat_id": -1005})
     tell(bot, "first", chat_id=-5, chat_type="group")
-    wait_for(lambda: fake_telegram.sent(-1005))
+    until(fake_telegram, lambda: fake_telegram.sent(-1005))
     tell(bot, "second", chat_id=-5, chat_type="group")
-    wait_for(lambda: len(fake_telegram.sent(-1005)) == 2)
+    until(fake_telegram, lambda: len(fake_telegram.sent(-1005)) == 2)
     assert fake_telegram.sent(-5) == []
 
 
 def test_network_errors_are_retried(bot: Application, fake_telegram: FakeTelegramServer) -> None:
     fake_telegram.fail_next("sendMessage", 502, "Bad Gateway", times=2)
     tell(bot, "eventually")
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
     assert sent.params["text"] == "eventually"
     assert len(fake_telegram.calls_to("sendMessage")) == 3
 
@@ -176,7 +196,7 @@ def test_forum_replies_stay_in_their_topic(
 ) -> None:
     message = fake_telegram.push_text("@synth_bot hello", chat_id=-100, user_id=ALLOWED,
                                       chat_type="supergroup", thread_id=77)
-    [sent] = wait_for(lambda: fake_telegram.sent(-100))
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(-100))
     assert sent.params["message_thread_id"] == 77
     assert reply_to(sent) == message["message_id"]
     assert fake_llm.requests[0].messages[-1]["content"] == "hello"  # the mention is not part of the request
@@ -187,8 +207,8 @@ def test_strangers_get_a_refusal_and_nothing_runs(
 ) -> None:
     with bot.runtime.probe(executor("terminal")) as ran:
         message = fake_telegram.push_text("run df -h", chat_id=99, user_id=99)
-        [sent] = wait_for(lambda: fake_telegram.sent(99))
-        assert bot.runtime.wait_idle(timeout=10)
+        [sent] = until(fake_telegram, lambda: fake_telegram.sent(99))
+        settle(bot, fake_telegram, timeout=10)
         assert ran.envelopes == []
     assert sent.params["text"] == REFUSAL
     assert reply_to(sent) == message["message_id"]
@@ -201,8 +221,8 @@ def test_in_groups_the_bot_answers_only_when_addressed(
     fake_telegram.push_text("run df -h", chat_id=-300, user_id=ALLOWED, chat_type="group")
     fake_telegram.push_text("nice weather", chat_id=-300, user_id=ALLOWED, chat_type="group")
     fake_telegram.push_text("hi there", chat_id=-300, user_id=ALLOWED, chat_type="group", reply_to_bot=True)
-    [sent] = wait_for(lambda: fake_telegram.sent(-300))
-    assert bot.runtime.wait_idle(timeout=10)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(-300))
+    settle(bot, fake_telegram, timeout=10)
     assert [r.messages[-1]["content"] for r in fake_llm.requests] == ["hi there"]
     assert "Hello!" in sent.params["text"]
 
@@ -245,12 +265,12 @@ def test_a_malformed_update_is_dead_lettered_acknowledged_and_the_rest_flow_on(
 ) -> None:
     poison = fake_telegram.push_update({"message": {"message_id": "notanint", "chat": "garbage"}})
     fake_telegram.push_text("run echo after the poison", chat_id=CHAT, user_id=ALLOWED)
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
     assert "after the poison" in json.dumps(sent.params)
     [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]
     assert '"notanint"' in letter.record["body"]["raw"] and letter.actor == "interface.telegram"
     # Acknowledged: later polls ask for what comes after it, so it is never read twice.
-    wait_for(lambda: any(int(c.params.get("offset") or 0) > poison
+    until(fake_telegram, lambda: any(int(c.params.get("offset") or 0) > poison
                          for c in fake_telegram.calls_to("getUpdates")))
     assert len([d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]) == 1
     assert bot.runtime.cell("interface.telegram").restarts == 0
@@ -264,13 +284,13 @@ def test_an_update_with_text_that_is_not_unicode_is_dead_lettered_and_acknowledg
                                                  "chat": {"id": CHAT, "type": "private"},
                                                  "from": {"id": ALLOWED, "is_bot": False, "first_name": "A\udfff"}}})
     fake_telegram.push_text("run echo after the surrogate", chat_id=CHAT, user_id=ALLOWED)
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
     assert "after the surrogate" in json.dumps(sent.params)
     [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed input"]
     assert "cannot be stored" in letter.detail and letter.actor == "interface.telegram"
-    wait_for(lambda: any(int(c.params.get("offset") or 0) > bad for c in fake_telegram.calls_to("getUpdates")))
+    until(fake_telegram, lambda: any(int(c.params.get("offset") or 0) > bad for c in fake_telegram.calls_to("getUpdates")))
     assert bot.runtime.cell("interface.telegram").restarts == 0
-    assert bot.runtime.wait_idle(timeout=10)
+    settle(bot, fake_telegram, timeout=10)
     assert bot.runtime.intake.free() == bot.runtime.intake.capacity  # its place was given back
 
 
@@ -279,10 +299,10 @@ def test_a_blocked_bot_is_reachable_again_once_its_user_writes(
 ) -> None:
     fake_telegram.fail_next("sendMessage", 403, "Forbidden: bot was blocked by the user", chat_id=CHAT)
     fake_telegram.push_text("hello", chat_id=CHAT, user_id=ALLOWED)
-    wait_for(lambda: any(d.reason == "chat unreachable" for d in bot.runtime.dead_letters.letters()))
-    assert bot.runtime.wait_idle(timeout=10)
+    until(fake_telegram, lambda: any(d.reason == "chat unreachable" for d in bot.runtime.dead_letters.letters()))
+    settle(bot, fake_telegram, timeout=10)
     fake_telegram.push_text("hello again", chat_id=CHAT, user_id=ALLOWED)  # they unblocked us
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
     assert sent.params["chat_id"] == CHAT
 
 
@@ -292,8 +312,8 @@ def test_a_longer_username_is_not_a_mention_of_the_bot(
     group = -100
     fake_telegram.push_text("@synth_botnet run echo not-me", chat_id=group, user_id=ALLOWED, chat_type="group")
     fake_telegram.push_text("@synth_bot run echo me", chat_id=group, user_id=ALLOWED, chat_type="group")
-    [sent] = wait_for(lambda: fake_telegram.sent(group), timeout=20)
-    assert bot.runtime.wait_idle(timeout=10)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(group), timeout=20)
+    settle(bot, fake_telegram, timeout=10)
     assert len(fake_telegram.sent(group)) == 1
     asked = [r.messages[-1]["content"] for r in fake_llm.requests if r.messages[-1]["content"].startswith("run")]
     assert asked == ["run echo me"]  # the other one never reached the LLM
@@ -303,11 +323,11 @@ def test_edits_are_not_new_requests_and_allowed_updates_says_so(
     bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
 ) -> None:
     fake_telegram.push_text("run echo original", chat_id=CHAT, user_id=ALLOWED, message_id=77)
-    wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
     fake_telegram.push_text("run echo edited", chat_id=CHAT, user_id=ALLOWED, message_id=77, edited=True)
     fake_telegram.push_text("run echo next", chat_id=CHAT, user_id=ALLOWED)
-    wait_for(lambda: len(fake_telegram.sent(CHAT)) == 2, timeout=20)
-    assert bot.runtime.wait_idle(timeout=10)
+    until(fake_telegram, lambda: len(fake_telegram.sent(CHAT)) == 2, timeout=20)
+    settle(bot, fake_telegram, timeout=10)
     assert not any("edited" in json.dumps(r.body) for r in fake_llm.requests)
     assert all(c.params["allowed_updates"] == ["message"] for c in fake_telegram.calls_to("getUpdates"))
 
@@ -317,9 +337,9 @@ def test_a_huge_retry_after_parks_only_that_reply(bot: Application, fake_telegra
                             parameters={"retry_after": 999999})
     tell(bot, "the parked one", message_id=1)
     tell(bot, "the next one", message_id=2)
-    [sent] = wait_for(lambda: fake_telegram.sent(CHAT), timeout=20)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
     assert sent.params["text"] == "the next one"
-    assert bot.runtime.wait_idle(timeout=10)
+    settle(bot, fake_telegram, timeout=10)
     [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "flood control"]
     assert "999999" in letter.detail
 

@@ -1,5 +1,8 @@
 """Telegram webhook mode end to end: the real Application with python-telegram-bot against
-the fake Bot API, updates posted over real HTTP to the bot's webhook on 127.0.0.1."""
+the fake Bot API, updates posted over real HTTP to the bot's webhook on 127.0.0.1.
+
+The bot and the fake share a ManualClock: a chat's pacing is a timer of the runtime's
+clock, fired by the test (``advance_until``) rather than waited for."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import pytest
 from conftest import environment, free_port, wait_for
 
 from autoresponse import Application, Settings, StartError
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.config import ConfigError
 from autoresponse.testing.fake_telegram import (
@@ -50,8 +54,8 @@ class WebhookBot:
 
 
 @pytest.fixture
-def fake_telegram() -> Iterator[FakeTelegramServer]:
-    with FakeTelegramServer() as server:
+def fake_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
+    with FakeTelegramServer(clock=manual_clock) as server:
         yield server
 
 
@@ -65,7 +69,7 @@ def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Ca
         "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [ALLOWED],
         "poll_timeout": 1, "webhook_url": PUBLIC_URL, "webhook_listen": f"127.0.0.1:{port}",
         "webhook_secret": SECRET,
-    })
+    }, clock=fake_telegram.clock)
     return WebhookBot(app, port)
 
 
@@ -124,7 +128,8 @@ def test_a_crashed_interface_serves_its_webhook_again_on_the_same_port(
     bot: WebhookBot, fake_telegram: FakeTelegramServer
 ) -> None:
     bot.app.runtime.send("interface.telegram", Crash(reason="drill"))
-    wait_for(lambda: len(fake_telegram.calls_to("setWebhook")) == 2)
+    assert isinstance(fake_telegram.clock, ManualClock)  # the restart's backoff fires when advanced
+    assert fake_telegram.clock.advance_until(lambda: len(fake_telegram.calls_to("setWebhook")) == 2)
     assert bot.app.runtime.cell("interface.telegram").restarts == 1
     assert post_update(bot.hook, text(fake_telegram, "run echo after the crash"), secret_token=SECRET) == 200
     [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
@@ -205,7 +210,9 @@ def test_an_update_telegram_sends_again_is_answered_once(
     [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
     assert bot.app.runtime.wait_idle(timeout=10)
     assert post_update(bot.hook, update, secret_token=SECRET) == 200  # and one after the answer
-    time.sleep(1.5)  # a second reply to the chat would come a second after the first
+    # A second reply to the chat would wait a second after the first: fire that timer, if any.
+    assert isinstance(fake_telegram.clock, ManualClock)
+    assert fake_telegram.clock.advance_until(lambda: bot.app.runtime.inflight.count() == 0)
     assert bot.app.runtime.wait_idle(timeout=10)
     assert fake_telegram.sent(CHAT) == [sent]
     assert asked(fake_llm, "run echo only once") == 1

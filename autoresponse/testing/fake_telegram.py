@@ -41,6 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
+from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.loopback import LoopbackServer
 
 _MENTION = re.compile(r"@\w+")
@@ -57,7 +58,7 @@ BOT_USER = {"id": 1000, "is_bot": True, "first_name": "synth", "username": "synt
 
 @dataclass(frozen=True)
 class Call:
-    time: float  # time.monotonic() when the call arrived
+    time: float  # the fake's clock.monotonic() when the call arrived
     token: str
     method: str
     params: dict[str, Any]
@@ -82,8 +83,10 @@ class Failure:
 
 
 class FakeTelegramServer(LoopbackServer):
-    def __init__(self, *, port: int = 0) -> None:
+    def __init__(self, *, port: int = 0, clock: Clock | None = None) -> None:
+        """``clock`` (the bot's, a ManualClock in tests) times the calls."""
         super().__init__(port=port, name="fake-telegram")
+        self.clock = clock if clock is not None else Clock()
         self.calls: list[Call] = []
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
@@ -202,7 +205,7 @@ class FakeTelegramServer(LoopbackServer):
         failure = self._failure_for(method, None if chat_id is None else int(chat_id)) or self._conflict(method)
         sent = self._message_sent(params) if failure is None and method == "sendMessage" else None
         with self._lock:
-            self.calls.append(Call(time.monotonic(), token, method, params, failure is None,
+            self.calls.append(Call(self.clock.monotonic(), token, method, params, failure is None,
                                    sent["message_id"] if sent else None))
         if failure is not None:
             body = {"ok": False, "error_code": failure.status, "description": failure.description}
