@@ -14,7 +14,7 @@ from conftest import ask, console_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresponse import Application
-from autoresponse.actors.kernel import Runtime
+from autoresponse.actors.kernel import ManualClock, Runtime
 from autoresponse.admin import MAX_BODY_DEPTH, AdminServer
 from autoresponse.app import names_in
 from autoresponse.config import AdminSettings
@@ -265,16 +265,20 @@ def test_the_busy_answer_carries_retry_after(make_app: MakeApp, fake_llm: Any) -
     assert caught.value.code == 503 and caught.value.headers["Retry-After"] == "2"
 
 
-def test_healthz_is_not_ok_while_an_inbound_actor_is_down(make_app: MakeApp) -> None:
+def test_healthz_is_not_ok_while_an_inbound_actor_is_down(make_app: MakeApp, manual_clock: ManualClock) -> None:
     from conftest import wait_for
 
-    app = make_app(admin=ADMIN, supervision={"backoff_min": 2.0, "backoff_max": 2.0, "backoff_jitter": 0})
+    app = make_app(admin=ADMIN, supervision={"backoff_min": 2.0, "backoff_max": 2.0, "backoff_jitter": 0},
+                   clock=manual_clock)
     url = admin_url(app)
     assert call(f"{url}/healthz") == (200, '{"status": "ok"}')
     call(f"{url}/inject/interface.console?type=Crash", "POST", {"reason": "its loop died"})
     status, text = wait_for(lambda: (r := call(f"{url}/healthz"))[0] == 503 and r)
     assert json.loads(text) == {"status": "degraded", "down": ["interface.console"]}
-    wait_for(lambda: call(f"{url}/healthz")[0] == 200, timeout=10)  # restarted after its backoff
+    wait_for(lambda: 2.0 in manual_clock.pending())  # the restart waits out its backoff ...
+    assert call(f"{url}/healthz")[0] == 503
+    manual_clock.advance(2.0)  # ... on the runtime's clock
+    wait_for(lambda: call(f"{url}/healthz")[0] == 200, timeout=10)
 
 
 def test_credentials_in_a_configured_url_never_show(make_app: MakeApp, caplog: pytest.LogCaptureFixture) -> None:

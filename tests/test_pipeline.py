@@ -11,6 +11,7 @@ import pytest
 from conftest import ask, console_text
 
 from autoresponse import Application, request_llm_delivery
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
 from autoresponse.actors.kernel.testkit import FaultInjector
@@ -275,12 +276,12 @@ def test_replies_to_one_chat_keep_the_order_of_its_requests_while_chats_run_in_p
 
 
 def test_a_reply_with_a_thousand_commands_runs_none_and_is_re_asked(
-    make_app: MakeApp, fake_llm: FakeLLMServer
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
     fake_llm.script(actions(*[terminal(f"echo {n}") for n in range(1000)]), actions(reply("Just one, then.")))
-    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01})
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)  # the re-ask's delay fires when advanced
     with app.runtime.probe(executor("terminal")) as commands, app.runtime.probe(sender("console")) as out:
-        ask(app, "flood me")
+        ask(app, "flood me", clock=manual_clock)
         assert commands.bodies(ActionRequest) == []  # not one process started
         assert [m.text for m in out.bodies(OutboundMessage)] == ["Just one, then."]
     errors = json.loads(fake_llm.requests[1].messages[-1]["content"])["system_message"]["errors"]

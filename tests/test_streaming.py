@@ -1,4 +1,7 @@
-"""Streamed replies: a slow answer is shown as it grows, then becomes the final reply."""
+"""Streamed replies: a slow answer is shown as it grows, then becomes the final reply.
+
+Real time: the fake LLM streams in real time and the LLM client spaces its previews by its
+own monotonic clock (not the runtime's yet), so the previews' pacing is real here too."""
 
 from __future__ import annotations
 

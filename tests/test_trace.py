@@ -12,6 +12,7 @@ from typing import Any
 from conftest import ask, environment
 
 from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
 
 ADMIN = {"enabled": True, "host": "127.0.0.1", "port": 0}
 
@@ -72,11 +73,13 @@ def test_an_unknown_request_has_no_trace(make_app: Callable[..., Application]) -
     assert done.returncode == 2 and "no trace of 'no-such-request'" in done.stderr
 
 
-def test_a_trace_shows_where_a_request_died(make_app: Callable[..., Application], fake_llm: Any) -> None:
+def test_a_trace_shows_where_a_request_died(
+    make_app: Callable[..., Application], fake_llm: Any, manual_clock: ManualClock
+) -> None:
     # The LLM never answers with JSON: every re-ask is rejected until the retries give up.
     fake_llm.responder = lambda body: "not json at all"
-    app = make_app(base_url=fake_llm.base_url, retry={"backoff_min": 0.01, "backoff_max": 0.02})
-    envelope = ask(app, "hello")
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)  # re-ask delays: timers on that clock
+    envelope = ask(app, "hello", clock=manual_clock)
     hops = app.runtime.trace(envelope.correlation_id)
     [letter] = app.runtime.dead_letters.letters(envelope.correlation_id)
     [dead] = [h for h in hops if h["outcome"] == f"dead letter: {letter.reason}"]
