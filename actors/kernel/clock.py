@@ -3,11 +3,16 @@
 A ``Runtime`` owns one clock (``Runtime(clock=...)``, real time by default), and
 every timer of the runtime waits on it: ``TypedActor.schedule`` (so the builder's
 batch wait, the re-ask delay and the reminders' ticks), the supervisor's restart
-backoff, the interfaces' polling, rate-limit and retry waits, envelope deadlines,
-and the timestamps of traces and dead letters. Read it as ``self.runtime.clock``.
+backoff and intensity, the interfaces' polling, rate-limit and retry waits (and their
+deliveries' ``sleep``), envelope deadlines, reminders' due times, and the timestamps
+of traces, dead letters and the status. Read it as ``self.runtime.clock``; a coroutine
+that waits for a time to come awaits ``self.runtime.clock.sleep(seconds)``, never
+``asyncio.sleep``.
 
 In production it is ``Clock()``. In a test it is a ``ManualClock``: time stands
-still until the test advances it, so no test waits for a timer to fire::
+still until the test advances it, so no test waits for a timer to fire. A test waits
+until the timer it means to fire is set (``wait_for_sleepers``, ``pending``), then
+calls ``advance``; for a flow of several timers, ``advance_until`` a condition::
 
     >>> clock = ManualClock(start=100.0, wall=1_000_000.0)
     >>> async def nap(seconds):
