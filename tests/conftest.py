@@ -225,11 +225,13 @@ def actors(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def system_message(request: Any) -> dict[str, Any] | None:
-    """The system message an LLM request carried as its last turn, if it carried one."""
-    content = request.messages[-1]["content"]
-    if not content.startswith('{"system_message"'):
+    """The system message an LLM request carried as its last turn, if it carried one (in
+    the tools protocol a re-ask's last tool turn ends with it)."""
+    content = request.messages[-1]["content"] or ""
+    start = content.find('{"system_message"')
+    if start == -1 or (start and not content[:start].endswith("\n\n")):
         return None
-    return json.loads(content)["system_message"]
+    return json.loads(content[start:])["system_message"]
 
 
 def system_messages(llm: Any, type: str | None = None) -> list[dict[str, Any]]:

@@ -82,7 +82,7 @@ def test_the_root_giving_up_stops_the_daemon_with_one_clear_line(tmp_path: Path,
 def test_a_bad_llm_in_a_daemon_leaves_a_dead_letter_that_can_be_replayed(
     tmp_path: Path, fake_llm: FakeLLMServer
 ) -> None:
-    fake_llm.script(*[FakeResponse(content="not json") for _ in range(3)])
+    fake_llm.script(*[FakeResponse(content="not {json") for _ in range(3)])
     with daemon(tmp_path, fake_llm.base_url, AUTORESPONSE_RETRY__BACKOFF_MIN="0.05") as d:
         d.cli("inject", "interface.console", '{"text": "hello"}')
         until = time.monotonic() + 20

@@ -151,7 +151,7 @@ def test_dead_letters_survive_a_restart_and_can_be_replayed_after_it(tmp_path: P
                                      data_dir=tmp_path / "data")
             return Application(settings, console=Console(io.StringIO())).start()
 
-        llm.script(FakeResponse(content="no JSON at all"))
+        llm.script(FakeResponse(content="no {JSON at all"))
         first = start()
         envelope = first.runtime.accept("interface.console", ConsoleInput(text="hello")).result(10)
         assert first.runtime.wait_idle(envelope.correlation_id, 15)

@@ -146,7 +146,7 @@ def test_an_injected_crash_shows_as_a_restart_within_two_seconds(make_app: MakeA
 def test_a_dead_letter_shows_and_its_replay_button_sends_it_again(
     make_app: MakeApp, fake_llm: FakeLLMServer, page: Page
 ) -> None:
-    fake_llm.script(*[FakeResponse(content="not json") for _ in range(3)])
+    fake_llm.script(*[FakeResponse(content="not {json") for _ in range(3)])
     app = make_app(base_url=fake_llm.base_url, admin=ADMIN, retry={"backoff_min": 0.01})
     open_live(page, admin_url(app))
     assert page.inner_text("#deadletters") == "No dead letters."
@@ -270,7 +270,7 @@ def test_a_screenshot_of_a_busy_page(make_app: MakeApp, fake_llm: FakeLLMServer,
                                      tmp_path: Path) -> None:
     """A restart, a dead letter, requests done and one in flight, a trace open. Saved where
     STATUS_PAGE_SCREENSHOT says (the README's is docs/status-page.png)."""
-    fake_llm.script(*[FakeResponse(content="not json") for _ in range(3)])
+    fake_llm.script(*[FakeResponse(content="not {json") for _ in range(3)])
     app = make_app(base_url=fake_llm.base_url, admin=ADMIN, retry={"backoff_min": 0.01},
                    runtime={"drain_seconds": 0.2})
     url = admin_url(app)

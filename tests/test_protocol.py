@@ -429,3 +429,42 @@ def test_a_context_refusal_shrinks_the_request_once_and_is_never_called_unreacha
         # A text that cannot fit whatever is trimmed: the user hears it is too long.
         [notice] = replies(app, "x" * 20_000, manual_clock)
     assert notice.notice and notice.text == TOO_LONG_NOTICE
+
+
+# ------------------------------------------------------------------ hostile answers
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": None, "tool_calls": "garbage"},
+    {"role": "assistant", "content": None, "tool_calls": [1, 2, 3]},
+    {"role": "assistant", "content": None, "tool_calls": [{"function": "not an object"}]},
+    {"role": "assistant", "content": 42},
+], ids=["string", "ints", "function-string", "number-content"])
+def test_malformed_tool_calls_are_a_clear_error_never_a_crash(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, message: dict[str, Any]
+) -> None:
+    body = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+    fake_llm.script(*[FakeResponse(body=body) for _ in range(3)])
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"max_attempts": 1, "stream": False})
+    [notice] = replies(app, "hello", manual_clock)
+    assert notice.notice
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "llm unavailable"
+    assert "malformed LLM response" in letter.detail or "no text content" in letter.detail
+
+
+def test_hostile_tool_call_arguments_are_bounded_and_re_asked(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    deep = "[" * 50_000 + "]" * 50_000
+    many = tuple(("message_console", {"text": f"spam {n}"}) for n in range(500))
+    fake_llm.script(FakeResponse(tool_calls=(("terminal", deep),)), FakeResponse(tool_calls=many),
+                    FakeResponse(tool_calls=(("message_console", {"text": "sane at last"}),)))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, llm={"stream": False})
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "hello", manual_clock)
+        assert ran.envelopes == []
+    assert [m.text for m in sent] == ["sane at last"]
+    first, second = (system_message(r)["errors"] for r in fake_llm.requests[1:3])
+    assert "nested too deeply" in first[0] or "not JSON" in first[0]
+    assert "at most 10 are allowed" in second[0]

@@ -77,7 +77,7 @@ def test_a_trace_shows_where_a_request_died(
     make_app: Callable[..., Application], fake_llm: Any, manual_clock: ManualClock
 ) -> None:
     # The LLM never answers with JSON: every re-ask is rejected until the retries give up.
-    fake_llm.responder = lambda body: "not json at all"
+    fake_llm.responder = lambda body: "not {json at all"
     app = make_app(base_url=fake_llm.base_url, clock=manual_clock)  # re-ask delays: timers on that clock
     envelope = ask(app, "hello", clock=manual_clock)
     hops = app.runtime.trace(envelope.correlation_id)
