@@ -205,7 +205,7 @@ class AutoResponseBuilder(TypedActor):
             return
         message = SystemMessage(original_context=ctx, full_json_instructions=full_json_instructions(allowed),
                                 **content)
-        prompt = build_delivery_request(message, allowed_actions=allowed, turns=turns,
+        prompt = build_delivery_request(message, allowed_actions=allowed, turns=turns, now=self.runtime.clock.time(),
                                         may_stay_silent=may_stay_silent)
         self.send(LLM, LLMRequest(prompt=prompt), cause=env)
 

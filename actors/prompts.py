@@ -214,8 +214,11 @@ def truncate_errors(errors: Sequence[str], limit: int) -> tuple[str, ...]:
     return (*errors[:limit], f"... and {len(errors) - limit} more errors")
 
 
-def _runtime_context(ctx: OriginalContext) -> dict[str, str]:
-    return {"now": _now_to_the_minute(int(time.time() // 60)), "interface": ctx.interface_name}
+def _runtime_context(ctx: OriginalContext, now: float | None) -> dict[str, str]:
+    """What the model is told of the moment: the time (the runtime's clock, when the
+    caller has it) and the interface."""
+    when = time.time() if now is None else now
+    return {"now": _now_to_the_minute(int(when // 60)), "interface": ctx.interface_name}
 
 
 @lru_cache(maxsize=2)
@@ -231,6 +234,7 @@ def build_chat_request(
     allowed_actions: Iterable[str],
     turns: Iterable[Turn] = (),
     instruction: str = DEFAULT_INSTRUCTION,
+    now: float | None = None,
 ) -> PromptRequest:
     """The prompt for a user's message, after the chat's earlier ``turns``: any configured
     action may answer it. An autonomous turn (the bot was not asked) may stay silent."""
@@ -243,7 +247,7 @@ def build_chat_request(
         full_json_instructions=full_json_instructions(allowed),
         turns=tuple(turns),
         current_text=text,
-        runtime_context=_runtime_context(context),
+        runtime_context=_runtime_context(context, now),
         original_context=context,
     )
 
@@ -255,6 +259,7 @@ def build_delivery_request(
     turns: Iterable[Turn] = (),
     instruction: str = DELIVERY_INSTRUCTION,
     may_stay_silent: bool = False,
+    now: float | None = None,
 ) -> PromptRequest:
     """The prompt that hands a system message (output, event, error) to the LLM, after the
     chat's earlier ``turns``.
@@ -279,7 +284,7 @@ def build_delivery_request(
         full_json_instructions=full_json_instructions(allowed),
         turns=tuple(turns),
         current_text=json.dumps(payload, ensure_ascii=False),
-        runtime_context=_runtime_context(ctx),
+        runtime_context=_runtime_context(ctx, now),
         original_context=ctx,
         system_message=system_message,
     )

@@ -63,7 +63,7 @@ RETRY = "retry"
 INTERFACES = "interfaces"
 
 
-def make_engine(settings: LLMSettings) -> LLMEngine:
+def make_engine(settings: LLMSettings, clock: Clock | None = None) -> LLMEngine:
     """An HTTP engine for a configured base URL, else the offline engine; with fallbacks,
     a chain of them, each behind a circuit breaker."""
     main: LLMEngine = OfflineEngine() if not settings.base_url else _http_engine(
@@ -76,7 +76,8 @@ def make_engine(settings: LLMSettings) -> LLMEngine:
         engine = (NoticeEngine() if fallback.base_url == "offline"
                   else _http_engine(settings, fallback.base_url, fallback.model, fallback.api_key))
         engines.append((name, engine))
-    return EngineChain(engines, failures=settings.breaker_failures, cooldown=settings.breaker_cooldown)
+    return EngineChain(engines, failures=settings.breaker_failures, cooldown=settings.breaker_cooldown,
+                       clock=(clock or Clock()).monotonic)
 
 
 def _http_engine(settings: LLMSettings, base_url: str, model: str, api_key: Any) -> HttpEngine:
@@ -150,9 +151,6 @@ class Application:
         #: Actors run in the pipeline besides the platforms' (a replay's stand-in
         #: senders): name → (class, arguments). Set before ``start``.
         self.extra_actors: dict[str, tuple[type[TypedActor], tuple[Any, ...]]] = {}
-        self.engine = engine or make_engine(settings.llm)
-        #: Tokens used, per model, turn kind and chat (and each chat's daily budget).
-        self.usage = UsageMeter(settings.llm.daily_tokens_per_chat)
         self.provided = dict(provided or {})
         if console is not None:
             self.provided["console"] = console
@@ -163,6 +161,9 @@ class Application:
             max_open=settings.runtime.max_open,
             clock=clock if clock is not None else Clock(),
         )
+        self.engine = engine or make_engine(settings.llm, self.runtime.clock)
+        #: Tokens used, per model, turn kind and chat (and each chat's daily budget).
+        self.usage = UsageMeter(settings.llm.daily_tokens_per_chat)
         self.admin: AdminServer | None = None
         self.journal: DeliveryJournal | None = None
         #: Each chat's memory (None when memory is off).

@@ -414,7 +414,7 @@ class TypedActor(pykka.ThreadingActor):
             self.actor_stopped.set()
             pykka.ActorRegistry.unregister(self.actor_ref)
             self._release()
-            self._ready.set()
+            # Recorded before anyone waiting for this start is let go: they read why it failed.
             self.cell.crashed(None, exc)
         finally:
             self._ready.set()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
@@ -75,7 +74,8 @@ class LLMClient(TypedActor):
                 self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, BUDGET_NOTICE, notice=True),
                           cause=env)
             return
-        self._ask(build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns), env)
+        self._ask(build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns,
+                                     now=self.runtime.clock.time()), env)
 
     @handles
     def on_llm_request(self, request: LLMRequest, env: Envelope) -> None:
@@ -97,12 +97,13 @@ class LLMClient(TypedActor):
         key = message_key(turn_key(env.correlation_id, prompt), 0)
         # The first preview waits PREVIEW_SECONDS too: a reply that comes quickly is
         # simply sent, and only a slow one is shown as it grows.
-        last_at, last_text = time.monotonic(), ""
+        clock = self.runtime.clock
+        last_at, last_text = clock.monotonic(), ""
 
         def on_text(partial: str) -> bool:
             nonlocal last_at, last_text
             found = preview_text(partial)
-            now = time.monotonic()
+            now = clock.monotonic()
             if (found is None or found[0] != wanted or len(found[1].strip()) < PREVIEW_MIN_CHARS
                     or now - last_at < PREVIEW_SECONDS or found[1] == last_text):
                 return bool(last_text)
@@ -113,7 +114,7 @@ class LLMClient(TypedActor):
 
     async def _complete(self, prompt: PromptRequest,
                         watch: Callable[[str], bool] | None = None) -> LLMReply | LLMFailure:
-        started = time.monotonic()
+        started = self.runtime.clock.monotonic()
         previewed = False
 
         def on_text(partial: str) -> None:
@@ -132,7 +133,7 @@ class LLMClient(TypedActor):
             log.exception("the LLM engine %r failed unexpectedly", self.engine)
             return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}", previewed=previewed)
         # Logged on the loop, with the request's correlation id (the task inherits it).
-        log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)", time.monotonic() - started,
+        log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)", self.runtime.clock.monotonic() - started,
                   len(answer.text), len(answer.tool_calls), answer.protocol)
         if answer.reasoning:
             log.debug("the LLM reasoned (%d characters; kept off the actions)", len(answer.reasoning))
