@@ -241,9 +241,7 @@ class ActionDispatcher(TypedActor):
         log.info("dropped action %d (%s) of a re-ask: it %s", slot.index, slot.type, why)
         tracer = self.runtime.tracer
         if tracer is not None:
-            note = env.child(slot.action)
-            tracer.queued(note, self.name, f"{slot.type} (dropped)")
-            tracer.ended(note, f"{slot.type} (dropped)", f"dropped: {why}")
+            tracer.note(env, "LLMReply", f"dropped action {slot.index} ({slot.type}): it {why}")
 
     def _withdraw(self, ctx: OriginalContext, turn: str, env: Envelope) -> None:
         """The chat saw this turn's reply grow, but its first action is not that reply."""

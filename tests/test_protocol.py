@@ -232,7 +232,8 @@ def test_a_reworded_repeat_of_a_delivered_place_is_dropped_and_traced(
     assert [p["type"] for p in error["positions"] if not p["done"]] == ["terminal"]
     assert app.runtime.dead_letters.letters() == []
     hops = app.runtime.trace(envelope.correlation_id)
-    assert any((hop["outcome"] or "").startswith("dropped") for hop in hops)
+    notes = [note for hop in hops for note in hop.get("notes", ())]
+    assert any(note.startswith("dropped action 1 (message_console)") for note in notes)
 
 
 def test_a_re_ask_quotes_only_an_excerpt_of_a_long_rejected_reply(
@@ -319,7 +320,8 @@ def test_usage_is_counted_per_kind_and_model_in_metrics_status_and_trace(
         usage = json.load(response)["reports"]["llm"]["usage"]
     assert usage["tokens_by_kind"] == {"chat": 120, "delivery": 55}
     hops = app.runtime.trace(envelope.correlation_id)
-    assert any("100+20 tokens" in (hop["outcome"] or "") for hop in hops)
+    notes = [note for hop in hops for note in hop.get("notes", ())]
+    assert any(note.startswith("chat turn by main (fake, tools): 100+20 tokens") for note in notes)
 
 
 def test_past_its_daily_budget_a_chat_gets_one_notice_and_nothing_is_lost(

@@ -58,8 +58,9 @@ def test_a_disabled_executor_refuses_and_says_so() -> None:
 def test_without_the_terminal_the_llm_is_not_offered_it(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
     app = make_app(base_url=fake_llm.base_url, terminal=False)
     ask(app, "run df -h")
+    assert [t["function"]["name"] for t in fake_llm.requests[0].body["tools"]] == ["message_console"]
     system = fake_llm.requests[0].messages[0]["content"]
-    assert "Allowed action types in this turn: message_console." in system
+    assert "terminal" not in system
     assert not app.runtime.has(executor("terminal"))
 
 

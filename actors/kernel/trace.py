@@ -72,6 +72,13 @@ class TraceRecorder:
         if events is not None and len(events) < self._max_events:
             events.append((_ENDED, env.message_id, env.attempt, kind, self._now(), outcome))
 
+    def note(self, env: Envelope, kind: str, text: str) -> None:
+        """Attach ``text`` to the hop of ``env`` (of type ``kind``): what an LLM call cost,
+        an action a re-ask repeated and that was dropped. Shown as the hop's ``notes``."""
+        events = self._traces.get(env.correlation_id)
+        if events is not None and len(events) < self._max_events:
+            events.append((_NOTE, env.message_id, env.attempt, kind, text))
+
     def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
         """``env`` became a dead letter: its hop ends there (one that was never queued,
         such as a re-ask given up on, gets a hop of its own)."""
@@ -100,6 +107,8 @@ class TraceRecorder:
             elif (hop := hops.get(key)) is not None:
                 if event[0] is _STARTED:
                     hop["started"] = event[4]
+                elif event[0] is _NOTE:
+                    hop.setdefault("notes", []).append(event[4])
                 elif hop["ended"] is None:
                     hop["ended"], hop["outcome"] = event[4], event[5]
                 elif event[5].startswith(_DEAD):  # handled, and what it led to went nowhere
@@ -111,7 +120,7 @@ class TraceRecorder:
         return [c for c in list(self._order) if c in self._traces]
 
 
-_QUEUED, _STARTED, _ENDED = "queued", "started", "ended"
+_QUEUED, _STARTED, _ENDED, _NOTE = "queued", "started", "ended", "note"
 _DEAD = "dead letter: "
 
 

@@ -150,10 +150,8 @@ class LLMClient(TypedActor):
         if tracer is not None:  # what the call cost and who answered, on the request's trace
             usage = reply.usage
             cost = f"{usage.prompt_tokens}+{usage.completion_tokens} tokens" if usage else "usage unknown"
-            note = env.child(reply.usage)
-            label = f"LLM {kind} ({reply.engine or 'main'}, {reply.protocol})"
-            tracer.queued(note, self.name, label)
-            tracer.ended(note, label, f"{reply.model or '?'}: {cost}, finish {reply.finish_reason or '?'}")
+            tracer.note(env, "LLMReply", f"{kind} turn by {reply.engine or 'main'} ({reply.model or '?'}, "
+                                         f"{reply.protocol}): {cost}, finish {reply.finish_reason or '?'}")
         self.send(DISPATCHER, reply, cause=env)
 
     @handles
