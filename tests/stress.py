@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,10 @@ class Tally:
 
 def main(argv: list[str]) -> int:
     count = int(os.environ.get("STRESS_COUNT") or 20)
+    # Started in the background by a shell, this process inherits SIGINT ignored, and so
+    # would every daemon the tests start and then interrupt with it; handled here, it is
+    # back to the default in them (exec resets a handled signal, not an ignored one).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(ROOT)
     tally = Tally(count)
     # -p no:randomly: the repetitions of a test run back to back, whatever is installed.
