@@ -13,6 +13,8 @@ conversation:
 * gives each turn the chat's memory (``memory.ConversationStore``): its recent
   messages, replies and action records, and remembers the new message, and each
   reply once its sender confirms it;
+* gathers the messages of one group (a Telegram album: ten photos sent at once) for
+  ``ALBUM_GATHER_SECONDS`` and answers them as one turn, with whatever else came meanwhile;
 * takes a user's ``/forget`` as a turn of its own, in the chat's order: it clears
   the memory once the turns before it have finished (their replies remembered), so
   "forgotten" leaves nothing of what came before it. Messages that came before it
@@ -30,9 +32,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
+from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.routes import LLM, sender
-from autoresponse.messages import Envelope, OutboundMessage, ReplyDelivered, UserRequest
+from autoresponse.messages import Envelope, OutboundMessage, ReplyDelivered, UserRequest, attachments_label
 
 FORGOTTEN = "Done: I have forgotten our conversation."
 #: ``/forget``, also as a Telegram group command addressed to a bot (``/forget@synth_bot``).
@@ -45,6 +48,26 @@ class TurnEnded(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     chat: str
+
+
+class AlbumDue(BaseModel):
+    """The time to gather a chat's message group is up (a timer of the conversation);
+    ``first`` names the group's first message, so a late timer closes no newer group."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat: str
+    first: str
+
+
+class AlbumClose(BaseModel):
+    """Close a chat's message group, after whatever was already queued (it is sent to the
+    conversation's own mailbox, behind the group's last items)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    chat: str
+    first: str
 
 
 def chat_of(message: Any, env: Envelope) -> str:
@@ -63,9 +86,9 @@ def merged(requests: list[UserRequest]) -> UserRequest:
     in the context of the last (the reply threads to it)."""
     if len(requests) == 1:
         return requests[0]
-    text = "\n".join(r.text for r in requests)
+    text = "\n".join(r.text for r in requests if r.text)  # an album's photos mostly have no caption
     context = requests[-1].context.model_copy(update={"original_command": text})
-    return UserRequest(text=text, context=context)
+    return UserRequest(text=text, context=context, attachments=tuple(a for r in requests for a in r.attachments))
 
 
 class ConversationActor(TypedActor):
@@ -76,10 +99,14 @@ class ConversationActor(TypedActor):
         self.store = store
         self._running: dict[str, str] = {}  # chat → the correlation of its turn under way
         self._waiting: dict[str, deque[Envelope]] = {}
+        self._gathering: dict[str, list[Envelope]] = {}  # chat → a message group being gathered
 
     @handles
     def on_request(self, request: UserRequest, env: Envelope) -> None:
         chat = request.context.chat_key
+        if chat in self._gathering or request.media_group is not None:
+            self._gather(chat, env)
+            return
         if chat in self._running:
             # A /forget waits too: run now, it would clear the memory before the turns
             # ahead of it wrote their messages and replies.
@@ -88,21 +115,50 @@ class ConversationActor(TypedActor):
             return
         self._start(chat, [env])
 
+    def _gather(self, chat: str, env: Envelope) -> None:
+        """Hold a message of a group (an album), and what comes after it, for one turn."""
+        self.hold(env)
+        gathering = self._gathering.get(chat)
+        if gathering is None:
+            self._gathering[chat] = [env]
+            self.schedule(ALBUM_GATHER_SECONDS, AlbumDue(chat=chat, first=env.message_id), cause=env)
+        else:
+            gathering.append(env)
+
+    @handles
+    def on_album_due(self, due: AlbumDue, env: Envelope) -> None:
+        # A timer comes ahead of queued work: items of the group already queued go first.
+        self.send(self.name, AlbumClose(chat=due.chat, first=due.first), cause=env)
+
+    @handles
+    def on_album_close(self, close: AlbumClose, env: Envelope) -> None:
+        gathered = self._gathering.get(close.chat)
+        if not gathered or gathered[0].message_id != close.first:
+            return  # the group was cancelled (a newer one may be gathering)
+        del self._gathering[close.chat]
+        self._waiting.setdefault(close.chat, deque()).extend(gathered)
+        if close.chat not in self._running:
+            self._next_turn(close.chat)
+
     @handles
     def on_turn_ended(self, ended: TurnEnded, env: Envelope) -> None:
         self._running.pop(ended.chat, None)
-        waiting = self._waiting.get(ended.chat)
+        self._next_turn(ended.chat)
+
+    def _next_turn(self, chat: str) -> None:
+        """Start the chat's next turn from what waits: a /forget alone, or the messages up
+        to the next /forget together."""
+        waiting = self._waiting.get(chat)
         if not waiting:
-            self._waiting.pop(ended.chat, None)
+            self._waiting.pop(chat, None)
             return
-        # The next turn: a /forget alone, or the messages up to the next /forget together.
         turn = [waiting.popleft()]
         if not is_forget(turn[0].body):
             while waiting and not is_forget(waiting[0].body):
                 turn.append(waiting.popleft())
         if not waiting:
-            del self._waiting[ended.chat]
-        self._start(ended.chat, turn)
+            del self._waiting[chat]
+        self._start(chat, turn)
         for held in turn:
             self.release(held)
 
@@ -125,7 +181,8 @@ class ConversationActor(TypedActor):
         if self.store is not None:
             self.store.seen(request.context)
             turns = self.store.recent(chat)
-            self.store.append(chat, "user", request.text)
+            said = " ".join(filter(None, (request.text, attachments_label(request.attachments))))
+            self.store.append(chat, "user", said)
             request = request.model_copy(update={"turns": tuple(turns)})
         self._running[chat] = cause.correlation_id
         self.runtime.when_finished(cause.correlation_id, self.name, TurnEnded(chat=chat))

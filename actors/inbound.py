@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from autoresponse.actors.kernel.actor import TypedActor
 from autoresponse.actors.kernel.intake import Unstorable
 from autoresponse.actors.routes import CONVERSATIONS, sender
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Attachment, Envelope, OriginalContext, OutboundMessage, UserRequest
 
 log = logging.getLogger("autoresponse.inbound")
 
@@ -41,8 +41,10 @@ class StrangerSettings(BaseModel):
 
 
 def take_request(actor: TypedActor, text: str, context: OriginalContext, env: Envelope, *,
-                 allowed: bool, policy: StrangerSettings) -> None:
-    """Start a turn for ``text`` in its chat's conversation, or answer a stranger by ``policy``."""
+                 allowed: bool, policy: StrangerSettings, attachments: tuple[Attachment, ...] = (),
+                 media_group: str | None = None) -> None:
+    """Start a turn for ``text`` (and what the message carried besides, by reference) in its
+    chat's conversation, or answer a stranger by ``policy``."""
     if not allowed and policy.strangers == "converse":
         context = context.model_copy(update={"autonomous": True})
     elif not allowed:
@@ -52,7 +54,8 @@ def take_request(actor: TypedActor, text: str, context: OriginalContext, env: En
             actor.send(sender(context.interface_name),
                        OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
         return
-    actor.send(CONVERSATIONS, UserRequest(text=text, context=context), cause=env)
+    actor.send(CONVERSATIONS, UserRequest(text=text, context=context, attachments=attachments,
+                                          media_group=media_group), cause=env)
 
 
 async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) -> bool:

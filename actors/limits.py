@@ -63,6 +63,19 @@ LLM_MAX_TOKENS = 1_200
 LLM_BREAKER_FAILURES = 5
 LLM_BREAKER_COOLDOWN_SECONDS = 60.0
 
+#: What a user sends besides words (read in the LLM hop): the largest photo size sent to a
+#: vision model, the largest file downloaded at all (a document, a voice note), the
+#: characters of a text file inlined into the prompt, and how long a download or a
+#: transcription may take.
+MEDIA_MAX_IMAGE_BYTES = 1_000_000
+MEDIA_MAX_FILE_BYTES = 5_000_000
+MEDIA_MAX_DOCUMENT_CHARS = 8_000
+MEDIA_TIMEOUT_SECONDS = 30.0
+#: Items of one message group (a Telegram album) read in one turn; an album holds at most 10.
+MEDIA_MAX_ITEMS = 10
+#: How long a conversation gathers the messages of one group (an album) into one turn.
+ALBUM_GATHER_SECONDS = 1.0
+
 #: Seconds `stop()` waits for in-flight work to finish before stopping actors.
 DRAIN_SECONDS = 10.0
 

@@ -29,6 +29,7 @@ from pydantic import Field, TypeAdapter
 
 from autoresponse.actors.limits import REASK_EXCERPT_CHARS
 from autoresponse.messages import (
+    Attachment,
     BaseAction,
     OriginalContext,
     Position,
@@ -401,5 +402,30 @@ def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -
         # carries the error system message; no fresh user message.
         messages[-1]["content"] += "\n\n" + current
     else:
-        messages.append({"role": "user", "content": current})
+        if message is None and prompt.attachments:  # a photo, a file, a voice note: see with_attachments
+            messages.append({"role": "user", "content": with_attachments(current, prompt.attachments)})
+        else:
+            messages.append({"role": "user", "content": current})
     return messages
+
+
+def with_attachments(text: str, attachments: Sequence[Attachment]) -> str | list[dict[str, Any]]:
+    """A chat turn's user message with what it carried: one bracketed line per item (a
+    document's text and a voice note's transcript after it), and each picture the LLM hop
+    read as an OpenAI ``image_url`` part (then the content is a list of parts)."""
+    lines = [text] if text.strip() else []
+    images: list[dict[str, Any]] = []
+    for item in attachments:
+        label = item.label()
+        if item.text is not None and item.kind in ("voice", "audio"):
+            lines.append(f"[{label}, transcribed: {item.text}]")
+        elif item.text is not None:
+            cut = f"; {item.note}" if item.note else ""
+            lines.append(f"[{label}{cut}; its text follows]\n{item.text}\n[end of {item.name or 'the file'}]")
+        elif item.image is not None:
+            lines.append(f"[{label}: shown below]")
+            images.append({"type": "image_url", "image_url": {"url": item.image}})
+        else:
+            lines.append(f"[{label}{': ' + item.note if item.note else ''}]")
+    joined = "\n".join(lines)
+    return [{"type": "text", "text": joined}, *images] if images else joined

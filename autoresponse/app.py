@@ -34,6 +34,7 @@ from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import DeliveryJournal, SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
 from autoresponse.actors.llm import EngineChain, HttpEngine, LLMClient, LLMEngine, NoticeEngine, OfflineEngine, UsageMeter
+from autoresponse.actors.llm.media import MediaReader
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
@@ -196,7 +197,9 @@ class Application:
         autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
             ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose)),
-            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage)),
+            ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage),
+                      {"media": MediaReader.from_settings(s.llm, {i: d for m in self.mounts.values()
+                                                                  for i, d in m.downloaders.items()})}),
             ChildSpec(BUILDER, AutoResponseBuilder, (self.memory,),
                       {"batch_wait": s.runtime.batch_wait, "autonomous": autonomous}),
         ]

@@ -83,6 +83,10 @@ from autoresponse.actors.limits import (
     MAX_HOPS,
     MAX_OPEN_ITEMS,
     MAX_RESTARTS,
+    MEDIA_MAX_DOCUMENT_CHARS,
+    MEDIA_MAX_FILE_BYTES,
+    MEDIA_MAX_IMAGE_BYTES,
+    MEDIA_TIMEOUT_SECONDS,
     MEMORY_MAX_TOKENS,
     MEMORY_RETENTION_SECONDS,
     MESSAGE_ATTEMPTS,
@@ -170,8 +174,23 @@ class LLMSettings(BaseModel):
     #: Failures in a row that open an engine's circuit, and how long it stays open.
     breaker_failures: int = Field(default=LLM_BREAKER_FAILURES, ge=1)
     breaker_cooldown: float = Field(default=LLM_BREAKER_COOLDOWN_SECONDS, gt=0)
+    #: Photos go to the model as images (OpenAI ``image_url`` parts); off, it is told a photo came.
+    vision: bool = False
+    #: The largest photo size sent to the model (the biggest size under it is chosen).
+    max_image_bytes: int = Field(default=MEDIA_MAX_IMAGE_BYTES, ge=1)
+    #: The largest file downloaded (a document, a voice note); a bigger one gets a notice.
+    max_file_bytes: int = Field(default=MEDIA_MAX_FILE_BYTES, ge=1)
+    #: Characters of a text file inlined into the prompt; the rest is cut, and the model told.
+    max_document_chars: int = Field(default=MEDIA_MAX_DOCUMENT_CHARS, ge=1)
+    #: Seconds a download or a transcription may take.
+    media_timeout: float = Field(default=MEDIA_TIMEOUT_SECONDS, gt=0)
+    #: An OpenAI-compatible ``/audio/transcriptions`` URL: voice notes are transcribed there.
+    transcribe_url: str | None = None
+    transcribe_model: str = "whisper-1"
+    #: The transcription server's key; unset, the LLM's ``api_key`` is used when the server is the LLM's.
+    transcribe_api_key: SecretStr | None = None
 
-    @field_validator("base_url")
+    @field_validator("base_url", "transcribe_url")
     @classmethod
     def _http_url(cls, url: str | None) -> str | None:
         """An http(s) URL with a host, or None (empty too: the offline engine). Refused here,

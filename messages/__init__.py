@@ -33,6 +33,7 @@ from autoresponse.messages.context import (
 )
 from autoresponse.messages.control import Crash, Exit, Failure
 from autoresponse.messages.envelope import Envelope
+from autoresponse.messages.media import Attachment, AttachmentKind, Variant, attachments_label, human_size
 from autoresponse.messages.pipeline import (
     ActionRequest,
     EventDue,
@@ -54,6 +55,8 @@ __all__ = [
     "ActionOutput",
     "ActionRequest",
     "ActionResult",
+    "Attachment",
+    "AttachmentKind",
     "BaseAction",
     "Batch",
     "ChatId",
@@ -81,11 +84,14 @@ __all__ = [
     "Turn",
     "Usage",
     "UserRequest",
+    "Variant",
     "action_key",
     "action_model",
     "action_models",
+    "attachments_label",
     "canonical_action_type",
     "canonical_interface",
+    "human_size",
     "message_action_for",
     "parse_action",
     "register_action",

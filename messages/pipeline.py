@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.messages.actions import BaseAction
 from autoresponse.messages.context import ChatId, OriginalContext
+from autoresponse.messages.media import Attachment
 from autoresponse.messages.prompt import PromptRequest, ToolCall, Turn
 from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, Position, SystemMessage
 
@@ -19,6 +20,10 @@ class UserRequest(BaseModel):
     text: str
     context: OriginalContext
     turns: tuple[Turn, ...] = ()
+    #: What the message carried besides its text (its caption), by reference.
+    attachments: tuple[Attachment, ...] = ()
+    #: Messages sent together (a Telegram album) share this key; they are one turn.
+    media_group: str | None = None
 
 
 class LLMRequest(BaseModel):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.messages.context import OriginalContext
+from autoresponse.messages.media import Attachment
 from autoresponse.messages.system import Position, SystemMessage
 
 
@@ -70,3 +71,5 @@ class PromptRequest(BaseModel):
     positions: tuple[Position, ...] = ()
     #: The LLM may answer with no action at all (an event or autonomous turn).
     may_stay_silent: bool = False
+    #: What the user's message carried besides its text (a chat turn); read in the LLM hop.
+    attachments: tuple[Attachment, ...] = ()

@@ -65,6 +65,8 @@ class Mount:
         self.inbound_specs: list[ChildSpec] = []
         self.resource: Any = None
         self.closers: list[Callable[[], None]] = []
+        #: interface name → how the LLM hop downloads the files its requests name.
+        self.downloaders: dict[str, Callable[[str, int], Awaitable[bytes]]] = {}
 
     def pipeline(self, *specs: ChildSpec) -> None:
         """Add senders and executors: they start before the core pipeline and stop after it."""
@@ -77,6 +79,12 @@ class Mount:
     def expose(self, resource: Any) -> None:
         """Make ``resource`` the platform's handle (``Application.resource(name)``)."""
         self.resource = resource
+
+    def downloader(self, interface: str, download: Callable[[str, int], Awaitable[bytes]]) -> None:
+        """Let the LLM hop fetch what ``interface``'s requests carry by file id (a photo, a
+        voice note, a document): ``await download(file_id, max_bytes)`` gives the bytes, and
+        raises ``actors.llm.media.TooLarge`` past ``max_bytes``."""
+        self.downloaders[interface] = download
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run ``closer()`` when the application stops, after every actor has stopped."""

@@ -9,6 +9,7 @@ from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
+from autoresponse.actors.llm.media import MediaReader, unsupported, unsupported_notice
 from autoresponse.actors.llm.usage import UsageMeter, turn_kind
 from autoresponse.actors.prompts import build_chat_request
 from autoresponse.actors.receipts import receipt_failed
@@ -47,7 +48,8 @@ class LLMClient(TypedActor):
     """
 
     def __init__(self, engine: LLMEngine, max_in_flight: int = LLM_MAX_IN_FLIGHT,
-                 autonomous: Iterable[str] = (), meter: UsageMeter | None = None) -> None:
+                 autonomous: Iterable[str] = (), meter: UsageMeter | None = None,
+                 media: MediaReader | None = None) -> None:
         super().__init__()
         self.engine = engine
         self.io_limit = max_in_flight
@@ -55,6 +57,8 @@ class LLMClient(TypedActor):
         self.autonomous = tuple(autonomous)
         #: Tokens counted per model, turn kind and chat; the chats' daily budget.
         self.meter = meter or UsageMeter()
+        #: Reads what a message carried besides words (photos, files, voice) before a chat turn.
+        self.media = media or MediaReader()
 
     @handles
     def on_user_request(self, request: UserRequest, env: Envelope) -> None:
@@ -74,8 +78,15 @@ class LLMClient(TypedActor):
                 self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, BUDGET_NOTICE, notice=True),
                           cause=env)
             return
-        self._ask(build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns,
-                                     now=self.runtime.clock.time()), env)
+        if not request.text.strip() and unsupported(request.attachments):  # a video alone: say so, ask nothing
+            self.send(sender(ctx.interface_name),
+                      OutboundMessage.reply(ctx, unsupported_notice(request.attachments), notice=True), cause=env)
+            return
+        prompt = build_chat_request(request.text, ctx, allowed_actions=allowed, turns=request.turns,
+                                    now=self.runtime.clock.time())
+        if request.attachments:
+            prompt = prompt.model_copy(update={"attachments": request.attachments})
+        self._ask(prompt, env)
 
     @handles
     def on_llm_request(self, request: LLMRequest, env: Envelope) -> None:
@@ -83,7 +94,7 @@ class LLMClient(TypedActor):
 
     def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
         watch = self._previewer(prompt, env) if getattr(self.engine, "stream", False) else None
-        self.run_io(self._complete(prompt, watch), cause=env)
+        self.run_io(self._complete(prompt, watch, env), cause=env)
 
     def _previewer(self, prompt: PromptRequest, env: Envelope) -> Callable[[str], bool] | None:
         """While a first answer is streamed and reads as a reply to its chat, its text so
@@ -112,18 +123,33 @@ class LLMClient(TypedActor):
             return True
         return on_text
 
-    async def _complete(self, prompt: PromptRequest,
-                        watch: Callable[[str], bool] | None = None) -> LLMReply | LLMFailure:
+    async def _read_media(self, prompt: PromptRequest, env: Envelope) -> PromptRequest | None:
+        """The chat turn's attachments read for the model (downloads, transcription), on the
+        loop; a file too large gets its notice now. None: nothing is left to ask."""
+        asked, notices, left = await self.media.read(prompt)
+        ctx = prompt.original_context
+        for notice in notices:
+            self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, notice, notice=True), cause=env)
+        return asked if left else None
+
+    async def _complete(self, prompt: PromptRequest, watch: Callable[[str], bool] | None = None,
+                        env: Envelope | None = None) -> LLMReply | LLMFailure | None:
         started = self.runtime.clock.monotonic()
         previewed = False
+        asked = prompt  # what the engine is sent: the attachments read (never kept in the reply)
+        if prompt.attachments and prompt.system_message is None and env is not None:
+            read = await self._read_media(prompt, env)
+            if read is None:
+                return None
+            asked = read
 
         def on_text(partial: str) -> None:
             nonlocal previewed
             previewed = watch(partial) if watch is not None else False
 
         try:
-            answer = await (self.engine.answer(prompt) if watch is None
-                            else self.engine.answer(prompt, on_text))
+            answer = await (self.engine.answer(asked) if watch is None
+                            else self.engine.answer(asked, on_text))
         except LLMError as exc:
             return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed,
                               too_long=exc.context_exceeded or exc.status == 413)

@@ -103,6 +103,9 @@ class OfflineEngine:
         names the action types when the messages do not (a tools or json_schema turn)."""
         system = messages[0]["content"] if messages else ""
         last = messages[-1]["content"] if messages else ""
+        if isinstance(last, list):  # a message with pictures (image_url parts): its text
+            last = "\n".join(p.get("text", "") for p in last if isinstance(p, dict))
+        last = last or ""
         data = None
         # A delivery or re-ask turn (in tools, a re-ask's system message ends its tool turn);
         # a chat turn is never parsed.

@@ -15,6 +15,10 @@ text otherwise; with ``usage`` in every answer (and in a last streamed chunk whe
 ``responder(body)`` answers the rest (a reply text, or a whole ``FakeResponse``
 with its delay), or returns None to leave it to the default.
 Run it alone with ``python -m autoresponse.testing.fake_llm --port 8089``.
+
+``POST /v1/audio/transcriptions`` transcribes as OpenAI's does (a multipart form with
+``file`` and ``model``; ``{"text": ...}``): it answers ``transcript`` (or a status from
+``transcription_status``) and records each upload in ``transcriptions``.
 """
 
 from __future__ import annotations
@@ -142,6 +146,17 @@ def estimated_usage(body: dict[str, Any], answer: str) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
+@dataclass(frozen=True)
+class Transcription:
+    """One upload to ``/v1/audio/transcriptions``."""
+
+    model: str
+    filename: str
+    content_type: str
+    data: bytes
+    headers: dict[str, str]
+
+
 class FakeLLMServer(LoopbackServer):
     """Serves ``POST /v1/chat/completions`` on a thread and loop of its own."""
 
@@ -166,6 +181,10 @@ class FakeLLMServer(LoopbackServer):
         self._script: deque[FakeResponse] = deque()
         self._lock = threading.Lock()
         self._offline = OfflineEngine()
+        #: What ``/v1/audio/transcriptions`` answers, and every upload it got.
+        self.transcript = "this is what the voice note says"
+        self.transcription_status = 200
+        self.transcriptions: list[Transcription] = []
 
     @property
     def base_url(self) -> str:
@@ -331,8 +350,27 @@ class FakeLLMServer(LoopbackServer):
             raise web.HTTPNotFound()
         return web.json_response(self.props)
 
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        fields: dict[str, Any] = {}
+        async for part in await request.multipart():
+            if part.name == "file":
+                fields["file"] = (part.filename or "", part.headers.get("Content-Type", ""), await part.read())
+            elif part.name:
+                fields[part.name] = await part.text()
+        if "file" not in fields:
+            return web.json_response({"error": {"message": "no file", "type": "invalid_request_error"}}, status=400)
+        name, kind, data = fields["file"]
+        with self._lock:
+            self.transcriptions.append(Transcription(str(fields.get("model", "")), name, kind, bytes(data),
+                                                     dict(request.headers)))
+            status, text = self.transcription_status, self.transcript
+        if status != 200:
+            return web.json_response({"error": {"message": f"scripted {status}", "type": "fake"}}, status=status)
+        return web.json_response({"text": text})
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         app.router.add_get("/props", self._props)
 
 

@@ -11,11 +11,18 @@ at it with ``base_url=fake.base_url``.
 ...     telegram.sent(chat_id=42)     # every sendMessage to chat 42, with its time
 
 It answers ``POST /bot{token}/{method}`` for getMe, getUpdates (long polling
-over scripted updates), sendMessage, and setWebhook, deleteWebhook and
+over scripted updates), sendMessage, getFile (and ``GET /file/bot{token}/{path}``
+serves the file, as Telegram's file URL does), and setWebhook, deleteWebhook and
 getWebhookInfo (the webhook is recorded in ``webhook``; while one is set,
 getUpdates is a 409, as on Telegram); it records every call with its time, and
 can be told to fail the next calls (429 with ``retry_after``, 400s, 403,
 ``migrate_to_chat_id``, 5xx).
+
+Media come as Telegram sends them, their files served by getFile::
+
+>>> telegram.push_photo([(90, 60, thumb), (1280, 853, big)], caption="what?", chat_id=42, user_id=7)  # doctest: +SKIP
+>>> telegram.push_voice(ogg, duration=3, chat_id=42, user_id=7)                      # doctest: +SKIP
+>>> telegram.push_album([photo] * 10, caption="our trip", chat_id=42, user_id=7)      # doctest: +SKIP
 
 ``post_update`` posts an update to a bot's webhook the way Telegram does::
 
@@ -96,6 +103,9 @@ class FakeTelegramServer(LoopbackServer):
         self._new_update = asyncio.Event()
         #: The webhook set with setWebhook, None when there is none (long polling).
         self.webhook: Webhook | None = None
+        #: Files getFile knows: file_id → (file_path, bytes).
+        self.files: dict[str, tuple[str, bytes]] = {}
+        self._file_ids = itertools.count(1)
 
     @property
     def base_url(self) -> str:
@@ -145,6 +155,85 @@ class FakeTelegramServer(LoopbackServer):
         with self._lock:
             update_id = next(self._update_ids)
         return {"update_id": update_id, "edited_message" if edited else "message": message}
+
+    # ---------------------------------------------------------------- media
+
+    def add_file(self, data: bytes, folder: str = "documents", suffix: str = "") -> dict[str, Any]:
+        """Store ``data`` to be served by getFile; its file_id, file_unique_id and file_size."""
+        with self._lock:
+            number = next(self._file_ids)
+        file_id = f"{folder[:3].upper()}-file-{number}"
+        with self._lock:
+            self.files[file_id] = (f"{folder}/file_{number}{suffix}", data)
+        return {"file_id": file_id, "file_unique_id": f"u{number}", "file_size": len(data)}
+
+    def media_update(self, content: dict[str, Any], *, caption: str | None = None,
+                     media_group_id: str | None = None, **options: Any) -> dict[str, Any]:
+        """An update carrying a message with ``content`` (``{"photo": [...]}``, ``{"voice": ...}``)
+        and an optional caption (its mentions as caption entities), not queued."""
+        update = self.text_update(caption or "", **options)
+        message = update["message"]
+        del message["text"]
+        entities = message.pop("entities", None)
+        if caption:
+            message["caption"] = caption
+            if entities:
+                message["caption_entities"] = entities
+        if media_group_id is not None:
+            message["media_group_id"] = media_group_id
+        message.update(content)
+        return update
+
+    def push_media(self, content: dict[str, Any], **options: Any) -> dict[str, Any]:
+        """Queue an update made by ``media_update``; returns the message."""
+        update = self.media_update(content, **options)
+        self.push_update(update)
+        return update["message"]
+
+    def push_photo(self, sizes: list[tuple[int, int, bytes]], **options: Any) -> dict[str, Any]:
+        """A photo in its sizes (width, height, bytes), smallest first, as Telegram sends one."""
+        photo = [{**self.add_file(data, "photos", ".jpg"), "width": w, "height": h} for w, h, data in sizes]
+        return self.push_media({"photo": photo}, **options)
+
+    def push_album(self, photos: list[bytes], *, caption: str | None = None, **options: Any) -> list[dict[str, Any]]:
+        """An album: one message per photo, sharing a media_group_id; the first has the caption."""
+        with self._lock:
+            group = f"album-{next(self._file_ids)}"
+        return [self.push_photo([(800, 600, data)], media_group_id=group,
+                                caption=caption if n == 0 else None, **options)
+                for n, data in enumerate(photos)]
+
+    def push_voice(self, data: bytes, *, duration: int, mime_type: str = "audio/ogg",
+                   **options: Any) -> dict[str, Any]:
+        return self.push_media({"voice": {**self.add_file(data, "voice", ".oga"), "duration": duration,
+                                          "mime_type": mime_type}}, **options)
+
+    def push_document(self, data: bytes, *, file_name: str, mime_type: str = "text/plain",
+                      **options: Any) -> dict[str, Any]:
+        return self.push_media({"document": {**self.add_file(data, "documents"), "file_name": file_name,
+                                             "mime_type": mime_type}}, **options)
+
+    def push_sticker(self, emoji: str, **options: Any) -> dict[str, Any]:
+        sticker = {**self.add_file(b"RIFF\x00\x00\x00\x00WEBP", "stickers", ".webp"), "width": 512,
+                   "height": 512, "emoji": emoji, "is_animated": False, "is_video": False, "type": "regular"}
+        return self.push_media({"sticker": sticker}, **options)
+
+    def push_location(self, latitude: float, longitude: float, **options: Any) -> dict[str, Any]:
+        return self.push_media({"location": {"latitude": latitude, "longitude": longitude}}, **options)
+
+    def push_contact(self, phone_number: str, first_name: str, **options: Any) -> dict[str, Any]:
+        return self.push_media({"contact": {"phone_number": phone_number, "first_name": first_name}}, **options)
+
+    def push_poll(self, question: str, options_: list[str], **options: Any) -> dict[str, Any]:
+        poll = {"id": "poll-1", "question": question, "total_voter_count": 0, "is_closed": False,
+                "is_anonymous": True, "type": "regular", "allows_multiple_answers": False, "allows_revoting": False,
+                "members_only": False,
+                "options": [{"text": o, "voter_count": 0, "persistent_id": str(n)} for n, o in enumerate(options_)]}
+        return self.push_media({"poll": poll}, **options)
+
+    def push_video(self, data: bytes, *, duration: int, **options: Any) -> dict[str, Any]:
+        return self.push_media({"video": {**self.add_file(data, "videos", ".mp4"), "width": 640, "height": 360,
+                                          "duration": duration}}, **options)
 
     def push_update(self, update: dict[str, Any], *, update_id: int | None = None) -> int:
         """Queue any update, malformed ones included; it gets the next update_id unless it
@@ -238,6 +327,16 @@ class FakeTelegramServer(LoopbackServer):
                                                              "message_id": int(params["message_id"])}})
         if method == "deleteMessage":
             return web.json_response({"ok": True, "result": True})
+        if method == "getFile":
+            with self._lock:
+                found = self.files.get(str(params.get("file_id")))
+            if found is None:
+                return web.json_response({"ok": False, "error_code": 400,
+                                          "description": "Bad Request: invalid file_id"}, status=400)
+            path, data = found
+            return web.json_response({"ok": True, "result": {
+                "file_id": params["file_id"], "file_unique_id": f"u-{params['file_id']}",
+                "file_size": len(data), "file_path": path}})
         return web.json_response({"ok": False, "error_code": 404, "description": "Not Found"}, status=404)
 
     async def _get_updates(self, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,8 +371,20 @@ class FakeTelegramServer(LoopbackServer):
                 "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
                 "from": BOT_USER, "text": params.get("text", "")}
 
+    async def _file(self, request: web.Request) -> web.Response:
+        """A file by its getFile path, as ``https://api.telegram.org/file/bot<token>/<path>``."""
+        path = request.match_info["path"]
+        with self._lock:
+            found = next((data for p, data in self.files.values() if p == path), None)
+            self.calls.append(Call(self.clock.monotonic(), request.match_info["token"], "file",
+                                   {"path": path}, found is not None))
+        if found is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=found, content_type="application/octet-stream")
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
 
     async def on_stopping(self) -> None:
         self._new_update.set()  # release long polls

@@ -84,6 +84,8 @@ class Mention:
     data: dict[str, Any]
     author: dict[str, Any]
     created: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    #: Its pictures and videos, served in ``includes.media`` (the attachments.media_keys expansion).
+    media: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _iso(moment: dt.datetime) -> str:
@@ -127,17 +129,21 @@ class FakeXServer(LoopbackServer):
     # ---------------------------------------------------------------- scripting
 
     def push_mention(self, text: str, *, author_id: int, username: str,
-                     conversation_id: str | None = None, ago: float = 0.0) -> str:
+                     conversation_id: str | None = None, ago: float = 0.0,
+                     media: list[dict[str, Any]] | None = None) -> str:
         """A new post by ``username`` that mentions the account, made ``ago`` seconds
-        before now. Returns its id."""
+        before now, with ``media`` attached (``{"type": "photo", "url": ...}``). Returns its id."""
         id_ = str(next(self._ids))
+        attached = [{"media_key": f"3_{id_}{n}", **m} for n, m in enumerate(media or [])]
         mention = Mention(
             created=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ago),
             data={"id": id_, "text": text, "author_id": str(author_id),
                   "conversation_id": conversation_id or id_, "in_reply_to_user_id": self.user["id"],
                   "edit_history_tweet_ids": [id_]},
-            author={"id": str(author_id), "name": username.title(), "username": username})
+            author={"id": str(author_id), "name": username.title(), "username": username}, media=attached)
         mention.data["created_at"] = _iso(mention.created)
+        if attached:
+            mention.data["attachments"] = {"media_keys": [m["media_key"] for m in attached]}
         with self._lock:
             self._mentions.append(mention)
         return id_
@@ -241,7 +247,10 @@ class FakeXServer(LoopbackServer):
         if offset + size < len(found):
             meta["next_token"] = str(offset + size)
         authors = {m.author["id"]: m.author for m in page}
-        return {"data": [m.data for m in page], "includes": {"users": list(authors.values())}, "meta": meta}
+        includes: dict[str, Any] = {"users": list(authors.values())}
+        if "attachments.media_keys" in params.get("expansions", "") and any(m.media for m in page):
+            includes["media"] = [media for m in page for media in m.media]
+        return {"data": [m.data for m in page], "includes": includes, "meta": meta}
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         id_ = str(next(self._ids))

@@ -26,8 +26,9 @@ from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
+from autoresponse.interfaces.reddit.media import images_in
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
-from autoresponse.messages import Envelope, OriginalContext
+from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.reddit")
 
@@ -52,6 +53,8 @@ class RedditItem(BaseModel):
     first_message: str | None = None
     #: A link to the comment in its context.
     context: str | None = None
+    #: The images it links or holds, by URL (the model is told them; nothing is downloaded).
+    attachments: tuple[Attachment, ...] = ()
 
     @property
     def is_message(self) -> bool:
@@ -81,6 +84,7 @@ def parse_item(item: Any) -> RedditItem:
         parent_id=getattr(item, "parent_id", None),
         first_message=None if is_comment else getattr(item, "first_message_name", None),
         context=getattr(item, "context", None) or None,
+        attachments=images_in(item.body or "", getattr(item, "media_metadata", None)),
     )
 
 
@@ -146,4 +150,5 @@ class RedditInterface(TypedActor):
             permalink=item.context,
         )
         text = self._mention.sub("", item.body).strip() or item.body
-        take_request(self, text, context, env, allowed=self.settings.allows(item.author), policy=self.settings)
+        take_request(self, text, context, env, allowed=self.settings.allows(item.author), policy=self.settings,
+                     attachments=item.attachments)

@@ -24,6 +24,7 @@ def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telegram.bot import make_bot
     from autoresponse.interfaces.telegram.delivery import TelegramDelivery
     from autoresponse.interfaces.telegram.interface import TelegramInterface
+    from autoresponse.interfaces.telegram.media import TelegramFiles
     from autoresponse.interfaces.telegram.sender import TelegramSender
 
     settings: TelegramSettings = m.settings
@@ -35,6 +36,9 @@ def _mount(m: Mount) -> None:
     except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
         raise MountError(f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
     m.on_loop_close(delivery.aclose)
+    files = TelegramFiles(delivery.bot)
+    m.on_loop_close(files.aclose)
+    m.downloader(INTERFACE_NAME, files.download)  # photos, voice notes and files, read in the LLM hop
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelegramSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelegramInterface, (settings, delivery)))

@@ -7,6 +7,7 @@ import warnings
 from telegram import Bot
 from telegram.warnings import PTBUserWarning
 
+from autoresponse.interfaces.telegram.media import file_base_url
 from autoresponse.interfaces.telegram.request import READ_TIMEOUT_SECONDS, AiohttpRequest
 from autoresponse.interfaces.telegram.settings import TelegramSettings
 
@@ -20,7 +21,9 @@ def make_bot(settings: TelegramSettings) -> Bot:
     interface and the sender share it."""
     if settings.token is None:
         raise ValueError("Telegram needs AUTORESPONSE_TELEGRAM__TOKEN")
+    files = file_base_url(settings.base_url)  # where getFile's paths are fetched (photos, voice, files)
     return Bot(settings.token.get_secret_value(), base_url=settings.base_url,
+               **({"base_file_url": files} if files else {}),
                request=AiohttpRequest(),
                # long polls wait up to poll_timeout; one connection is all they need
                get_updates_request=AiohttpRequest(connections=1,

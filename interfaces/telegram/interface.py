@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -33,13 +34,14 @@ from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+from autoresponse.interfaces.telegram.media import attachments_of
 from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_MAX_UPDATES,
     TelegramSettings,
     listen_address,
 )
 from autoresponse.interfaces.telegram.webhook import CLOSE_SECONDS, WebhookServer
-from autoresponse.messages import Envelope, OriginalContext
+from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.telegram")
 
@@ -47,6 +49,8 @@ log = logging.getLogger("autoresponse.telegram")
 POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
 #: Characters of a malformed update kept in its dead letter.
 RAW_UPDATE_KEPT = 16_000
+#: Albums addressed to the bot in groups, remembered so their uncaptioned items are too.
+ALBUMS_REMEMBERED = 256
 #: A webhook secret shorter than this is easy to guess; the daemon says so at start.
 WEBHOOK_SECRET_ADVISED = 16
 
@@ -69,6 +73,10 @@ class TelegramText(BaseModel):
     addressed: bool = False
     #: The mentions of the bot in ``text``, to cut from the request.
     mentions: tuple[str, ...] = ()
+    #: A photo, voice note, file, sticker, place, contact or poll, by file id (``text`` is its caption).
+    attachments: tuple[Attachment, ...] = ()
+    #: The album the message is part of: its items are answered as one turn.
+    media_group: str | None = None
 
 
 class MalformedUpdate(BaseModel):
@@ -84,7 +92,8 @@ def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | N
     ``@username_suffix``) or a text mention of its user id."""
     found = []
     wanted = f"@{bot_username}".lower() if bot_username else None
-    for entity, text in message.parse_entities([MessageEntity.MENTION, MessageEntity.TEXT_MENTION]).items():
+    kinds = [MessageEntity.MENTION, MessageEntity.TEXT_MENTION]
+    for entity, text in {**message.parse_entities(kinds), **message.parse_caption_entities(kinds)}.items():
         if entity.type == MessageEntity.MENTION and wanted is not None and text.lower() == wanted:
             found.append(text)
         elif entity.type == MessageEntity.TEXT_MENTION and entity.user is not None and entity.user.id == bot_id:
@@ -94,10 +103,13 @@ def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | N
 
 def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *,
                  edits: bool = False) -> TelegramText | None:
-    """The text message an update carries, or None when it carries none we answer
-    (an edit, unless ``edits``; a photo; a channel post)."""
+    """The message an update carries (a text, or media with its caption), or None when it
+    carries none we answer (an edit, unless ``edits``; a service message; a channel post)."""
     message = update.message or (update.edited_message if edits else None)
-    if message is None or message.text is None:
+    if message is None:
+        return None
+    attachments = attachments_of(message)
+    if message.text is None and not attachments:
         return None
     user = message.from_user
     mentions = _mentions_of_bot(message, bot_username, bot_id)
@@ -112,9 +124,11 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         user_id=user.id if user else None,
         user_name=(user.username or user.full_name) if user else None,
         chat_title=message.chat.title or message.chat.username,
-        text=message.text,
+        text=message.text if message.text is not None else message.caption or "",
         addressed=bool(mentions) or replied,
         mentions=tuple(mentions),
+        attachments=attachments,
+        media_group=message.media_group_id,
     )
 
 
@@ -260,11 +274,24 @@ class TelegramInterface(TypedActor):
             chat_type=text.chat_type,
             chat_title=text.chat_title,
         )
-        if context.is_group and not text.addressed:
+        if context.is_group and not self._addressed(text):
             return  # group chatter not meant for the bot
         self.delivery.reachable(text.chat_id)  # whoever blocked us writes again: they unblocked us
         request = text.text
         for mention in text.mentions:
             request = request.replace(mention, "")
         take_request(self, request.strip() or text.text, context, env,
-                     allowed=text.user_id in self.settings.allowed_users, policy=self.settings)
+                     allowed=text.user_id in self.settings.allowed_users, policy=self.settings,
+                     attachments=text.attachments, media_group=text.media_group)
+
+    def _addressed(self, text: TelegramText) -> bool:
+        """Meant for the bot (in a group): it mentions or answers the bot, or belongs to an
+        album whose captioned item did (the others have no caption)."""
+        albums: OrderedDict[str, None] = self.__dict__.setdefault("_albums_addressed", OrderedDict())
+        if text.media_group is None:
+            return text.addressed
+        if text.addressed:
+            albums[text.media_group] = None
+            while len(albums) > ALBUMS_REMEMBERED:
+                albums.popitem(last=False)
+        return text.media_group in albums

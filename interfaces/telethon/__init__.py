@@ -2,8 +2,8 @@
 messages from allowed users (or in allowed chats) are requests, answered in the chat
 with ``reply_to``.
 
-The adapter boundary is ``client.UserbotClient``: ``get_me``, ``send_message`` and
-``new_messages`` (Telethon's ``NewMessage`` events). ``client.TelethonUserbot``
+The adapter boundary is ``client.UserbotClient``: ``get_me``, ``send_message``,
+``new_messages`` (Telethon's ``NewMessage`` events) and ``download_media``. ``client.TelethonUserbot``
 implements it over MTProto; the tests, which cannot serve MTProto, hand the platform a
 stand-in (``provided={USERBOT: ...}``) fed with Telethon's own TL types. Importing this
 package loads nothing heavy: Telethon is imported only when the platform is mounted or
@@ -46,6 +46,7 @@ def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telethon.client import open_userbot
     from autoresponse.interfaces.telethon.delivery import UserbotDelivery
     from autoresponse.interfaces.telethon.interface import TelethonInterface
+    from autoresponse.interfaces.telethon.media import UserbotFiles
     from autoresponse.interfaces.telethon.sender import TelethonSender
 
     settings: TelethonSettings = m.settings
@@ -70,6 +71,7 @@ def _mount(m: Mount) -> None:
     delivery = UserbotDelivery(userbot, m.journal, parse_mode=settings.parse_mode,
                                sleep=m.runtime.clock.sleep)
     m.expose(delivery)
+    m.downloader(INTERFACE_NAME, UserbotFiles(userbot).download)  # photos, voice notes and files
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelethonSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelethonInterface, (settings, userbot, me)))
 

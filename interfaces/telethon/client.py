@@ -1,8 +1,9 @@
 """The adapter boundary between the userbot and Telegram: ``UserbotClient``.
 
 The interface and the sender use nothing of Telethon but what this protocol names:
-``get_me``, ``send_message`` (Telethon's own signatures) and ``new_messages`` (an
-async iterator of Telethon's ``events.NewMessage.Event``). ``TelethonUserbot``
+``get_me``, ``send_message`` (Telethon's own signatures), ``new_messages`` (an
+async iterator of Telethon's ``events.NewMessage.Event``) and ``download_media`` (a
+message's photo or file, for the LLM hop). ``TelethonUserbot``
 implements it on a real ``TelegramClient`` over MTProto. MTProto cannot be served on
 127.0.0.1, so the tests implement it with a stand-in that builds the events from
 Telethon's own TL types (``UpdateNewMessage``, ``Message``, ``User``) and finishes them
@@ -40,6 +41,9 @@ class UserbotClient(Protocol):
         """New incoming messages, as Telethon's ``events.NewMessage.Event``, until the
         connection is lost for good (then it raises ``ConnectionError``)."""
 
+    async def download_media(self, chat_id: int, message_id: int, *, thumb: str | None = None) -> bytes:
+        """The bytes of a message's photo (its size of type ``thumb``, e.g. ``"x"``) or file."""
+
 
 class TelethonUserbot:
     """``UserbotClient`` on a real, connected ``TelegramClient``."""
@@ -68,6 +72,15 @@ class TelethonUserbot:
                 taken.cancel()
                 raise ConnectionError("Telegram disconnected the userbot")
             yield taken.result()
+
+    async def download_media(self, chat_id: int, message_id: int, *, thumb: str | None = None) -> bytes:
+        message = await self.client.get_messages(chat_id, ids=message_id)
+        if message is None or message.media is None:
+            raise LookupError("the message or its media is gone")
+        data = await self.client.download_media(message, file=bytes, thumb=thumb)
+        if not isinstance(data, bytes):
+            raise LookupError("the message's media has no file")
+        return data
 
     async def aclose(self) -> None:
         await self.client.disconnect()

@@ -23,8 +23,9 @@ from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient
+from autoresponse.interfaces.telethon.media import attachments_of
 from autoresponse.interfaces.telethon.settings import TelethonSettings
-from autoresponse.messages import Envelope, OriginalContext
+from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.telethon")
 
@@ -44,6 +45,10 @@ class UserbotText(BaseModel):
     #: The forum topic the message is in, if any.
     thread_id: int | None = None
     text: str
+    #: A photo, voice note, file, sticker, place, contact or poll, by reference (``text`` is its caption).
+    attachments: tuple[Attachment, ...] = ()
+    #: The album the message is part of (Telethon's ``grouped_id``): one turn for all of it.
+    media_group: str | None = None
 
 
 def _name(entity: Any) -> str | None:
@@ -57,9 +62,12 @@ def _name(entity: Any) -> str | None:
 
 def parse_event(event: Any, *, me: int) -> UserbotText | None:
     """A ``UserbotText`` from Telethon's ``NewMessage.Event``; None when it is the account's
-    own (outgoing, or sent by the account from elsewhere) or carries no text."""
+    own (outgoing, or sent by the account from elsewhere) or carries neither text nor media."""
     message = event.message
-    if message.out or event.sender_id == me or not message.message:
+    if message.out or event.sender_id == me:
+        return None
+    attachments = attachments_of(message, event.chat_id)
+    if not message.message and not attachments:
         return None
     reply = message.reply_to
     topic = getattr(reply, "reply_to_top_id", None) or getattr(reply, "reply_to_msg_id", None)
@@ -71,7 +79,9 @@ def parse_event(event: Any, *, me: int) -> UserbotText | None:
         chat_type="private" if event.is_private else "group" if event.is_group else "channel",
         chat_title=None if event.is_private else _name(message.chat),
         thread_id=topic if getattr(reply, "forum_topic", False) else None,
-        text=message.message,
+        text=message.message or "",
+        attachments=attachments,
+        media_group=None if message.grouped_id is None else str(message.grouped_id),
     )
 
 
@@ -108,4 +118,4 @@ class TelethonInterface(TypedActor):
             chat_title=text.chat_title,
         )
         take_request(self, text.text, context, env, allowed=self.settings.allows(text.sender_id, text.chat_id),
-                     policy=self.settings)
+                     policy=self.settings, attachments=text.attachments, media_group=text.media_group)

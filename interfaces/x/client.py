@@ -35,7 +35,9 @@ from autoresponse.interfaces.x.settings import (
 
 #: The host names tweepy sends requests to.
 X_API_HOSTS = ("api.twitter.com", "api.x.com")
-_TWEET_FIELDS = ["author_id", "conversation_id", "created_at", "in_reply_to_user_id"]
+_TWEET_FIELDS = ["author_id", "conversation_id", "created_at", "in_reply_to_user_id", "attachments"]
+#: What a post's pictures and videos are described by (their URLs; nothing is downloaded).
+_MEDIA_FIELDS = ["type", "url", "preview_image_url", "alt_text", "duration_ms"]
 
 
 def seconds_until(reset: int | None, now: float | None = None) -> float:
@@ -99,18 +101,22 @@ class XApi:
         return (await self.client.get_me(user_auth=self.user_auth)).data
 
     async def mentions_since(self, *, user_id: int, since_id: int | None,
-                             start_time: dt.datetime | None) -> list[tuple[Any, Any]]:
+                             start_time: dt.datetime | None) -> list[tuple[Any, Any, list[Any]]]:
         """Every mention newer than ``since_id`` (or, before any, since ``start_time``),
-        oldest first, each with its author (or None)."""
-        found: list[tuple[Any, Any]] = []
+        oldest first, each with its author (or None) and its media (pictures, videos)."""
+        found: list[tuple[Any, Any, list[Any]]] = []
         token = None
         for _ in range(X_MENTION_PAGES):  # X keeps the newest 800 anyway
             page = await self.client.get_users_mentions(
                 user_id, since_id=since_id, start_time=None if since_id else start_time,
-                max_results=X_MENTIONS_PER_PAGE, pagination_token=token, expansions=["author_id"],
-                tweet_fields=_TWEET_FIELDS, user_fields=["username"], user_auth=self.user_auth)
+                max_results=X_MENTIONS_PER_PAGE, pagination_token=token,
+                expansions=["author_id", "attachments.media_keys"], tweet_fields=_TWEET_FIELDS,
+                user_fields=["username"], media_fields=_MEDIA_FIELDS, user_auth=self.user_auth)
             authors = {u.id: u for u in (page.includes or {}).get("users", [])}
-            found += [(tweet, authors.get(tweet.author_id)) for tweet in page.data or []]
+            media = {m.media_key: m for m in (page.includes or {}).get("media", [])}
+            found += [(tweet, authors.get(tweet.author_id),
+                       [media[k] for k in (tweet.attachments or {}).get("media_keys", []) if k in media])
+                      for tweet in page.data or []]
             token = (page.meta or {}).get("next_token")
             if token is None:
                 break

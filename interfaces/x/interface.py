@@ -28,8 +28,9 @@ from autoresponse.actors.polling import SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
+from autoresponse.interfaces.x.media import attachments_of
 from autoresponse.interfaces.x.settings import XSettings
-from autoresponse.messages import Envelope, OriginalContext
+from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.x")
 
@@ -45,11 +46,13 @@ class XMention(BaseModel):
     username: str | None = None
     text: str
     created_at: str | None = None
+    #: Its pictures (and videos), by URL: the model is told them; nothing is downloaded.
+    attachments: tuple[Attachment, ...] = ()
 
 
-def parse_mention(tweet: Any, author: Any, *, me: int) -> XMention | None:
-    """An ``XMention`` from tweepy's ``Tweet`` and ``User``; None for the account's own posts
-    (it never answers itself)."""
+def parse_mention(tweet: Any, author: Any, *, me: int, media: Any = ()) -> XMention | None:
+    """An ``XMention`` from tweepy's ``Tweet``, ``User`` and its ``Media``; None for the
+    account's own posts (it never answers itself)."""
     if tweet.author_id == me:
         return None
     return XMention(
@@ -59,6 +62,7 @@ def parse_mention(tweet: Any, author: Any, *, me: int) -> XMention | None:
         username=None if author is None else author.username,
         text=tweet.text,
         created_at=None if tweet.created_at is None else tweet.created_at.isoformat(),
+        attachments=attachments_of(media),
     )
 
 
@@ -112,8 +116,8 @@ class XInterface(TypedActor):
         cursor = self._cursor
         found = await self._api.mentions_since(user_id=self._me.id, since_id=cursor.since_id,
                                                start_time=cursor.start_time)
-        for tweet, author in found:
-            mention = parse_mention(tweet, author, me=self._me.id)
+        for tweet, author, media in found:
+            mention = parse_mention(tweet, author, me=self._me.id, media=media)
             if mention is not None:
                 await accept_input(self, mention, f"x-{mention.post_id}")
             await asyncio.to_thread(cursor.advance, tweet.id)
@@ -133,4 +137,4 @@ class XInterface(TypedActor):
         )
         text = self._mention.sub("", mention.text).strip() or mention.text
         take_request(self, text, context, env, allowed=mention.author_id in self.settings.allowed_users,
-                     policy=self.settings)
+                     policy=self.settings, attachments=mention.attachments)

@@ -1,0 +1,274 @@
+"""What a user sent besides words, read in the LLM hop just before the model is asked.
+
+A request carries its attachments by reference (``messages.Attachment``: a file id, a
+URL), so the journal never holds the bytes. ``MediaReader.read`` turns them into what
+the model can use, on the event loop, with a size cap and a timeout:
+
+* a photo: with ``vision`` on, the largest size under ``max_image_bytes`` as a data URL
+  (an OpenAI ``image_url`` part); off, the model is told a photo came;
+* a text file under ``max_file_bytes``: its text, up to ``max_document_chars``;
+* a voice note: its transcript, when ``transcribe_url`` names an OpenAI-compatible
+  ``/audio/transcriptions``; otherwise the model is told a voice note came;
+* a sticker, a place, a contact, a poll: their words, already in the attachment;
+* anything else: a note the model reads ("you cannot watch videos").
+
+A file above the cap is not downloaded: the user gets a notice, and when the message
+held nothing else the model is not asked at all.
+
+Platforms give the downloads: ``Mount.downloader(interface, download)`` registers an
+``async download(file_id, max_bytes) -> bytes`` that raises ``TooLarge`` past the cap.
+
+>>> reader = MediaReader(vision=True, downloaders={"telegram": files.download})   # doctest: +SKIP
+>>> prompt, notices = await reader.read(prompt)                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from autoresponse.actors.limits import (
+    MEDIA_MAX_DOCUMENT_CHARS,
+    MEDIA_MAX_FILE_BYTES,
+    MEDIA_MAX_IMAGE_BYTES,
+    MEDIA_MAX_ITEMS,
+    MEDIA_TIMEOUT_SECONDS,
+)
+from autoresponse.messages import Attachment, PromptRequest, Variant, human_size
+
+log = logging.getLogger("autoresponse.media")
+
+#: ``async download(file_id, max_bytes) -> bytes``: a platform's way to its files.
+Downloader = Callable[[str, int], Awaitable[bytes]]
+
+#: File types read as text besides ``text/*``.
+TEXT_TYPES = frozenset({"application/json", "application/xml", "application/x-yaml", "application/yaml",
+                        "application/toml", "application/x-sh", "application/javascript", "application/sql",
+                        "application/csv", "application/x-python", "application/x-ndjson"})
+TEXT_SUFFIXES = frozenset({"txt", "md", "markdown", "csv", "tsv", "json", "yaml", "yml", "toml", "ini", "cfg",
+                           "conf", "log", "xml", "html", "htm", "py", "js", "ts", "sh", "sql", "rst", "c", "h",
+                           "cpp", "go", "rs", "java", "rb", "php", "css", "env", "diff", "patch"})
+
+UNSUPPORTED_NOTICE = ("Sorry, I cannot take {what} yet. Send me text, a photo, a voice note or a text file, "
+                      "and I will answer.")
+TOO_LARGE_NOTICE = "Sorry, {what} is too large for me to read ({size}; I read files up to {cap})."
+
+
+class TooLarge(Exception):
+    """A file is bigger than the cap; ``size`` is what it has (or read so far)."""
+
+    def __init__(self, size: int | None, cap: int) -> None:
+        super().__init__(f"{'unknown size' if size is None else human_size(size)} is over {human_size(cap)}")
+        self.size = size
+        self.cap = cap
+
+
+async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body of ``response``, refusing (``TooLarge``) past ``max_bytes``, announced or read."""
+    declared = response.content_length
+    if declared is not None and declared > max_bytes:
+        raise TooLarge(declared, max_bytes)
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > max_bytes:
+            raise TooLarge(len(body), max_bytes)
+    return bytes(body)
+
+
+def image_type(data: bytes, declared: str | None = None) -> str:
+    """The MIME type of an image, from its first bytes (Telegram photos are JPEG)."""
+    if data.startswith(b"\x89PNG"):
+        return "image/png"
+    if data[:6] in (b"GIF87a", b"GIF89a"):
+        return "image/gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    if data.startswith(b"\xff\xd8"):
+        return "image/jpeg"
+    return declared if declared and declared.startswith("image/") else "image/jpeg"
+
+
+def is_text_file(item: Attachment) -> bool:
+    mime = (item.mime_type or "").split(";")[0].strip().lower()
+    suffix = (item.name or "").rpartition(".")[2].lower() if "." in (item.name or "") else ""
+    return mime.startswith("text/") or mime in TEXT_TYPES or suffix in TEXT_SUFFIXES
+
+
+def as_text(data: bytes) -> str | None:
+    """``data`` as text, or None when it is not (not UTF-8, or binary)."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
+def unsupported(attachments: tuple[Attachment, ...]) -> bool:
+    """Every item is one the runtime cannot read at all (a video, a dice)."""
+    return bool(attachments) and all(a.kind in ("video", "other") for a in attachments)
+
+
+def unsupported_notice(attachments: tuple[Attachment, ...]) -> str:
+    kinds = sorted({"a video" if a.kind == "video" else f"a {a.name}" if a.name else "this kind of message"
+                    for a in attachments})
+    return UNSUPPORTED_NOTICE.format(what=" or ".join(kinds))
+
+
+@dataclass
+class MediaReader:
+    """Reads attachments for the model (see the module's docstring)."""
+
+    vision: bool = False
+    max_image_bytes: int = MEDIA_MAX_IMAGE_BYTES
+    max_file_bytes: int = MEDIA_MAX_FILE_BYTES
+    max_document_chars: int = MEDIA_MAX_DOCUMENT_CHARS
+    timeout: float = MEDIA_TIMEOUT_SECONDS
+    transcribe_url: str | None = None
+    transcribe_model: str = "whisper-1"
+    transcribe_key: str | None = None
+    #: interface name → its platform's downloader.
+    downloaders: dict[str, Downloader] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, llm: object, downloaders: Mapping[str, Downloader] | None = None) -> MediaReader:
+        """From ``LLMSettings``: the transcription key is the LLM's only on the LLM's own server."""
+        key = getattr(llm, "transcribe_api_key", None)
+        url = getattr(llm, "transcribe_url", None)
+        base, api_key = getattr(llm, "base_url", None), getattr(llm, "api_key", None)
+        if key is None and api_key is not None and url and base and _origin(url) == _origin(base):
+            key = api_key
+        return cls(vision=getattr(llm, "vision", False),
+                   max_image_bytes=getattr(llm, "max_image_bytes", MEDIA_MAX_IMAGE_BYTES),
+                   max_file_bytes=getattr(llm, "max_file_bytes", MEDIA_MAX_FILE_BYTES),
+                   max_document_chars=getattr(llm, "max_document_chars", MEDIA_MAX_DOCUMENT_CHARS),
+                   timeout=getattr(llm, "media_timeout", MEDIA_TIMEOUT_SECONDS),
+                   transcribe_url=url, transcribe_model=getattr(llm, "transcribe_model", "whisper-1"),
+                   transcribe_key=None if key is None else key.get_secret_value(),
+                   downloaders=dict(downloaders or {}))
+
+    def register(self, interface: str, download: Downloader) -> None:
+        self.downloaders[interface] = download
+
+    async def read(self, prompt: PromptRequest) -> tuple[PromptRequest, list[str], bool]:
+        """The prompt as the model should see it (each attachment read, or noted why not),
+        the notices for the user (a file too large), and whether anything is left to ask
+        (False: the message was only files too large to read)."""
+        download = self.downloaders.get(prompt.original_context.interface_name)
+        items = list(prompt.attachments)
+        read: list[Attachment] = []
+        notices: list[str] = []
+        refused = 0
+        for n, item in enumerate(items):
+            if n >= MEDIA_MAX_ITEMS:
+                read.append(item.model_copy(update={"note": f"not read: at most {MEDIA_MAX_ITEMS} items a message"}))
+                continue
+            try:
+                read.append(await self._read_one(item, download))
+            except TooLarge as exc:
+                refused += 1
+                size = item.size if exc.size is None else exc.size
+                notices.append(TOO_LARGE_NOTICE.format(what=_named(item), cap=human_size(exc.cap),
+                                                       size=human_size(size) if size else "its size unknown"))
+                read.append(item.model_copy(update={"note": f"not read: larger than {human_size(exc.cap)}; "
+                                                            "the user was told"}))
+            except Exception as exc:  # a failed download: the model says so, the turn goes on
+                log.warning("reading a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
+                read.append(item.model_copy(update={"note": "not read: its download failed"}))
+        left = bool(prompt.current_text.strip()) or refused < len(items)
+        return prompt.model_copy(update={"attachments": tuple(read)}), notices, left
+
+    async def _read_one(self, item: Attachment, download: Downloader | None) -> Attachment:
+        if item.kind == "photo" or (item.kind == "document" and (item.mime_type or "").startswith("image/")
+                                    and self.vision):
+            return await self._photo(item, download)
+        if item.kind == "document":
+            return await self._document(item, download)
+        if item.kind in ("voice", "audio"):
+            return await self._voice(item, download)
+        if item.kind == "video":
+            return item.model_copy(update={"note": "you cannot watch videos"})
+        if item.kind == "other":
+            return item.model_copy(update={"note": "you cannot read this kind of message"})
+        return item  # a sticker, a place, a contact, a poll, an image by URL: its words are in it
+
+    async def _fetch(self, download: Downloader | None, file_id: str | None, size: int | None, cap: int) -> bytes:
+        if size is not None and size > cap:
+            raise TooLarge(size, cap)  # said before any download
+        if download is None or file_id is None:
+            raise LookupError("this platform gives no downloads")
+        return await asyncio.wait_for(download(file_id, cap), self.timeout)
+
+    async def _photo(self, item: Attachment, download: Downloader | None) -> Attachment:
+        if not self.vision:
+            return item.model_copy(update={"note": "you cannot see images here; say so if it matters"})
+        variants = item.variants or (Variant(file_id=item.file_id or "", size=item.size,
+                                             width=item.width, height=item.height),)
+        fitting = [v for v in variants if v.size is None or v.size <= self.max_image_bytes]
+        if not fitting:
+            raise TooLarge(min(v.size or 0 for v in variants), self.max_image_bytes)
+        chosen = max(fitting, key=lambda v: (v.size or 0, (v.width or 0) * (v.height or 0)))
+        data = await self._fetch(download, chosen.file_id or None, chosen.size, self.max_image_bytes)
+        url = f"data:{image_type(data, item.mime_type)};base64,{base64.b64encode(data).decode()}"
+        return item.model_copy(update={"image": url, "width": chosen.width or item.width,
+                                       "height": chosen.height or item.height, "size": len(data)})
+
+    async def _document(self, item: Attachment, download: Downloader | None) -> Attachment:
+        if not is_text_file(item):
+            return item.model_copy(update={"note": "you cannot read this kind of file, only text files"})
+        data = await self._fetch(download, item.file_id, item.size, self.max_file_bytes)
+        text = as_text(data)
+        if text is None:
+            return item.model_copy(update={"note": "not read: it is not text"})
+        if len(text) > self.max_document_chars:
+            cut = text[:self.max_document_chars]
+            return item.model_copy(update={"text": cut, "note": f"cut: its first {len(cut)} of {len(text)} characters"})
+        return item.model_copy(update={"text": text})
+
+    async def _voice(self, item: Attachment, download: Downloader | None) -> Attachment:
+        if self.transcribe_url is None:
+            return item.model_copy(update={"note": "you cannot hear it: no transcription is configured"})
+        data = await self._fetch(download, item.file_id, item.size, self.max_file_bytes)
+        try:
+            return item.model_copy(update={"text": await self.transcribe(data, item)})
+        except Exception as exc:  # the model says it could not listen, the turn goes on
+            log.warning("transcribing a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
+            return item.model_copy(update={"note": "not transcribed: the transcription failed"})
+
+    async def transcribe(self, data: bytes, item: Attachment) -> str:
+        """The words of an audio file, from the OpenAI-compatible ``transcribe_url``."""
+        assert self.transcribe_url is not None
+        form = aiohttp.FormData()
+        mime = item.mime_type or "audio/ogg"
+        name = item.name or ("voice.ogg" if mime == "audio/ogg" else "audio")
+        form.add_field("file", data, filename=name, content_type=mime)
+        form.add_field("model", self.transcribe_model)
+        headers = {"Authorization": f"Bearer {self.transcribe_key}"} if self.transcribe_key else {}
+        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        async with aiohttp.ClientSession(timeout=timeout) as session, \
+                session.post(self.transcribe_url, data=form, headers=headers) as response:
+            if response.status != 200:
+                raise RuntimeError(f"transcription failed: HTTP {response.status}")
+            body = await response.json(content_type=None)
+        text = body.get("text") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            raise RuntimeError("transcription answered without text")
+        return text.strip()
+
+
+def _named(item: Attachment) -> str:
+    """How a notice names an item: its file name, or what it is."""
+    if item.name and item.kind in ("document", "audio"):
+        return f'"{item.name}"'
+    return {"voice": "this voice note", "photo": "this photo", "audio": "this audio file"}.get(item.kind, "this file")
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port
