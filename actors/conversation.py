@@ -18,7 +18,14 @@ conversation:
 * takes a user's ``/forget`` as a turn of its own, in the chat's order: it clears
   the memory once the turns before it have finished (their replies remembered), so
   "forgotten" leaves nothing of what came before it. Messages that came before it
-  are answered first, never merged with what came after it.
+  are answered first, never merged with what came after it;
+* takes a user's ``/cancel`` (or "stop" in a private chat) at once, ahead of the chat's
+  queued turns: the turn under way is cancelled (its journal item closes as cancelled, its
+  LLM call is aborted, its command killed; see ``cancellation``), the queued turns are
+  dropped, pending approvals are called off, and the user gets a one-line confirmation,
+  or "nothing to cancel";
+* runs a decided approval (``ApprovalOutcome``: the action, or the LLM told it was
+  denied) as a turn of its own, in the chat's order.
 
 Per-chat state is data in a handful of actors, not an actor per chat.
 """
@@ -31,15 +38,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from autoresponse.actors.approvals import APPROVALS, NOTHING_TO_CANCEL, denied_request
+from autoresponse.actors.cancellation import abort, cancel_request
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
 from autoresponse.actors.memory import ConversationStore
-from autoresponse.actors.routes import LLM, sender
+from autoresponse.actors.routes import LLM, route_of, sender
+from autoresponse.messages.approval import ApprovalOutcome, CancelApprovals, CancelWork
 from autoresponse.messages import Envelope, OutboundMessage, ReplyDelivered, UserRequest, attachments_label
 
 FORGOTTEN = "Done: I have forgotten our conversation."
 #: ``/forget``, also as a Telegram group command addressed to a bot (``/forget@synth_bot``).
 _FORGET = re.compile(r"^/forget(@\w+)?$", re.IGNORECASE)
+CANCELLED = "Cancelled: I stopped working on your request."
+CANCEL_UNAVAILABLE = ("Sorry, a request cannot be cancelled here: this bot shares its work with other "
+                      "daemons, and a chat's messages are taken strictly one after the other.")
+#: ``/cancel`` (``/cancel@synth_bot`` in a group); in a private chat "stop" too.
+_CANCEL = re.compile(r"^/cancel(@\w+)?$", re.IGNORECASE)
+_STOP = re.compile(r"^stop[.!]*$", re.IGNORECASE)
 
 
 class TurnEnded(BaseModel):
@@ -48,6 +64,8 @@ class TurnEnded(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     chat: str
+    #: The turn that ended: a cancelled turn ends late, after the chat's next one started.
+    correlation: str | None = None
 
 
 class AlbumDue(BaseModel):
@@ -74,11 +92,24 @@ def chat_of(message: Any, env: Envelope) -> str:
     """The routing key of the conversation pool: the chat a message belongs to."""
     if isinstance(message, (UserRequest, ReplyDelivered)):
         return message.context.chat_key
+    if isinstance(message, ApprovalOutcome):
+        return message.request.context.chat_key
     return env.correlation_id
 
 
 def is_forget(request: UserRequest) -> bool:
     return bool(_FORGET.match(request.text.strip()))
+
+
+def is_cancel(request: UserRequest) -> bool:
+    """``/cancel``, or "stop" alone in a private chat."""
+    text = request.text.strip()
+    return bool(_CANCEL.match(text) or (request.context.chat_type == "private" and _STOP.match(text)))
+
+
+def alone(body: Any) -> bool:
+    """A turn of its own, never merged with the messages around it: a /forget, a decided approval."""
+    return not isinstance(body, UserRequest) or is_forget(body)
 
 
 def merged(requests: list[UserRequest]) -> UserRequest:
@@ -104,6 +135,9 @@ class ConversationActor(TypedActor):
     @handles
     def on_request(self, request: UserRequest, env: Envelope) -> None:
         chat = request.context.chat_key
+        if is_cancel(request):  # at once: it cannot wait for the turn it cancels
+            self._cancel(chat, env)
+            return
         if chat in self._gathering or request.media_group is not None:
             self._gather(chat, env)
             return
@@ -142,6 +176,8 @@ class ConversationActor(TypedActor):
 
     @handles
     def on_turn_ended(self, ended: TurnEnded, env: Envelope) -> None:
+        if ended.correlation is not None and self._running.get(ended.chat) != ended.correlation:
+            return  # a cancelled turn's work ended: the chat went on without it
         self._running.pop(ended.chat, None)
         self._next_turn(ended.chat)
 
@@ -153,8 +189,8 @@ class ConversationActor(TypedActor):
             self._waiting.pop(chat, None)
             return
         turn = [waiting.popleft()]
-        if not is_forget(turn[0].body):
-            while waiting and not is_forget(waiting[0].body):
+        if not alone(turn[0].body):
+            while waiting and not alone(waiting[0].body):
                 turn.append(waiting.popleft())
         if not waiting:
             del self._waiting[chat]
@@ -168,8 +204,10 @@ class ConversationActor(TypedActor):
             self.store.append(delivered.context.chat_key, "assistant", delivered.text, kind="reply")
 
     def _start(self, chat: str, envelopes: list[Envelope]) -> None:
-        """Start the chat's next turn: a /forget, or the requests in ``envelopes``."""
-        if is_forget(envelopes[0].body):
+        """Start the chat's next turn: a /forget, a decided approval, or the requests in ``envelopes``."""
+        if isinstance(envelopes[0].body, ApprovalOutcome):
+            self._decided(chat, envelopes[0])
+        elif is_forget(envelopes[0].body):
             self._forget(chat, envelopes[0])
         else:
             self._begin(chat, envelopes)
@@ -184,16 +222,67 @@ class ConversationActor(TypedActor):
             said = " ".join(filter(None, (request.text, attachments_label(request.attachments))))
             self.store.append(chat, "user", said)
             request = request.model_copy(update={"turns": tuple(turns)})
-        self._running[chat] = cause.correlation_id
-        self.runtime.when_finished(cause.correlation_id, self.name, TurnEnded(chat=chat))
+        self._turn(chat, cause)
         self.send(LLM, request, cause=cause)
+
+    def _turn(self, chat: str, env: Envelope) -> None:
+        """``env``'s correlation is the chat's turn under way until it has finished."""
+        self._running[chat] = env.correlation_id
+        self.runtime.when_finished(env.correlation_id, self.name,
+                                   TurnEnded(chat=chat, correlation=env.correlation_id))
 
     def _forget(self, chat: str, env: Envelope) -> None:
         """Clear the chat's memory; its answer is a turn, so what comes after waits for it."""
         request: UserRequest = env.body
         if self.store is not None:
             self.store.forget(chat)
-        self._running[chat] = env.correlation_id
-        self.runtime.when_finished(env.correlation_id, self.name, TurnEnded(chat=chat))
+        self._turn(chat, env)
         self.send(sender(request.context.interface_name),
                   OutboundMessage.reply(request.context, FORGOTTEN, notice=True), cause=env)
+
+    @handles
+    def on_outcome(self, outcome: ApprovalOutcome, env: Envelope) -> None:
+        chat = outcome.request.context.chat_key
+        if chat in self._running or self._waiting.get(chat):
+            self.hold(env)
+            self._waiting.setdefault(chat, deque()).append(env)
+            return
+        self._start(chat, [env])
+
+    def _decided(self, chat: str, env: Envelope) -> None:
+        """A decided approval's turn: the action runs, or the LLM hears it was denied."""
+        outcome: ApprovalOutcome = env.body
+        self._turn(chat, env)
+        if outcome.approved:
+            self.send(route_of(outcome.request.action), outcome.request, cause=env)
+            return
+        turns = self.store.recent(chat) if self.store is not None else []
+        request = denied_request(self.runtime, outcome, turns)
+        if request is not None:
+            self.send(LLM, request, cause=env)
+
+    def _cancel(self, chat: str, env: Envelope) -> None:
+        """Cancel the chat's turn under way and drop its queued turns, then confirm."""
+        ctx = env.body.context
+        if self.runtime.intake.distributed:
+            # On a shared journal a chat's items run one after the other, so this one
+            # runs only once the request it would cancel has finished: say so plainly.
+            self._say(ctx, CANCEL_UNAVAILABLE, env)
+            return
+        dropped = list(self._waiting.pop(chat, ())) + self._gathering.pop(chat, [])
+        running = self._running.pop(chat, None)
+        cancelled = ([running] if running is not None else []) + [e.correlation_id for e in dropped]
+        for correlation in dict.fromkeys(cancelled):
+            cancel_request(self.runtime, correlation)
+        if cancelled:
+            abort(self.runtime, CancelWork(chat=chat, correlations=tuple(dict.fromkeys(cancelled))))
+        for held in dropped:
+            self.release(held)
+        if self.runtime.has(APPROVALS):  # a pending approval of the chat is called off too
+            self.send(APPROVALS, CancelApprovals(context=ctx, confirm=not cancelled), cause=env)
+            if not cancelled:
+                return  # the desk answers: it knows whether an approval was pending
+        self._say(ctx, CANCELLED if cancelled else NOTHING_TO_CANCEL, env)
+
+    def _say(self, ctx: Any, text: str, env: Envelope) -> None:
+        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, text, notice=True), cause=env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
@@ -32,6 +33,10 @@ from autoresponse.messages import (
     action_model,
     message_action_for,
 )
+from autoresponse.messages.approval import ApprovalRequest
+
+#: The approvals desk's name (``actors.approvals``, which imports this module).
+APPROVALS = "approvals"
 
 log = logging.getLogger("autoresponse.dispatcher")
 
@@ -120,11 +125,13 @@ class ActionDispatcher(TypedActor):
     """
 
     def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None,
-                 prose: ProseRule = "reply") -> None:
+                 prose: ProseRule = "reply", approval: Iterable[str] = ()) -> None:
         super().__init__()
         self.max_actions = max_actions
         self.store = store
         self.prose = prose
+        #: Command action types that run only once approved (the approvals desk asks).
+        self.approval = frozenset(approval)
 
     def _extract(self, reply: LLMReply) -> Extraction:
         prompt = reply.prompt
@@ -192,7 +199,8 @@ class ActionDispatcher(TypedActor):
                 errors.append(problem)
                 continue
             kept.append((index, slot))
-        commands = tuple(describe(s.action) for _, s in kept if s.action.kind != "message")  # type: ignore[union-attr]
+        commands = tuple(describe(s.action) for _, s in kept  # type: ignore[union-attr]
+                         if s.action.kind != "message" and not self._gated(s.action))  # type: ignore[union-attr]
         run = 0  # commands sent so far: each one's place in the batch
         replaced_preview = False
         for index, slot in kept:
@@ -202,6 +210,8 @@ class ActionDispatcher(TypedActor):
             if action.kind == "message":
                 problem = self._message(action, prompt, env, message_key(turn, index), sent)
                 replaced_preview |= index == 0 and not problem and str(action.payload.target or ctx.chat_id) == str(ctx.chat_id)
+            elif self._gated(action):
+                self._ask_approval(action, ctx, message_key(turn, index), env)
             else:
                 batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
                 self.send(route_of(action), ActionRequest(action=action, context=ctx, batch=batch), cause=env)
@@ -224,6 +234,16 @@ class ActionDispatcher(TypedActor):
                                         sent=tuple(sent), positions=tuple(positions),
                                         tool_calls=reply.tool_calls, cut_off=cut_off),
                               cause=env, detail="; ".join(message.errors))
+
+    def _gated(self, action: BaseAction) -> bool:
+        """Whether ``action`` waits for approval before it runs (the desk is there to ask)."""
+        return action.type in self.approval and self.runtime.has(APPROVALS)
+
+    def _ask_approval(self, action: BaseAction, ctx: OriginalContext, key: str, env: Envelope) -> None:
+        """The approval gate: the action goes to the approvals desk, not to its executor; it
+        runs alone (in no batch) once approved, as a turn of its own."""
+        self.send(APPROVALS, ApprovalRequest(request=ActionRequest(action=action, context=ctx), key=key),
+                  cause=env)
 
     @staticmethod
     def _position(slot: Slot, done: bool, error: str = "") -> Position:

@@ -163,3 +163,7 @@ NATS_CONNECT_TIMEOUT_SECONDS = 5.0
 #: JSON bodies from outside (the admin endpoint, Telegram's webhook) nest at most this
 #: deep; what comes after the parse walks them.
 JSON_BODY_MAX_DEPTH = 32
+
+#: Seconds an action that needs approval waits for a decision, unless configured
+#: (``approval_timeout``); then it expires and does not run.
+APPROVAL_TIMEOUT_SECONDS = 300.0

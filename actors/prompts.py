@@ -360,7 +360,7 @@ def _system_prompt(instruction: str, rules: str, context: tuple[tuple[str, str],
 def _system_message_text(message: SystemMessage, allowed: tuple[str, ...], protocol: Protocol) -> str:
     """A system message as the model reads it, with the format rules of ``protocol``."""
     update: dict[str, Any] = {"full_json_instructions": instructions_for(allowed, protocol)}
-    if message.error_retry_policy is not None:
+    if message.error_retry_policy is not None and message.your_reply is not None:  # a re-ask's policy
         update["error_retry_policy"] = error_retry_policy(allowed, protocol)
     shown = message.model_copy(update=update)
     return json.dumps({"system_message": shown.model_dump(mode="json", exclude_none=True)}, ensure_ascii=False)

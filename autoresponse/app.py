@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from autoresponse.actors.kernel import Cell, Clock, Runtime, TypedActor
+from autoresponse.actors.approvals import APPROVALS, ApprovalDesk
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
@@ -196,13 +197,17 @@ class Application:
         pipeline += [ChildSpec(name, cls, args) for name, (cls, args) in self.extra_actors.items()]
         autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
-            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose)),
+            ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose),
+                      {"approval": self.gated_actions()}),
             ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage),
                       {"media": MediaReader.from_settings(s.llm, {i: d for m in self.mounts.values()
                                                                   for i, d in m.downloaders.items()})}),
             ChildSpec(BUILDER, AutoResponseBuilder, (self.memory,),
                       {"batch_wait": s.runtime.batch_wait, "autonomous": autonomous}),
         ]
+        if self.gated_actions():  # the approvals desk: those actions wait for a decision there
+            pipeline.append(ChildSpec(APPROVALS, ApprovalDesk, (self.journal,),
+                                      {"approvers": s.approvers, "timeout": s.approval_timeout}))
         retry = self._supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
                                  pool_size=s.retry.pool_size)
         conversations = self._supervisor(
@@ -227,6 +232,7 @@ class Application:
             self._open_journal()
             self._open_memory()
             self._mount_platforms()
+            self._check_approval()
             rt.crash_policy = self._root_failed
             rt.error_route = RETRY
             # The interfaces start with the intake closed: nothing new is taken until the
@@ -311,6 +317,26 @@ class Application:
                 raise StartError(str(exc)) from None
             finally:
                 self._closers.extend(mount.closers)
+
+    def gated_actions(self) -> tuple[str, ...]:
+        """The command actions that run only once approved: those of each mounted platform
+        whose settings say ``approval = "ask"`` (``AUTORESPONSE_TERMINAL__APPROVAL=ask``)."""
+        gated: list[str] = []
+        for platform in platforms():
+            mount = self.mounts.get(platform.name)
+            if mount is not None and getattr(mount.settings, "approval", "never") == "ask":
+                gated += [a.action_type() for a in platform.actions if a.kind == "command"]
+        return tuple(gated)
+
+    def _check_approval(self) -> None:
+        """Approvals are journaled (the wait and the decision survive a restart): they need a
+        journal that keeps them, which the NATS journal does not (yet)."""
+        if self.gated_actions() and not hasattr(self.journal, "record_approval"):
+            where = ("the NATS journal does not keep approvals" if getattr(self.journal, "distributed", False)
+                     else "the journal is off")
+            raise StartError(f"{', '.join(self.gated_actions())} approval = \"ask\" needs the SQLite journal, "
+                             f"and {where}: set journal.backend = \"sqlite\" and journal.enabled = true, "
+                             f"or approval = \"never\"")
 
     def _stop_runtime(self, drain: float) -> bool:
         drained = self.runtime.stop(drain, first=(INTERFACES,))

@@ -65,6 +65,7 @@ from pydantic_settings import (
 import autoresponse.interfaces  # noqa: F401  (registers the built-in platforms)
 from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
+    APPROVAL_TIMEOUT_SECONDS,
     BATCH_WAIT_SECONDS,
     DRAIN_SECONDS,
     JOURNAL_RETENTION_SECONDS,
@@ -393,6 +394,13 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     data_dir: _NonBlankPath = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
+    #: User ids who may approve any action that waits for approval (``terminal.approval =
+    #: "ask"``), besides the user who asked: ``[123, 456]``, or ``["telegram:123"]`` for
+    #: one platform's user. Each also gets the approval in their private chat.
+    approvers: list[Annotated[str, BeforeValidator(str)]] = Field(default_factory=list)
+    #: Seconds an approval waits for a decision (on the runtime's clock); then it expires,
+    #: with a notice to the user, and the action does not run.
+    approval_timeout: float = Field(default=APPROVAL_TIMEOUT_SECONDS, gt=0)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Settings:
         # ``Settings()`` means the settings of every registered platform too.

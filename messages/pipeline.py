@@ -97,6 +97,16 @@ class ActionRequest(BaseModel):
         return ActionOutput(original_context=self.context, results=results, batch=self.batch)
 
 
+class Button(BaseModel):
+    """A choice offered under a message (Telegram: an inline keyboard button; the console
+    prints it): its label, and the data its answer carries back (``approve:<id>``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    data: str
+
+
 class OutboundMessage(BaseModel):
     """Text for a sender to deliver to a chat, threaded to the original message."""
 
@@ -116,6 +126,9 @@ class OutboundMessage(BaseModel):
     #: sender can, then replaced by the final message of the same ``key``; a preview
     #: with no text takes back what was shown (the final message will not come).
     preview: bool = False
+    #: Choices offered under the message (an approval's Approve and Deny); a sender that
+    #: cannot show buttons shows the text alone.
+    buttons: tuple[Button, ...] = ()
 
     @classmethod
     def reply(cls, context: OriginalContext, text: str, *, notice: bool = False,

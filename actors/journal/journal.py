@@ -8,7 +8,9 @@
 * ``was_sent`` / ``mark_sent``: idempotency keys of outbound chunks, so a
   resumed item does not resend what was already confirmed;
 * ``record_dead_letter`` and friends: dead letters, durable and replayable;
-* ``unfinished``: what to resume on start; ``compact``: forget old finished work.
+* ``unfinished``: what to resume on start; ``compact``: forget old finished work;
+* ``record_approval`` and friends: actions waiting for approval, and their decisions
+  (``actors.approvals``); an item is ``cancelled`` by its user with ``finish``.
 
 Writes are group-committed by one writer thread: every write waiting when a
 commit starts shares it, so the journal costs one fsync-free WAL commit per
@@ -45,7 +47,7 @@ CREATE TABLE IF NOT EXISTS items (
     actor TEXT NOT NULL,
     type TEXT NOT NULL,
     payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'open',   -- open | done | dead
+    state TEXT NOT NULL DEFAULT 'open',   -- open | done | dead | cancelled (by its user)
     created REAL NOT NULL,
     finished REAL
 );
@@ -65,6 +67,20 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     reason TEXT NOT NULL,
     summary TEXT NOT NULL                 -- DeadLetter.summary() as JSON
 );
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY,                  -- what its buttons carry (random)
+    key TEXT NOT NULL UNIQUE,             -- the asking correlation and the action's place in it
+    correlation TEXT NOT NULL,
+    chat TEXT NOT NULL,
+    request TEXT NOT NULL,                -- the action and its context as JSON
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending | approved | denied | expired | cancelled
+    created REAL NOT NULL,
+    expires REAL NOT NULL,                -- on the runtime's clock
+    decided REAL,
+    decided_by TEXT,
+    decision TEXT                         -- the correlation of the answer that decided it
+);
+CREATE INDEX IF NOT EXISTS approvals_state ON approvals (state, decided);
 """
 
 
@@ -269,9 +285,53 @@ class SqliteJournal:
                                      (older_than,)).rowcount
             self._db.execute("DELETE FROM sent WHERE time < ?", (older_than,))
             self._db.execute("DELETE FROM traces WHERE time < ?", (older_than,))
+            self._db.execute("DELETE FROM approvals WHERE state != 'pending' AND decided < ?", (older_than,))
             self._db.execute("DELETE FROM dead_letters WHERE time < ? OR id <= "
                              "(SELECT MAX(id) FROM dead_letters) - ?", (letters_before, keep_dead_letters))
         return items
+
+    # ---------------------------------------------------------------- approvals
+
+    def record_approval(self, *, approval_id: str, key: str, correlation: str, chat: str, request: str,
+                        expires: float) -> concurrent.futures.Future[bool]:
+        """An action that waits for approval; False if its ``key`` was known already."""
+        return self._write(
+            "INSERT OR IGNORE INTO approvals (id, key, correlation, chat, request, created, expires) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)", (approval_id, key, correlation, chat, request, time.time(), expires))
+
+    def settle_approval(self, approval_id: str, state: str, *, by: str,
+                        decision: str) -> concurrent.futures.Future[bool]:
+        """Decide a pending approval (approved, denied, expired, cancelled); False when it
+        was not pending any more."""
+        return self._write("UPDATE approvals SET state = ?, decided = ?, decided_by = ?, decision = ? "
+                           "WHERE id = ? AND state = 'pending'", (state, time.time(), by, decision, approval_id))
+
+    def approvals(self, state: str | None = "pending") -> list[dict[str, Any]]:
+        """The approvals in ``state`` (all when None), oldest first; the writes queued before
+        are committed first."""
+        self._barrier()
+        where, args = ("WHERE state = ?", (state,)) if state is not None else ("", ())
+        with self._db_lock:
+            cursor = self._db.execute(f"SELECT * FROM approvals {where} ORDER BY created", args)
+            names = [c[0] for c in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def approval(self, *, approval_id: str | None = None, key: str | None = None) -> dict[str, Any] | None:
+        """One approval, by its id or its key."""
+        self._barrier()
+        column, value = ("id", approval_id) if approval_id is not None else ("key", key)
+        with self._db_lock:
+            cursor = self._db.execute(f"SELECT * FROM approvals WHERE {column} = ?", (value,))
+            row = cursor.fetchone()
+            names = [c[0] for c in cursor.description]
+        return None if row is None else dict(zip(names, row, strict=True))
+
+    def _barrier(self, timeout: float = 10.0) -> None:
+        """Wait until the writes queued so far are committed (a read after them sees them)."""
+        try:
+            self._write("SELECT 1", ()).result(timeout)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            pass  # closed, or slow: read what is there
 
     def close(self) -> None:
         with self._cond:

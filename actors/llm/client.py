@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from autoresponse.actors.cancellation import abort_io, is_cancelled
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
@@ -15,6 +16,7 @@ from autoresponse.actors.prompts import build_chat_request
 from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import DISPATCHER, autonomous_actions, chat_actions, sender
 from autoresponse.actors.streaming import preview_text, withdrawal
+from autoresponse.messages.approval import CancelWork
 from autoresponse.messages import (
     Envelope,
     LLMFailure,
@@ -62,6 +64,8 @@ class LLMClient(TypedActor):
 
     @handles
     def on_user_request(self, request: UserRequest, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # its user cancelled it: late work of it is dropped
         ctx = request.context
         allowed = (autonomous_actions(self.runtime, ctx.interface_name, self.autonomous) if ctx.autonomous
                    else chat_actions(self.runtime, ctx.interface_name))
@@ -90,6 +94,8 @@ class LLMClient(TypedActor):
 
     @handles
     def on_llm_request(self, request: LLMRequest, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # its user cancelled it: late work of it is dropped
         self._ask(request.prompt, env)
 
     def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
@@ -169,6 +175,8 @@ class LLMClient(TypedActor):
 
     @handles
     def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # its user cancelled it: late work of it is dropped
         kind = turn_kind(reply.prompt)
         self.meter.add(chat_key(reply.prompt.original_context), kind=kind, model=reply.model or "?",
                        engine=reply.engine or "main", usage=reply.usage)
@@ -182,6 +190,8 @@ class LLMClient(TypedActor):
 
     @handles
     def on_llm_failure(self, failure: LLMFailure, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # its user cancelled it: late work of it is dropped
         self.runtime.dead_letters.post(env, "llm unavailable", actor=self.name, detail=failure.error)
         ctx = failure.prompt.original_context
         if failure.previewed:  # the chat saw a reply start that will not be finished
@@ -191,3 +201,11 @@ class LLMClient(TypedActor):
             return  # whoever asked for the receipt decides what the user hears
         notice = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
         self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, notice, notice=True), cause=env)
+
+    @handles
+    def on_cancel(self, cancel: CancelWork, env: Envelope) -> None:
+        """A user cancelled: their calls under way are aborted (the HTTP request is closed),
+        and nothing of them comes back."""
+        aborted = abort_io(self, cancel.correlations)
+        if aborted:
+            log.info("aborted %d LLM call(s) of a cancelled request in %s", aborted, cancel.chat)

@@ -24,6 +24,15 @@ Media come as Telegram sends them, their files served by getFile::
 >>> telegram.push_voice(ogg, duration=3, chat_id=42, user_id=7)                      # doctest: +SKIP
 >>> telegram.push_album([photo] * 10, caption="our trip", chat_id=42, user_id=7)      # doctest: +SKIP
 
+Buttons: a sendMessage with an inline keyboard (``reply_markup``) is recorded as it came;
+``press`` pushes the ``callback_query`` update of pressing one of its buttons (any user,
+any data: ``push_callback`` forges one), and answerCallbackQuery and
+editMessageReplyMarkup are answered and recorded::
+
+>>> [prompt] = telegram.sent(chat_id=42)                                             # doctest: +SKIP
+>>> telegram.press(prompt, "Approve", user_id=7)                                     # doctest: +SKIP
+>>> telegram.calls_to("answerCallbackQuery")[0].params["text"]                         # doctest: +SKIP
+
 ``post_update`` posts an update to a bot's webhook the way Telegram does::
 
 >>> update = telegram.text_update("run df -h", chat_id=42, user_id=7)   # doctest: +SKIP
@@ -98,6 +107,7 @@ class FakeTelegramServer(LoopbackServer):
         self._updates: list[dict[str, Any]] = []
         self._update_ids = itertools.count(1)
         self._message_ids = itertools.count(10_000)
+        self._callback_ids = itertools.count(1)
         self._failures: dict[tuple[str, Any], deque[Failure]] = {}
         self._lock = threading.Lock()
         self._new_update = asyncio.Event()
@@ -247,6 +257,40 @@ class FakeTelegramServer(LoopbackServer):
         self.call_soon(self._new_update.set)
         return number
 
+    def callback_update(self, data: str, *, user_id: int, chat_id: int, message_id: int,
+                        chat_type: str = "private", first_name: str = "Ada", username: str | None = None,
+                        title: str = "a group") -> dict[str, Any]:
+        """An update carrying a button press (a ``callback_query``) by ``user_id``, under the
+        message ``message_id`` of ``chat_id``, with the next update_id; not queued."""
+        chat = {"id": chat_id, "type": chat_type,
+                **({"title": title} if chat_type != "private" else {"first_name": first_name})}
+        with self._lock:
+            update_id = next(self._update_ids)
+            query_id = f"cbq-{next(self._callback_ids)}"
+        return {"update_id": update_id, "callback_query": {
+            "id": query_id, "chat_instance": f"ci-{chat_id}", "data": data,
+            "from": {"id": user_id, "is_bot": False, "first_name": first_name,
+                     **({"username": username} if username else {})},
+            "message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": BOT_USER,
+                        "text": "(a message with buttons)"}}}
+
+    def push_callback(self, data: str, **options: Any) -> dict[str, Any]:
+        """Queue a button press with any ``data`` (a forged one too), made as ``callback_update``
+        makes it; returns the callback query."""
+        update = self.callback_update(data, **options)
+        self.push_update(update)
+        return update["callback_query"]
+
+    def press(self, sent: Call, label: str, *, user_id: int, **options: Any) -> dict[str, Any]:
+        """Press the button labelled ``label`` under the message ``sent`` (a recorded
+        sendMessage with an inline keyboard), as ``user_id``; returns the callback query."""
+        rows = (sent.params.get("reply_markup") or {}).get("inline_keyboard") or []
+        data = next(b["callback_data"] for row in rows for b in row if b["text"] == label)
+        chat_id = int(sent.params["chat_id"])
+        options.setdefault("chat_type", "private" if chat_id > 0 else "supergroup")
+        assert sent.message_id is not None, "that message was not sent"
+        return self.push_callback(data, user_id=user_id, chat_id=chat_id, message_id=sent.message_id, **options)
+
     def fail_next(self, method: str, status: int, description: str, *, chat_id: Any = None,
                   parameters: dict[str, Any] | None = None, times: int = 1) -> None:
         """Fail the next ``times`` calls of ``method`` (to ``chat_id``, if given)."""
@@ -327,6 +371,11 @@ class FakeTelegramServer(LoopbackServer):
                                                              "message_id": int(params["message_id"])}})
         if method == "deleteMessage":
             return web.json_response({"ok": True, "result": True})
+        if method == "answerCallbackQuery":
+            return web.json_response({"ok": True, "result": True})
+        if method == "editMessageReplyMarkup":  # the edited message, as Telegram answers
+            return web.json_response({"ok": True, "result": {**self._message_sent(params),
+                                                             "message_id": int(params["message_id"])}})
         if method == "getFile":
             with self._lock:
                 found = self.files.get(str(params.get("file_id")))

@@ -1,22 +1,32 @@
-"""The console interface: lines from stdin (or injected) become user requests."""
+"""The console interface: lines from stdin (or injected) become user requests.
+
+An action waiting for approval is offered at the console as a prompt that names its
+answers: ``/approve`` or ``/deny`` (followed by the approval's id when several wait).
+Such a line is an answer for the approvals desk, not a request.
+"""
 
 from __future__ import annotations
 
 import getpass
 import os
+import re
 import select
 import sys
 import threading
 from typing import TextIO
 
 from autoresponse.actors.kernel import IntakeFull, Runtime, TypedActor, handles
+from autoresponse.actors.approvals import APPROVALS
 from autoresponse.actors.routes import CONVERSATIONS
 from autoresponse.interfaces.console.console import Console, ConsoleInput
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
+from autoresponse.messages.approval import ApprovalAnswer
 
 INTERFACE_NAME = "console"
 #: A longer line is cut: the LLM would be asked to fix an overlong request anyway.
 MAX_LINE_CHARS = 16_000
+#: An answer to an approval prompt: ``/approve`` or ``/deny``, with the approval's id or not.
+_ANSWER = re.compile(r"^/(approve|deny)(?:\s+(\S+))?$", re.IGNORECASE)
 
 
 class StdinReader:
@@ -106,4 +116,14 @@ class ConsoleInterface(TypedActor):
             chat_type="private",
         )
         self.console.write("you", f"#{message_id}", line.text)
+        answer = _ANSWER.match(line.text.strip())
+        if answer is not None and self.runtime.has(APPROVALS):
+            self._answer(answer, context, env)
+            return
         self.send(CONVERSATIONS, UserRequest(text=line.text, context=context), cause=env)
+
+    def _answer(self, typed: re.Match[str], context: OriginalContext, env: Envelope) -> None:
+        """``/approve [id]`` or ``/deny [id]``: an answer for the approvals desk. The console
+        is local, and has no user ids: whoever types in the chat answers for it."""
+        self.send(APPROVALS, ApprovalAnswer(approval_id=typed.group(2), approve=typed.group(1).lower() == "approve",
+                                           context=context), cause=env)

@@ -27,7 +27,7 @@ class ConsoleSender(TypedActor):
             if message.key is not None and message.key in self._streamed:
                 self.console.stream(message.key, "bot", tag, message.text, final=True)
             else:
-                self.console.write("bot" if not message.notice else "note", tag, message.text)
+                self.console.write("bot" if not message.notice else "note", tag, _with_buttons(message))
             self.ledger.confirm(message, 0)  # durable before the item's finish; no need to wait
         self._streamed.discard(message.key or "")
         send_receipt(self, message, env, ok=True)
@@ -43,3 +43,15 @@ class ConsoleSender(TypedActor):
             self._streamed.clear()
         self._streamed.add(key)
         self.console.stream(key, "bot", tag, message.text, final=False)
+
+
+def _with_buttons(message: OutboundMessage) -> str:
+    """The text, and under it the answers its buttons stand for, as lines to type:
+    ``approve:<id>`` is ``/approve <id>``."""
+    if not message.buttons:
+        return message.text
+    choices = []
+    for button in message.buttons:
+        verb, _, rest = button.data.partition(":")
+        choices.append(f"{button.label}: type /{verb} {rest}".rstrip())
+    return message.text + "\n" + " · ".join(choices)

@@ -39,6 +39,7 @@ from telegram.warnings import PTBDeprecationWarning
 from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
+from autoresponse.interfaces.telegram.approval import markup_of
 from autoresponse.interfaces.telegram.chunking import split_message, utf16_len
 from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_CHAT_INTERVAL_SECONDS,
@@ -190,7 +191,8 @@ class TelegramDelivery:
                 log.info("a preview was not shown (%s)", exc)
 
     async def _send_message(self, chat_id: ChatId, text: str, parse_mode: str | None, reply_to: Any,
-                            thread_id: Any, edit_of: int | None = None) -> int:
+                            thread_id: Any, edit_of: int | None = None,
+                            markup: dict[str, Any] | None = None) -> int:
         """sendMessage, reading only the new message's id.
 
         The fast path: PTB's ``send_message`` builds a whole ``Message`` from the answer
@@ -209,6 +211,8 @@ class TelegramDelivery:
             params["reply_parameters"] = {"message_id": reply_to, "allow_sending_without_reply": True}
         if thread_id is not None:
             params["message_thread_id"] = thread_id
+        if markup is not None:  # buttons under the message (an approval's Approve and Deny)
+            params["reply_markup"] = markup
         result = await self.bot.do_api_request("sendMessage", api_kwargs=params)
         return int(result["message_id"])
 
@@ -235,7 +239,7 @@ class TelegramDelivery:
             try:
                 async with self._in_flight:  # a bounded number of connections, as Telegram allows
                     return [await self._send_message(chat_id, text, parse_mode, reply_to, message.thread_id,
-                                                     edit_of)]
+                                                     edit_of, markup_of(message))]
             except RetryAfter as exc:
                 retry_afters += 1
                 wait = _seconds(exc)

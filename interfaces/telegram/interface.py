@@ -30,10 +30,13 @@ from telegram.error import TelegramError
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
+from autoresponse.actors.approvals import APPROVALS, FORGED
 from autoresponse.actors.inbound import accept_input, take_request
 from autoresponse.actors.polling import polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
+from autoresponse.interfaces.telegram.approval import TelegramCallback, answer_callback, answer_of, parse_callback
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+from autoresponse.messages.approval import ApprovalVerdict
 from autoresponse.interfaces.telegram.media import attachments_of
 from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_MAX_UPDATES,
@@ -192,7 +195,10 @@ class TelegramInterface(TypedActor):
 
     @property
     def allowed_updates(self) -> list[str]:
-        return ["message", "edited_message"] if self.settings.edited_messages else ["message"]
+        kinds = ["message", "edited_message"] if self.settings.edited_messages else ["message"]
+        if self.runtime.has(APPROVALS):  # approvals' buttons, pressed
+            kinds.append("callback_query")
+        return kinds
 
     async def _poll(self) -> None:
         """Long polling that acknowledges an update (the next offset) only once it is journaled.
@@ -246,6 +252,9 @@ class TelegramInterface(TypedActor):
     async def _take(self, item: dict[str, Any], update_id: int) -> None:
         """Journal one update (or dead-letter it when it cannot be read)."""
         bot = self._bot
+        if "callback_query" in item:
+            await self._take_callback(item, update_id)
+            return
         try:
             parsed = parse_update(Update.de_json(item, bot), self._username, bot.id,
                                   edits=self.settings.edited_messages)
@@ -295,3 +304,30 @@ class TelegramInterface(TypedActor):
             while len(albums) > ALBUMS_REMEMBERED:
                 albums.popitem(last=False)
         return text.media_group in albums
+
+    # ---------------------------------------------------------------- approvals' buttons
+
+    async def _take_callback(self, item: dict[str, Any], update_id: int) -> None:
+        """Journal a button press (or dead-letter it when it cannot be read)."""
+        try:
+            query = Update.de_json(item, self._bot).callback_query
+            assert query is not None
+            callback = parse_callback(query, update_id)
+        except Exception as exc:  # a malformed update
+            self._malformed(item, f"{type(exc).__name__}: {exc}")
+            return
+        await accept_input(self, callback, f"telegram-{self._bot.id}-{update_id}")
+
+    @handles
+    def on_callback(self, callback: TelegramCallback, env: Envelope) -> None:
+        """A press goes to the approvals desk, which decides whether it counts."""
+        if not self.runtime.has(APPROVALS):
+            log.warning("refused a button press from user %s: no approval waits here (%s)", callback.user_id,
+                        callback.data[:80])
+            self.on_verdict(ApprovalVerdict(callback_id=callback.callback_id, text=FORGED, accepted=False), env)
+            return
+        self.send(APPROVALS, answer_of(callback, INTERFACE_NAME, self.name), cause=env)
+
+    @handles
+    def on_verdict(self, verdict: ApprovalVerdict, env: Envelope) -> None:
+        self.run_io(answer_callback(self._bot, verdict), cause=env)

@@ -30,6 +30,8 @@ from autoresponse.messages import ActionResult
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _OPERATOR_CHARS = frozenset("();<>|&")
 _READ_CHUNK = 65_536
+#: Seconds a killed command is waited for, to reap it (SIGKILL is not refused).
+REAP_SECONDS = 5.0
 
 
 class CommandRefused(Exception):
@@ -154,17 +156,23 @@ async def run_command(argv: list[str], *, label: str, timeout: float, output_cap
             dropped += max(0, len(chunk) - room)
 
     timed_out = False
+    work = asyncio.gather(read(), proc.wait())
     try:
-        await asyncio.wait_for(asyncio.gather(read(), proc.wait()), timeout)
+        await asyncio.wait_for(work, timeout)
     except asyncio.TimeoutError:
         timed_out = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
     finally:
-        if proc.returncode is None:  # cancelled from outside (shutdown): leave nothing behind
+        if proc.returncode is None:  # cancelled (a user's /cancel, a shutdown): leave nothing behind
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            # ... and reap it, so that no zombie keeps its process group alive.
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), REAP_SECONDS)
+        if work.done() and not work.cancelled():
+            work.exception()  # read: a gather cut short by the cancel is no lost error
     output = kept.decode("utf-8", errors="replace")
     if dropped:
         output += f"\n[output cut: {dropped} more bytes not shown]"

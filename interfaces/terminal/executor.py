@@ -1,12 +1,23 @@
-"""The terminal executor actor: runs `terminal` actions, hands the result to the builder."""
+"""The terminal executor actor: runs `terminal` actions, hands the result to the builder.
+
+A user's ``/cancel`` reaches it as ``CancelWork``, ahead of its queue: the commands of
+that request are cancelled, which kills each one's process group (``run_command``), and
+a command of it still queued never starts.
+"""
 
 from __future__ import annotations
 
+import logging
+
+from autoresponse.actors.cancellation import abort_io, is_cancelled
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
 from autoresponse.interfaces.terminal.command import CommandRefused, parse_command, run_command
 from autoresponse.interfaces.terminal.settings import TerminalSettings
 from autoresponse.messages import ActionRequest, ActionResult, Envelope
+from autoresponse.messages.approval import CancelWork
+
+log = logging.getLogger("autoresponse.terminal")
 
 
 class TerminalExecutor(TypedActor):
@@ -19,6 +30,8 @@ class TerminalExecutor(TypedActor):
 
     @handles
     def on_action(self, request: ActionRequest, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # its user cancelled the request before it ran
         command = request.action.payload.command
         try:
             if not self.settings.enabled:
@@ -38,7 +51,15 @@ class TerminalExecutor(TypedActor):
 
     @handles
     def on_result(self, result: ActionResult, env: Envelope) -> None:
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # it ended as its user cancelled it: nobody waits for its output
         self._deliver(env.body, result, env)
+
+    @handles
+    def on_cancel(self, cancel: CancelWork, env: Envelope) -> None:
+        killed = abort_io(self, cancel.correlations)
+        if killed:
+            log.info("killed %d command(s) of a cancelled request in %s", killed, cancel.chat)
 
     def _deliver(self, request: ActionRequest, result: ActionResult, env: Envelope) -> None:
         self.send(BUILDER, request.output(result), cause=env)

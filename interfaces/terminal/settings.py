@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -120,6 +120,9 @@ class TerminalSettings(BaseModel):
     timeout: float = Field(default=COMMAND_TIMEOUT_SECONDS, gt=0)
     output_cap: int = Field(default=COMMAND_OUTPUT_CAP, gt=0)
     max_concurrent: int = Field(default=COMMAND_CONCURRENCY, ge=1)
+    #: ``ask``: a command runs only once the one who asked, or an approver (the top-level
+    #: ``approvers``), pressed Approve; ``never`` (the default): commands run at once.
+    approval: Literal["never", "ask"] = "never"
 
     @field_validator("arguments")
     @classmethod
