@@ -117,6 +117,12 @@ def wait_for(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
 # ---------------------------------------------------------------- real processes
 
 
+def default_signals() -> None:
+    """In a daemon's child process: SIGINT as an operator's Ctrl-C sends it, even when the
+    tests run in a background job (whose children inherit SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -154,7 +160,8 @@ class Daemon:
         self.runs += 1
         with open(self.tmp_path / f"daemon-{self.runs}.log", "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "autoresponse", *self.command], env=self.env,
-                                         stdin=stdin, stdout=subprocess.DEVNULL, stderr=log)
+                                         stdin=stdin, stdout=subprocess.DEVNULL, stderr=log,
+                                         preexec_fn=default_signals)
         until = time.monotonic() + 30
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         while True:

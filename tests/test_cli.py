@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import environment, free_port
+from conftest import default_signals, environment, free_port
 
 from autoresponse.testing.fake_llm import FakeLLMServer
 
@@ -95,7 +95,8 @@ def test_the_daemon_serves_until_signalled_then_exits_cleanly(signum: int, tmp_p
                       AUTORESPONSE_ADMIN__PORT=str(free_port()),
                       AUTORESPONSE_DATA_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_signals)
     try:
         out = _lines(proc.stdout)
         assert proc.stdin is not None
@@ -376,7 +377,8 @@ def test_a_ctrl_c_while_the_daemon_starts_stops_it_without_a_traceback(later: fl
 
     env = environment(AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_signals)
     try:
         # pydantic's core is loaded early in the modules' loading, which takes most of the first second.
         until = time.monotonic() + 30
