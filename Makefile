@@ -13,7 +13,7 @@ CHROMIUM := /usr/bin/chromium
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,reddit,x,telethon,nats]'
+	$(BIN)/python -m pip install --quiet -e '.[test,reddit,x,telethon,nats,otel]'
 	touch $(STAMP)
 
 demo: $(STAMP)

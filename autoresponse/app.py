@@ -39,6 +39,7 @@ from autoresponse.actors.llm.media import MediaReader
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.retry import RetryActor
 from autoresponse.actors.routes import BUILDER, CONVERSATIONS, DISPATCHER, LLM
+from autoresponse import otel
 from autoresponse.admin import AdminServer
 from autoresponse.config import LLMSettings, Settings
 from autoresponse.messages import Envelope
@@ -56,6 +57,7 @@ from autoresponse.supervisors import (
 
 if TYPE_CHECKING:
     from autoresponse.actors.journal.shared_memory import SharedConversationStore
+    from autoresponse.otel import Telemetry
 
 log = logging.getLogger("autoresponse.app")
 
@@ -171,6 +173,8 @@ class Application:
         #: Each chat's memory (None when memory is off).
         self.memory: ConversationStore | SharedConversationStore | None = None
         self.mounts: dict[str, Mount] = {}
+        #: OpenTelemetry's spans, when asked for (``autoresponse.otel``); None otherwise.
+        self.telemetry: Telemetry | None = None
         self._closers: list[Callable[[], None]] = []
         #: Set when the root supervisor gave up; ``failure`` says why.
         self.failed = threading.Event()
@@ -227,6 +231,9 @@ class Application:
         rt = self.runtime.start()
         rt.dead_letters.redact = Redactor(self.settings.secrets())
         try:
+            self.telemetry = otel.setup(rt, self.settings.otel)
+            if self.telemetry is not None:  # closed last, after the runtime: every span is sent
+                self._closers.append(self.telemetry.shutdown)
             rt.io.add_closer(self.engine.aclose)
             rt.reports["llm"] = lambda: {**engine_status(self.engine), "usage": self.usage.status()}
             self._open_journal()

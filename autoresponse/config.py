@@ -277,6 +277,18 @@ class AdminSettings(BaseModel):
         return f"http://{host}:{self.port}"
 
 
+class OtelSettings(BaseModel):
+    """OpenTelemetry traces (``pip install 'autoresponse[otel]'``), exported over OTLP/HTTP
+    as the standard ``OTEL_EXPORTER_OTLP_*`` variables say (see ``autoresponse.otel``)."""
+
+    #: Unset: on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set;
+    #: true or false says so whatever the environment (``OTEL_SDK_DISABLED=true`` still wins).
+    enabled: bool | None = None
+    #: The ``service.name`` of the spans, unless ``OTEL_SERVICE_NAME`` or
+    #: ``OTEL_RESOURCE_ATTRIBUTES`` name it.
+    service_name: str = Field(default="autoresponse", min_length=1, max_length=200)
+
+
 class LogSettings(BaseModel):
     """How the daemon logs to stderr (the level is the top-level ``log_level``)."""
 
@@ -392,6 +404,7 @@ class Settings(BaseSettings):
     nats: NatsSettings = NatsSettings()
     memory: MemorySettings = MemorySettings()
     log: LogSettings = LogSettings()
+    otel: OtelSettings = OtelSettings()
     data_dir: _NonBlankPath = Path("~/.local/share/autoresponse")
     log_level: str = "INFO"
     #: User ids who may approve any action that waits for approval (``terminal.approval =

@@ -3,7 +3,9 @@
 Logs, status, dead letters and the journal identify work by it: one
 correlation id per user request, kept through the whole loop; a causation id
 naming the message that caused this one; a hop count that ends loops; an
-attempt number for retries; and an optional deadline.
+attempt number for retries; and an optional deadline. A message that continues a
+span of another process (a work item another daemon published) carries that span's
+W3C trace context (``traceparent``); see ``autoresponse.otel``.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ class Envelope:
     1
     """
 
-    __slots__ = ("message_id", "correlation_id", "causation_id", "hops", "attempt", "deadline", "body")
+    __slots__ = ("message_id", "correlation_id", "causation_id", "hops", "attempt", "deadline", "body",
+                 "traceparent")
 
     def __init__(self, message_id: str, correlation_id: str, body: Any, *, causation_id: str | None = None,
-                 hops: int = 0, attempt: int = 1, deadline: float | None = None) -> None:
+                 hops: int = 0, attempt: int = 1, deadline: float | None = None,
+                 traceparent: str | None = None) -> None:
         self.message_id = message_id
         self.correlation_id = correlation_id
         self.causation_id = causation_id
@@ -51,15 +55,19 @@ class Envelope:
         self.attempt = attempt
         self.deadline = deadline  # time.time() seconds; None means no deadline
         self.body = body
+        #: The W3C ``traceparent`` of a span in another process that this message continues
+        #: (the daemon that published it as a work item), or None. Within a process a hop's
+        #: parent span is its cause's, named by ``causation_id``, so children do not copy it.
+        self.traceparent = traceparent
 
     @classmethod
     def new(cls, body: Any, *, correlation_id: str | None = None, timeout: float | None = None,
-            now: float | None = None) -> Envelope:
+            now: float | None = None, traceparent: str | None = None) -> Envelope:
         """Start a new chain (a new user request unless a correlation is given). A ``timeout``
         counts from ``now`` (the runtime's clock; the wall clock when not given)."""
         message_id = new_id()
         deadline = None if timeout is None else (time.time() if now is None else now) + timeout
-        return cls(message_id, correlation_id or message_id, body, deadline=deadline)
+        return cls(message_id, correlation_id or message_id, body, deadline=deadline, traceparent=traceparent)
 
     def child(self, body: Any) -> Envelope:
         """The envelope of a message caused by this one: same chain, one hop on."""
@@ -69,7 +77,8 @@ class Envelope:
     def retried(self) -> Envelope:
         """The same message, one attempt later."""
         return Envelope(self.message_id, self.correlation_id, self.body, causation_id=self.causation_id,
-                        hops=self.hops, attempt=self.attempt + 1, deadline=self.deadline)
+                        hops=self.hops, attempt=self.attempt + 1, deadline=self.deadline,
+                        traceparent=self.traceparent)
 
     def expired(self, now: float | None = None) -> bool:
         """Past its deadline at ``now`` (the runtime's clock; the wall clock when not given)."""
@@ -79,7 +88,7 @@ class Envelope:
         """A JSON-ready view, the body included, for logs, dead letters and the journal."""
         body = self.body
         dumped = body.model_dump(mode="json") if isinstance(body, BaseModel) else repr(body)
-        return {
+        described = {
             "message_id": self.message_id,
             "correlation_id": self.correlation_id,
             "causation_id": self.causation_id,
@@ -89,13 +98,17 @@ class Envelope:
             "body_type": type(body).__name__,
             "body": dumped,
         }
+        if self.traceparent is not None:
+            described["traceparent"] = self.traceparent
+        return described
 
     @classmethod
     def restore(cls, described: dict[str, Any], body: Any) -> Envelope:
         """The envelope ``describe`` wrote, around ``body`` rebuilt from it."""
         return cls(described["message_id"], described["correlation_id"], body,
                    causation_id=described.get("causation_id"), hops=described.get("hops", 0),
-                   attempt=described.get("attempt", 1), deadline=described.get("deadline"))
+                   attempt=described.get("attempt", 1), deadline=described.get("deadline"),
+                   traceparent=described.get("traceparent"))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Envelope):

@@ -69,6 +69,8 @@ SENT_BUCKET = "autoresponse_sent"
 TRACES_BUCKET = "autoresponse_traces"
 LEASES_BUCKET = "autoresponse_leases"
 STATE_BUCKET = "autoresponse_state"
+#: The header of a work item that carries its publisher's W3C trace context.
+TRACEPARENT = "traceparent"
 
 
 class JournalUnavailable(Exception):
@@ -332,10 +334,13 @@ class JetStreamJournal:
         data = item.encode()
         if len(data) > self._nc.max_payload:  # refused at the door, like what SQLite cannot store
             raise ValueError(f"it is larger than the NATS server takes ({self._nc.max_payload} bytes)")
-        return self._submit(self._publish(chat_subject(envelope, actor), data, envelope.correlation_id))
+        headers = {"Nats-Msg-Id": envelope.correlation_id}
+        if envelope.traceparent is not None:  # OpenTelemetry: the worker's spans continue it
+            headers[TRACEPARENT] = envelope.traceparent
+        return self._submit(self._publish(chat_subject(envelope, actor), data, headers))
 
-    async def _publish(self, subject: str, data: bytes, msg_id: str) -> bool:
-        ack = await self._js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+    async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> bool:
+        ack = await self._js.publish(subject, data, headers=headers)
         return not ack.duplicate
 
     def start_feed(self, take: Callable[[JournalItem], bool], room: Callable[[], int]) -> None:
@@ -377,6 +382,9 @@ class JetStreamJournal:
             return
         if msg.metadata.num_delivered > 1:
             self._redelivered += 1
+        traceparent = (msg.headers or {}).get(TRACEPARENT)
+        if traceparent:
+            item.traceparent = traceparent
         if item.correlation in self._held:  # delivered again (a late progress report): ack the new one
             self._held[item.correlation] = msg
             return

@@ -107,6 +107,9 @@ class JournalItem(BaseModel):
     actor: str
     type: str
     payload: str
+    #: The W3C trace context of the span that published it (NATS: its ``traceparent``
+    #: header, when OpenTelemetry is on), for the worker that runs it to continue.
+    traceparent: str | None = None
 
 
 class DeliveryJournal(Protocol):

@@ -191,6 +191,9 @@ class Intake:
             if not accepted.cancelled():
                 accepted.set_result(envelope)
 
+        spans = self.runtime.tracer.spans if self.runtime.tracer is not None else None
+        if spans is not None and self.distributed:  # the worker that takes it continues this span
+            envelope.traceparent = spans.published(envelope, to)
         try:
             written = self.journal.accept(envelope, actor=to)
         except ValueError as exc:  # pydantic cannot write it as JSON: refused, its place freed
@@ -256,7 +259,8 @@ class Intake:
             log.error("cannot run %s: %s does not handle %s", item.correlation, item.actor, item.type)
             self.finished(item.correlation)
             return True
-        self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation))
+        self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation,
+                                                      traceparent=item.traceparent))
         return True
 
     # ---------------------------------------------------------------- ending

@@ -10,7 +10,8 @@ trace is also written there::
     [{'actor': 'conversations', 'type': 'UserRequest', 'queued': ..., ...}, ...]
 
 Recording appends one tuple per event, with no lock; ``Runtime(trace=False)``
-turns it off (the benchmark measures its cost).
+turns it off (the benchmark measures its cost). ``spans``, when set (OpenTelemetry: see
+``autoresponse.otel``), hears every event too; unset, it costs one attribute check.
 """
 
 from __future__ import annotations
@@ -18,12 +19,27 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from autoresponse.actors.limits import TRACE_HOPS_KEPT, TRACES_KEPT
 from autoresponse.messages.envelope import Envelope
 
 _HOP_FIELDS = ("message_id", "causation_id", "actor", "type", "attempt", "queued", "started", "ended", "outcome")
+
+
+class HopSpans(Protocol):
+    """What hears every hop event besides the ring: spans for OpenTelemetry, set by the
+    composition root (``autoresponse.otel``); the kernel knows only this shape. ``kind``
+    is None for a message delivered, a type name for the result of its I/O."""
+
+    def queued(self, env: Envelope, actor: str, kind: str | None) -> None: ...
+    def started(self, env: Envelope, kind: str) -> None: ...
+    def ended(self, env: Envelope, kind: str, outcome: str) -> None: ...
+    def note(self, env: Envelope, kind: str, text: str) -> None: ...
+    def finished(self, correlation: str) -> None: ...
+    def published(self, env: Envelope, actor: str) -> str:
+        """A span for ``env`` published as work for the cluster: its W3C traceparent."""
+        ...
 
 
 class TraceRecorder:
@@ -42,6 +58,8 @@ class TraceRecorder:
         self._max_events = 3 * max_hops  # queued, started, ended
         #: Called with (correlation, hops) once a correlation has finished (the journal).
         self.on_finished: Callable[[str, list[dict[str, Any]]], object] | None = None
+        #: Hears every event too (OpenTelemetry), when set.
+        self.spans: HopSpans | None = None
 
     def _events(self, correlation: str) -> list[tuple[Any, ...]]:
         events = self._traces.get(correlation)
@@ -61,16 +79,22 @@ class TraceRecorder:
         if len(events) < self._max_events:
             events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, self._now(),
                            env.causation_id, actor))
+        if self.spans is not None:
+            self.spans.queued(env, actor, kind)
 
     def started(self, env: Envelope, kind: str) -> None:
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
             events.append((_STARTED, env.message_id, env.attempt, kind, self._now()))
+        if self.spans is not None:
+            self.spans.started(env, kind)
 
     def ended(self, env: Envelope, kind: str, outcome: str) -> None:
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
             events.append((_ENDED, env.message_id, env.attempt, kind, self._now(), outcome))
+        if self.spans is not None:
+            self.spans.ended(env, kind, outcome)
 
     def note(self, env: Envelope, kind: str, text: str) -> None:
         """Attach ``text`` to the hop of ``env`` (of type ``kind``): what an LLM call cost,
@@ -78,6 +102,8 @@ class TraceRecorder:
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
             events.append((_NOTE, env.message_id, env.attempt, kind, text))
+        if self.spans is not None:
+            self.spans.note(env, kind, text)
 
     def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
         """``env`` became a dead letter: its hop ends there (one that was never queued,
@@ -88,6 +114,8 @@ class TraceRecorder:
 
     def finished(self, correlation: str) -> None:
         """The correlation has nothing left in flight: hand its trace to ``on_finished``."""
+        if self.spans is not None:
+            self.spans.finished(correlation)
         if self.on_finished is None:
             return
         hops = self.trace(correlation)

@@ -100,7 +100,11 @@ class LLMClient(TypedActor):
 
     def _ask(self, prompt: PromptRequest, env: Envelope) -> None:
         watch = self._previewer(prompt, env) if getattr(self.engine, "stream", False) else None
-        self.run_io(self._complete(prompt, watch, env), cause=env)
+        call = self._complete(prompt, watch, env)
+        spans = self.runtime.tracer.spans if self.runtime.tracer is not None else None
+        if spans is not None:  # OpenTelemetry: the call is a span of its own (autoresponse.otel)
+            call = getattr(spans, "llm_call")(env, call, self.engine)
+        self.run_io(call, cause=env)
 
     def _previewer(self, prompt: PromptRequest, env: Envelope) -> Callable[[str], bool] | None:
         """While a first answer is streamed and reads as a reply to its chat, its text so
