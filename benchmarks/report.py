@@ -1,7 +1,8 @@
-"""The benchmark table, from the results file: for the terminal, and for the README.
+"""The benchmark table, from the results file: for the terminal, and for the manual.
 
-``python -m benchmarks.report`` rewrites the README's table (between its
-``bench:start`` and ``bench:end`` markers) from ``benchmarks/results/latest.json``;
+``python -m benchmarks.report`` rewrites the table of the manual's benchmarks page,
+``docs/benchmarks.md`` (between its ``bench:start`` and ``bench:end`` markers), from
+``benchmarks/results/latest.json``;
 ``make bench`` does it after every full run. Nothing in it is typed by hand.
 """
 
@@ -13,7 +14,8 @@ from typing import Any
 
 from rich.table import Table
 
-README = Path(__file__).parent.parent / "README.md"
+#: The page that holds the table (the README links to it; it is the manual's benchmarks page).
+README = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 RESULTS = Path(__file__).parent / "results" / "latest.json"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
