@@ -19,10 +19,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 log = logging.getLogger("autoresponse.polling")
+
+#: A polling failure that is no refusal (a timeout, a 5xx) shows as failing once it has
+#: happened this many times in a row.
+POLL_FAILING_AFTER = 3
+
+
+class PollHealth:
+    """What an inbound actor's polling says of its health (``TypedActor.report_health``).
+
+    A refusal (the platform answers 401 or 403: a revoked token, a suspended account)
+    shows the actor as failing at once; any other failure once it has happened
+    ``after`` times in a row (one timeout is weather); a poll that works clears it.
+
+    >>> health = PollHealth(self.report_health)                      # doctest: +SKIP
+    >>> health.refused("Telegram refuses the bot token (getUpdates: Unauthorized)")  # doctest: +SKIP
+    >>> health.worked()                                               # doctest: +SKIP
+    """
+
+    def __init__(self, report: Callable[[bool, str], None], *, after: int = POLL_FAILING_AFTER) -> None:
+        self._report = report
+        self._after = after
+        self._failures = 0
+
+    def refused(self, reason: str) -> None:
+        self._failures += 1
+        self._report(False, reason)
+
+    def failed(self, reason: str) -> None:
+        self._failures += 1
+        if self._failures >= self._after:
+            self._report(False, reason)
+
+    def worked(self) -> None:
+        self._failures = 0
+        self._report(True, "")
 
 
 class LeaseLost(Exception):
@@ -33,21 +68,25 @@ class LeaseLost(Exception):
 class SharedPoller:
     """The lease and the saved position of one account's poller (see the module)."""
 
-    def __init__(self, journal: Any, account: str) -> None:
+    def __init__(self, journal: Any, account: str, report: Callable[..., None] | None = None) -> None:
         self._journal = journal
         self.account = account
         self._lease: Any = None
+        #: The poller's ``report_health``: told while the lease cannot be taken or renewed.
+        self._report = report
         #: The position the last holder saved (after ``start``), or None.
         self.position: str | None = None
 
     @classmethod
-    def of(cls, journal: Any, account: str) -> SharedPoller | None:
+    def of(cls, journal: Any, account: str, report: Callable[..., None] | None = None) -> SharedPoller | None:
         """The shared poller when ``journal`` is shared by several daemons, else None."""
-        return cls(journal, account) if getattr(journal, "distributed", False) else None
+        return cls(journal, account, report) if getattr(journal, "distributed", False) else None
 
     async def start(self) -> str | None:
         """Wait for the account's lease; the position saved by the last holder."""
         self._lease = self._journal.lease(f"poller-{self.account}")
+        if self._report is not None and hasattr(self._lease, "watch"):
+            self._lease.watch(self._trouble)  # called at once, then from the journal's thread
         await self._lease.held()
         loop = asyncio.get_running_loop()
         saved = await loop.run_in_executor(None, self._journal.load, f"position-{self.account}")
@@ -70,17 +109,29 @@ class SharedPoller:
         """This daemon holds the account's lease (and has not lost it)."""
         return self._lease is not None and self._lease.holding
 
+    def _trouble(self, trouble: str | None) -> None:
+        """The lease cannot be taken or renewed (``trouble`` says why), or it can again."""
+        assert self._report is not None
+        self._report(trouble is None, f"the poller lease of {self.account}: {trouble}" if trouble else "",
+                     concern="lease")
+
     def release(self) -> None:
         if self._lease is not None:
             self._lease.release()
+        if self._report is not None:  # whoever polls next (here or elsewhere) says how it goes
+            self._report(True, "", concern="lease")
 
 
 @contextlib.asynccontextmanager
-async def polling(journal: Any, account: str) -> AsyncIterator[SharedPoller | None]:
+async def polling(journal: Any, account: str,
+                  report: Callable[..., None] | None = None) -> AsyncIterator[SharedPoller | None]:
     """Poll ``account`` inside the block. On one daemon the block runs at once, with None;
     with several, once this daemon holds the account's lease, with the ``SharedPoller``
-    (its ``position`` is where the last holder got to). The lease is released after."""
-    shared = SharedPoller.of(journal, account)
+    (its ``position`` is where the last holder got to). The lease is released after.
+
+    ``report`` (the poller's ``report_health``) shows the poller failing, with the reason,
+    while the lease cannot be taken or renewed (the NATS server is out of reach)."""
+    shared = SharedPoller.of(journal, account, report)
     if shared is None:
         yield None
         return

@@ -4,7 +4,10 @@ Routes (JSON unless said otherwise)::
 
     GET  /                             the status page, HTML (see page.py)
     GET  /events                       its live updates, Server-Sent Events
-    GET  /healthz                      liveness
+    GET  /healthz                      health: 200, or 503 with a one-line reason (an actor
+                                       down, a platform refusing us)
+    GET  /readyz                       started: 200 once the tree is up and the intake open,
+                                       healthy or not (it says which)
     GET  /status                       the supervision tree (see status.Status)
     GET  /metrics                      Prometheus text
     GET  /deadletters?limit=N          counts by reason and the newest letters
@@ -48,7 +51,10 @@ from autoresponse.actors.kernel import Cell, IntakeFull, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import read_json_body
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
-from autoresponse.actors.routes import SENDER_PREFIX
+from autoresponse.actors.routes import SENDER_PREFIX, interface
+
+#: Inbound interfaces are named ``interface.<platform>``.
+INTERFACE_PREFIX = interface("")
 from autoresponse.config import AdminSettings
 from autoresponse.messages import Crash
 from autoresponse.page import StatusPage
@@ -123,7 +129,27 @@ class RuntimeCollector:
             dead.add_metric([reason], count)
         in_flight = GaugeMetricFamily("autoresponse_in_flight", "Messages in flight")
         in_flight.add_metric([], self.runtime.inflight.count())
-        return [processed, restarts, mailbox, deliveries, dead, in_flight, *self._llm(), *self._cluster()]
+        return [processed, restarts, mailbox, deliveries, dead, in_flight, *self._health(), *self._llm(),
+                *self._cluster()]
+
+    def _health(self) -> list[GaugeMetricFamily]:
+        """Each inbound interface (and any actor that watches something outside): 1 while it
+        runs and nothing fails it, 0 otherwise; while it fails, since when and why."""
+        healthy = GaugeMetricFamily("autoresponse_interface_healthy",
+                                    "1 while the interface runs and its platform accepts it, else 0",
+                                    labels=["interface"])
+        since = GaugeMetricFamily("autoresponse_interface_failing_since_seconds",
+                                  "When the interface began failing (Unix time), and why",
+                                  labels=["interface", "reason"])
+        for cell in self.runtime.cells:
+            if not (cell.name.startswith(INTERFACE_PREFIX) or cell.reports_health):
+                continue
+            label = cell.name.removeprefix(INTERFACE_PREFIX)
+            failing = cell.failing
+            healthy.add_metric([label], 1 if failing is None and cell.state == "running" and cell.alive else 0)
+            if failing is not None:
+                since.add_metric([label, failing.reason[:200]], failing.since)
+        return [healthy, since]
 
     def _llm(self) -> list[Any]:
         """Tokens by turn kind and model, replies by engine, and each engine's circuit."""
@@ -225,6 +251,7 @@ class AdminServer:
         app.router.add_get("/", self.page.page)
         app.router.add_get("/events", self.page.events)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/deadletters", self._deadletters)
@@ -288,14 +315,34 @@ class AdminServer:
         return response
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        """200 while every actor runs; 503, naming them, while some are down (a crashed
-        actor restarting, an inbound loop that died), and while the daemon stops."""
-        status = snapshot(self.runtime)
+        """200 while every actor runs and none fails; 503 while some are down (a crashed
+        actor restarting, an inbound loop that died), naming them; 503 with a one-line
+        ``reason`` while an actor reports failing (a platform refusing its token, a lease it
+        cannot renew); 503 while the daemon stops."""
+        status = snapshot(self.runtime, details=False)  # never waits for a NATS server that is away
         if self.runtime.stopping or not self.accepting:
             return web.json_response({"status": "stopping"}, status=503)
+        if status.failing:
+            failing = {name: f.model_dump() for name, f in status.failing.items()}
+            return web.json_response({"status": "failing", "reason": status.problem(), "failing": failing,
+                                      **({"down": status.down} if status.down else {})}, status=503)
         if not status.healthy:
             return web.json_response({"status": "degraded", "down": status.down}, status=503)
         return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        """Started, apart from healthy: 200 once the tree is up and the intake open (a
+        failing platform does not make the daemon unready: it answers what reaches it), with
+        ``healthy`` and, when not, the ``reason``; 503 while it starts or stops."""
+        if self.runtime.stopping or not self.accepting:
+            return web.json_response({"status": "stopping", "ready": False}, status=503)
+        if self.runtime.intake.paused:
+            return web.json_response({"status": "starting", "ready": False}, status=503)
+        status = snapshot(self.runtime, details=False)
+        body: dict[str, Any] = {"status": "started", "ready": True, "healthy": status.healthy}
+        if not status.healthy:
+            body["reason"] = status.problem()
+        return web.json_response(body)
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(snapshot(self.runtime).model_dump(mode="json"))

@@ -29,6 +29,8 @@ import datetime as dt
 import json
 import logging
 import shlex
+import shutil
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console as RichConsole
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -65,8 +68,12 @@ DEMO_SCRIPT = (
     "synth, run uname -sr",
     "run rm -rf /tmp/precious",  # refused by the allowlist; the refusal still comes back via the LLM
 )
+#: The demo's own data (memory, journal, reminders), apart from the daemon's: a ``demo``
+#: folder in the default data dir, unless AUTORESPONSE_DATA_DIR (or data_dir) says otherwise.
+DEMO_DATA_DIR = Settings.model_fields["data_dir"].default / "demo"
 DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COMMANDS)},
-                 "admin": {"enabled": False}, "console": {"read_stdin": False}}
+                 "admin": {"enabled": False}, "console": {"read_stdin": False},
+                 "data_dir": str(DEMO_DATA_DIR)}
 
 
 def _logging(level: str, settings: Settings) -> None:
@@ -208,14 +215,24 @@ def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -
         raise AdminError(f"cannot reach the admin endpoint at {url}: {exc}") from None
 
 
-def _label(node: dict[str, Any]) -> str:
+def _label(node: dict[str, Any], now: float) -> str:
     colour = {"running": "green", "restarting": "yellow", "stopped": "red"}[node["state"]]
-    text = (f"[bold]{node['name']}[/] [dim]{node['kind']}[/] [{colour}]{node['state']}[/]"
+    failing = node.get("failing")
+    state = f"[{colour}]{node['state']}[/]" + (" [bold red]failing[/]" if failing else "")
+    text = (f"[bold]{escape(node['name'])}[/] [dim]{node['kind']}[/] {state}"
             f"  restarts {node['restarts']}  mailbox {node['mailbox']}  processed {node['processed']}")
+    if failing:
+        text += f"  [red]{escape(_failing_since(failing, now))}: {escape(failing['reason'])}[/]"
     failure = node.get("last_failure")
     if failure:
-        text += f"  [red]last failure: {failure['type']}: {failure['message']}[/]"
+        text += f"  [red]last failure: {escape(failure['type'])}: {escape(failure['message'])}[/]"
     return text
+
+
+def _failing_since(failing: dict[str, Any], now: float) -> str:
+    """``since 12:00:03 (25s ago)``, in the daemon's time."""
+    when = dt.datetime.fromtimestamp(failing["since"]).strftime("%H:%M:%S")
+    return f"since {when} ({max(0, round(now - failing['since']))}s ago)"
 
 
 def status(args: argparse.Namespace) -> int:
@@ -223,11 +240,15 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
+    now = data["time"]
     view = Tree(f"autoresponse  in flight {data['in_flight']}  dead letters {data['dead_letters_total']}"
                 + "".join(f"  {k}={v}" for k, v in sorted(data["dead_letters"].items())))
+    for name, failing in (data.get("failing") or {}).items():  # what fails comes first, in red
+        view.add(f"[bold red]{escape(name)} is failing {escape(_failing_since(failing, now))}: "
+                 f"{escape(failing['reason'])}[/]")
 
     def add(branch: Tree, node: dict[str, Any]) -> None:
-        child = branch.add(_label(node))
+        child = branch.add(_label(node, now))
         for grandchild in node["children"]:
             add(child, grandchild)
 
@@ -331,11 +352,34 @@ def deadletters(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fresh(settings: Settings) -> tuple[Settings, tempfile.TemporaryDirectory[str] | None]:
+    """``demo --fresh``: the demo's own data dir is emptied (its memory, journal and
+    reminders); a data dir given by AUTORESPONSE_DATA_DIR or data_dir is never touched: the
+    demo runs on an empty one of its own instead, removed when it ends."""
+    if settings.data_path == DEMO_DATA_DIR.expanduser():
+        shutil.rmtree(settings.data_path, ignore_errors=True)
+        settings.check_data_dir()
+        return settings, None
+    scratch = tempfile.TemporaryDirectory(prefix="autoresponse-demo-")
+    return settings.model_copy(update={"data_dir": Path(scratch.name)}), scratch
+
+
 def demo(args: argparse.Namespace) -> int:
-    """A console conversation on the offline engine (or the configured LLM)."""
+    """A console conversation on the offline engine (or the configured LLM), with a memory
+    of its own (``DEMO_DATA_DIR``); ``--fresh`` starts it empty."""
     settings = _settings(args, DEMO_DEFAULTS)
     _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings)
     texts = args.texts or list(DEMO_SCRIPT)
+    settings, scratch = _fresh(settings) if args.fresh else (settings, None)
+    try:
+        return _converse(args, settings, texts)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _converse(args: argparse.Namespace, settings: Settings, texts: list[str]) -> int:
+    """Each text in turn at the console; 0 when every one got its reply."""
     try:
         app = _start(args, settings)
     except (StartError, ValueError) as exc:
@@ -506,6 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("texts", nargs="*", help='requests, e.g. "run uptime" (default: a script)')
     p_demo.add_argument("--config", help="a TOML settings file")
     p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
+    p_demo.add_argument("--fresh", action="store_true",
+                        help="start with an empty memory (forget what earlier demos said)")
     p_demo.set_defaults(func=demo)
 
     p_history = commands.add_parser("history", help="show a chat's conversation memory")

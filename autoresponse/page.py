@@ -79,11 +79,21 @@ class Rates:
 
 
 def render_summary(status: Status) -> str:
-    health = ('<span class="badge ok">healthy</span>' if status.healthy else
-              f'<span class="badge bad">down: {esc(", ".join(status.down))}</span>')
+    if status.healthy:
+        health = '<span class="badge ok">healthy</span>'
+    else:
+        badges = [f"down: {', '.join(status.down)}"] if status.down else []
+        badges += [f"failing: {name}" for name in status.failing]
+        health = "".join(f'<span class="badge bad" title="{esc(status.problem())}">{esc(b)}</span>'
+                         for b in badges)
     return (f"{health} <span>{status.in_flight} in flight</span>"
             f" <span>{status.open_items}/{status.intake_capacity} open</span>"
             f" <span>{plural(status.dead_letters_total, 'dead letter')}</span>")
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds}s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
 
 
 def _walk(nodes: list[ActorStatus], depth: int = 0) -> Iterator[tuple[ActorStatus, int]]:
@@ -96,8 +106,14 @@ def render_tree(status: Status, rates: Mapping[str, float]) -> str:
     rows = []
     for node, depth in _walk(status.tree):
         state = node.state if node.alive else "thread died"
+        if node.failing is not None and state == "running":
+            state = "failing"
         failure = ""
-        if node.last_failure is not None:
+        if node.failing is not None:  # what fails it now comes before its last crash
+            failing = node.failing
+            failure = (f'<span class="failing" title="{esc(failing.reason)}">{esc(failing.reason[:120])}</span>'
+                       f" <small>since {clock(failing.since)} ({_ago(status.time - failing.since)})</small>")
+        elif node.last_failure is not None:
             f = node.last_failure
             failure = (f'<span title="{esc(f.message)}">{esc(f.type)}: {esc(f.message[:80])}</span>'
                        f" <small>{clock(f.time)}</small>")
@@ -162,7 +178,7 @@ class Feed:
         self._letters = ""
 
     def changes(self) -> dict[str, str]:
-        status = snapshot(self.runtime)
+        status = snapshot(self.runtime, details=False)  # the page shows no cluster: no wait for NATS
         # Listing letters may read the journal; a new letter always changes the counts.
         if status.dead_letters != self._counts:
             self._counts = status.dead_letters
@@ -276,7 +292,10 @@ PAGE = """<!doctype html>
   .d4, .d5 { padding-left: 6em; }
   .state, .badge { padding: 0 .45em; border-radius: 9px; font-size: .85em;
                    background: #dff3e4; color: #185c2b; }
-  .state.restarting, .state.stopped, .state.thread-died, .badge.bad { background: #fde2dd; color: #8a1c0c; }
+  .state.restarting, .state.stopped, .state.thread-died, .state.failing, .badge.bad {
+    background: #fde2dd; color: #8a1c0c; }
+  .badge + .badge { margin-left: .3em; }
+  .failing { font-weight: 600; }
   .warn { color: #b3261e; font-weight: 600; }
   .failure { color: #8a1c0c; font-size: .9em; }
   small, .tally, .empty, .detail td { color: #6b7585; font-size: .85em; }

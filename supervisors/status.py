@@ -5,12 +5,25 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from autoresponse.actors.kernel import Runtime
 from autoresponse.messages import Failure
+
+
+class FailingStatus(BaseModel):
+    """Why an actor reports that the world outside it fails it, and since when."""
+
+    reason: str
+    since: float
+
+    def line(self, name: str, now: float) -> str:
+        """``interface.telegram failing for 25s (since 12:00:03): <reason>``."""
+        when = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{name} failing for {max(0.0, now - self.since):.0f}s (since {when}): {self.reason}"
 
 
 class ActorStatus(BaseModel):
@@ -23,6 +36,9 @@ class ActorStatus(BaseModel):
     last_failure: Failure | None
     mailbox: int = Field(description="letters waiting")
     processed: int
+    #: Set while the actor reports that its outside world fails it (its platform refuses
+    #: its token, it cannot renew its lease): the reason, and since when.
+    failing: FailingStatus | None = None
     children: list[ActorStatus] = Field(default_factory=list)
 
     def walk(self) -> list[ActorStatus]:
@@ -39,6 +55,9 @@ class Status(BaseModel):
     intake_capacity: int = 0
     #: Actors that are not running (crashed and restarting, stopped, or dead threads).
     down: list[str] = Field(default_factory=list)
+    #: Actors that report their outside world failing them (a platform refusing them, a
+    #: lease they cannot renew), with why and since when; running or not (``down``).
+    failing: dict[str, FailingStatus] = Field(default_factory=dict)
     dead_letters: dict[str, int] = Field(description="counts by reason")
     dead_letters_total: int
     #: Several daemons on NATS JetStream: this node, who holds which lease, and the work
@@ -53,11 +72,20 @@ class Status(BaseModel):
 
     @property
     def healthy(self) -> bool:
-        """Every actor runs: nothing is down, no inbound loop is dead."""
-        return not self.down
+        """Every actor runs and none reports failing: nothing is down, no inbound loop is
+        dead, no platform refuses us."""
+        return not self.down and not self.failing
+
+    def problem(self) -> str | None:
+        """What is wrong, in one line (None when healthy): what is down, then what fails."""
+        parts = [f"down: {', '.join(self.down)}"] if self.down else []
+        parts += [f.line(name, self.time) for name, f in self.failing.items()]
+        return "; ".join(parts) or None
 
 
-def snapshot(runtime: Runtime) -> Status:
+def snapshot(runtime: Runtime, *, details: bool = True) -> Status:
+    """The status now. Without ``details`` it leaves out the cluster and the reports: a
+    health check never waits for a NATS server that is away."""
     from autoresponse.supervisors.supervisor import Supervisor  # the kernel knows no supervisors
 
     cells = runtime.cells
@@ -65,6 +93,9 @@ def snapshot(runtime: Runtime) -> Status:
     for cell in cells:
         if cell.supervisor is not None:
             children.setdefault(cell.supervisor, []).append(cell.name)
+
+    failing = {c.name: FailingStatus(reason=f.reason, since=f.since)
+               for c in cells if (f := c.failing) is not None}
 
     def node(name: str) -> ActorStatus:
         cell = runtime.cell(name)
@@ -77,6 +108,7 @@ def snapshot(runtime: Runtime) -> Status:
             last_failure=cell.last_failure,
             mailbox=len(cell.mailbox),
             processed=cell.processed,
+            failing=failing.get(name),
             children=[node(child) for child in children.get(name, [])],
         )
 
@@ -88,10 +120,11 @@ def snapshot(runtime: Runtime) -> Status:
         open_items=runtime.intake.open_count,
         intake_capacity=runtime.intake.capacity,
         down=[c.name for c in cells if c.state != "running" or not c.alive],
+        failing=failing,
         dead_letters=counts,
         dead_letters_total=sum(counts.values()),
-        cluster=_cluster(runtime),
-        reports=_reports(runtime),
+        cluster=_cluster(runtime) if details else None,
+        reports=_reports(runtime) if details else {},
     )
 
 

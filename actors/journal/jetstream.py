@@ -154,12 +154,31 @@ class Lease:
         self._revision: int | None = None
         self._acquired = threading.Event()
         self.lost = threading.Event()
+        #: Why the lease cannot be taken or renewed now (the server out of reach), or None.
+        self.trouble: str | None = None
+        self._watchers: list[Callable[[str | None], None]] = []
         self._task: concurrent.futures.Future[None] = journal._submit(self._hold())
 
     @property
     def holding(self) -> bool:
         """This daemon holds the lease now (it got it, and has not lost it)."""
         return self._acquired.is_set() and not self.lost.is_set()
+
+    def watch(self, listener: Callable[[str | None], None]) -> None:
+        """Call ``listener`` with ``trouble`` now and whenever it changes (in the journal's
+        thread): a poller shows itself failing while its lease cannot be renewed."""
+        self._watchers.append(listener)
+        listener(self.trouble)
+
+    def _troubled(self, trouble: str | None) -> None:
+        if trouble == self.trouble:
+            return
+        self.trouble = trouble
+        for listener in list(self._watchers):
+            try:
+                listener(trouble)
+            except Exception:  # a listener's bug never stops the renewals
+                log.exception("a listener of lease %s failed", self.name)
 
     async def held(self) -> None:
         """Wait, on any event loop, until this daemon holds the lease."""
@@ -181,16 +200,20 @@ class Lease:
             try:
                 self._revision = await kv.create(self.name, node)
             except KeyWrongLastSequenceError:
+                self._troubled(None)
                 await asyncio.sleep(ttl / 5)  # someone holds it: look again
             except Exception as exc:  # the server is away: keep trying
                 log.warning("lease %s: %s", self.name, exc)
+                self._troubled(f"cannot take it: {type(exc).__name__}: {exc}")
                 await asyncio.sleep(ttl / 5)
         log.info("holding the lease %s", self.name)
+        self._troubled(None)
         self._acquired.set()
         while True:
             await asyncio.sleep(ttl / 3)
             try:
                 self._revision = await kv.update(self.name, node, last=self._revision)
+                self._troubled(None)
             except KeyWrongLastSequenceError:
                 log.error("lost the lease %s: it lapsed (no renewal within its TTL), and another "
                           "daemon may hold it now", self.name)
@@ -198,6 +221,8 @@ class Lease:
                 return
             except Exception as exc:  # not lost yet: it lapses only after ttl
                 log.warning("lease %s not renewed: %s", self.name, exc)
+                self._troubled(f"cannot renew it (it lapses {ttl:g}s after the last renewal): "
+                               f"{type(exc).__name__}: {exc}")
 
     async def _release(self) -> None:
         if self._revision is not None and not self.lost.is_set():

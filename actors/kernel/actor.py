@@ -311,6 +311,14 @@ class TypedActor(pykka.ThreadingActor):
         tree's retry actors, or the dead-letter office (with ``detail``) when there are none."""
         self.runtime.route_error(error, cause=cause, actor=self.name, detail=detail)
 
+    def report_health(self, ok: bool, reason: str = "", *, concern: str = "") -> None:
+        """Say whether the world outside this actor works for it: ``ok=False`` with a reason
+        (its platform refuses its token, a lease it cannot renew) shows it as failing, since
+        then, in the status, ``/healthz`` and the metrics; ``ok=True`` clears it. Call it from
+        the actor's thread or its tasks on the loop; it outlives a restart. No secrets in
+        ``reason`` (configured ones are redacted anyway)."""
+        self.cell.report_health(ok, reason, concern=concern)
+
     # ---------------------------------------------------------------- receiving
 
     @handles

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
@@ -45,6 +46,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("autoresponse.runtime")
 
 CellState = Literal["running", "restarting", "stopped"]
+
+
+@dataclass(frozen=True)
+class Failing:
+    """What an actor said is wrong outside it (its platform refuses it, a lease it cannot
+    renew), and since when (the runtime clock's ``time()``): see ``Cell.report_health``."""
+
+    reason: str
+    since: float
 
 
 class Cell:
@@ -76,6 +86,13 @@ class Cell:
         self.last_failure: Failure | None = None
         #: Set when the current incarnation has finished its setup.
         self.ready = threading.Event()
+        #: What the actor reports failing outside it, by concern (see ``report_health``);
+        #: kept across restarts: only the actor's next report clears it.
+        self._failing: dict[str, Failing] = {}
+        #: True once the actor has reported its health at all (it watches something outside).
+        self.reports_health = False
+        # Its own lock: a setup reports health while a restart holds ``_lock``, waiting for it.
+        self._health_lock = threading.Lock()
         self._ref: pykka.ActorRef[Any] | None = None
         self._lock = threading.RLock()
 
@@ -141,6 +158,39 @@ class Cell:
             log.warning("actor %s did not stop within %.1fs", self.name, timeout)
             return False
         return True
+
+    def report_health(self, ok: bool, reason: str = "", *, concern: str = "") -> None:
+        """The actor says whether the world outside it works: ``ok=False`` marks it failing
+        with ``reason`` (redacted as dead letters are) from now, or since it began failing;
+        ``ok=True`` clears the mark. Each ``concern`` (its platform, a lease) is marked and
+        cleared on its own. From any thread; a transition is logged."""
+        now = self.runtime.clock.time()
+        with self._health_lock:
+            self.reports_health = True
+            before = self._failing.get(concern)
+            if ok:
+                if before is None:
+                    return
+                del self._failing[concern]
+            else:
+                reason = self.runtime.dead_letters.redact(reason or "failing")
+                if before is not None and before.reason == reason:
+                    return
+                self._failing[concern] = Failing(reason, before.since if before else now)
+        if ok and before is not None:  # (an ok with no mark returned above)
+            log.info("%s works again (it was failing for %.0fs: %s)", self.name, now - before.since,
+                     before.reason)
+        elif before is None:
+            log.warning("%s is failing: %s", self.name, reason)
+
+    @property
+    def failing(self) -> Failing | None:
+        """None while the actor reports nothing wrong; else its reasons, since the earliest."""
+        with self._health_lock:
+            marks = list(self._failing.values())
+        if not marks:
+            return None
+        return Failing("; ".join(m.reason for m in marks), min(m.since for m in marks))
 
     @property
     def alive(self) -> bool:

@@ -78,6 +78,12 @@ class Intake:
         with self._lock:
             return 0 if self._paused else max(0, self.capacity - len(self._open) - self._reserved)
 
+    @property
+    def paused(self) -> bool:
+        """Nothing new is taken now (``pause``d, not yet ``open``ed)."""
+        with self._lock:
+            return self._paused
+
     def pause(self) -> None:
         """Take nothing new until ``open`` (while the journal is resumed at start)."""
         with self._lock:

@@ -14,8 +14,8 @@ It serves what the inbox needs: the token endpoint (``/api/v1/access_token``),
 ``/api/v1/me``, ``/message/unread``, ``/api/read_message`` and ``/api/comment`` (a
 reply to a comment or to a private message), with ``X-Ratelimit-*`` headers on every
 answer. It records every call with its time, and can be told to fail the next calls
-(a Reddit API error such as RATELIMIT inside a 200, or an HTTP status), or to report
-a spent rate-limit budget. Run it alone with
+(a Reddit API error such as RATELIMIT inside a 200, or an HTTP status), to report
+a spent rate-limit budget, or to refuse the account (``revoke``). Run it alone with
 ``python -m autoresponse.testing.fake_reddit --port 8082``.
 """
 
@@ -101,6 +101,7 @@ class FakeRedditServer(LoopbackServer):
         self._tokens: set[str] = set()
         self._failures: dict[tuple[str, str | None], deque[Failure]] = {}
         self._budget: deque[dict[str, str]] = deque()
+        self._revoked = False
         self._lock = threading.Lock()
 
     @property
@@ -149,6 +150,14 @@ class FakeRedditServer(LoopbackServer):
         with self._lock:
             queue = self._failures.setdefault((endpoint, thing_id), deque())
             queue.extend(Failure(status, error) for _ in range(times))
+
+    def revoke(self, revoked: bool = True) -> None:
+        """Revoke the account's access (a changed password, a removed app): the tokens given
+        so far are refused (401) and a new one is ``invalid_grant``, until ``revoke(False)``."""
+        with self._lock:
+            self._revoked = revoked
+            if revoked:
+                self._tokens.clear()
 
     def spend_budget(self, *, reset: int, remaining: int = 0, used: int = 600) -> None:
         """The next answer reports this rate-limit budget (``X-Ratelimit-*``)."""
@@ -204,7 +213,9 @@ class FakeRedditServer(LoopbackServer):
         if ((client_id is not None and auth.login != client_id)
                 or (client_secret is not None and auth.password != client_secret)):
             return web.json_response({"message": "Unauthorized", "error": 401}, status=401)
-        if password is not None and form.get("password") != password:
+        with self._lock:
+            revoked = self._revoked
+        if revoked or (password is not None and form.get("password") != password):
             return web.json_response({"error": "invalid_grant"})  # Reddit answers a wrong password with a 200
         token = f"fake-access-token-{next(self._ids)}"
         with self._lock:

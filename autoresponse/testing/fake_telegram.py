@@ -16,7 +16,7 @@ serves the file, as Telegram's file URL does), and setWebhook, deleteWebhook and
 getWebhookInfo (the webhook is recorded in ``webhook``; while one is set,
 getUpdates is a 409, as on Telegram); it records every call with its time, and
 can be told to fail the next calls (429 with ``retry_after``, 400s, 403,
-``migrate_to_chat_id``, 5xx).
+``migrate_to_chat_id``, 5xx), or to refuse a revoked token (``revoke``: 401 to every call).
 
 Media come as Telegram sends them, their files served by getFile::
 
@@ -33,7 +33,9 @@ editMessageReplyMarkup are answered and recorded::
 >>> telegram.press(prompt, "Approve", user_id=7)                                     # doctest: +SKIP
 >>> telegram.calls_to("answerCallbackQuery")[0].params["text"]                         # doctest: +SKIP
 
-``post_update`` posts an update to a bot's webhook the way Telegram does::
+``webhook_failed`` makes getWebhookInfo report a failed delivery, as Telegram does when
+it cannot reach the webhook. ``post_update`` posts an update to a bot's webhook the way
+Telegram does::
 
 >>> update = telegram.text_update("run df -h", chat_id=42, user_id=7)   # doctest: +SKIP
 >>> post_update("http://127.0.0.1:8443/telegram", update, secret_token="s3cret")  # doctest: +SKIP
@@ -116,6 +118,10 @@ class FakeTelegramServer(LoopbackServer):
         #: Files getFile knows: file_id → (file_path, bytes).
         self.files: dict[str, tuple[str, bytes]] = {}
         self._file_ids = itertools.count(1)
+        #: Bot tokens revoked with ``revoke``: every call with one is a 401, as on Telegram.
+        self._revoked: set[str] = set()
+        #: The last failure to deliver to the webhook (``webhook_failed``): when, and why.
+        self._webhook_error: tuple[int, str] | None = None
 
     @property
     def base_url(self) -> str:
@@ -298,6 +304,18 @@ class FakeTelegramServer(LoopbackServer):
             queue = self._failures.setdefault((method, chat_id), deque())
             queue.extend(Failure(status, description, parameters or {}) for _ in range(times))
 
+    def revoke(self, token: str, revoked: bool = True) -> None:
+        """Revoke a bot token (@BotFather's /revoke): every call made with it is answered 401
+        Unauthorized until ``revoke(token, False)`` makes it work again."""
+        with self._lock:
+            (self._revoked.add if revoked else self._revoked.discard)(token)
+
+    def webhook_failed(self, message: str) -> None:
+        """Telegram failed to deliver to the webhook just now (getWebhookInfo's
+        ``last_error_date`` and ``last_error_message``), e.g. "Connection refused"."""
+        with self._lock:
+            self._webhook_error = (int(self.clock.time()), message)
+
     def sent(self, chat_id: Any = None) -> list[Call]:
         """Every sendMessage that succeeded, optionally to one chat."""
         with self._lock:
@@ -335,7 +353,10 @@ class FakeTelegramServer(LoopbackServer):
         token, method = request.match_info["token"], request.match_info["method"]
         params = await self._params(request)
         chat_id = params.get("chat_id")
-        failure = self._failure_for(method, None if chat_id is None else int(chat_id)) or self._conflict(method)
+        with self._lock:
+            revoked = token in self._revoked
+        failure = (Failure(401, "Unauthorized") if revoked
+                   else self._failure_for(method, None if chat_id is None else int(chat_id)) or self._conflict(method))
         sent = self._message_sent(params) if failure is None and method == "sendMessage" else None
         with self._lock:
             self.calls.append(Call(self.clock.monotonic(), token, method, params, failure is None,
@@ -354,9 +375,11 @@ class FakeTelegramServer(LoopbackServer):
             return web.json_response({"ok": True, "result": True})
         if method == "getWebhookInfo":  # Telegram never shows the secret token
             with self._lock:
-                hook, pending = self.webhook, len(self._updates)
+                hook, pending, error = self.webhook, len(self._updates), self._webhook_error
             info = {"url": hook.url if hook else "", "has_custom_certificate": False,
                     "pending_update_count": pending}
+            if error is not None:
+                info["last_error_date"], info["last_error_message"] = error
             if hook is not None and hook.allowed_updates is not None:
                 info["allowed_updates"] = hook.allowed_updates
             return web.json_response({"ok": True, "result": info})

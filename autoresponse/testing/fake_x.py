@@ -19,7 +19,7 @@ It serves ``GET /2/users/me``, ``GET /2/users/:id/mentions`` (``since_id``,
 ``start_time``, ``max_results``, ``pagination_token``, the ``author_id`` expansion) and
 ``POST /2/tweets`` (with ``reply.in_reply_to_tweet_id``), records every call with its
 time, and can be told to fail the next calls (a 429 with ``x-rate-limit-reset``, 403s,
-5xx). The same routes answer on a plain-HTTP port too, for curl. Run it alone with
+5xx) or to refuse revoked credentials (``revoke``: 401 to every call). The same routes answer on a plain-HTTP port too, for curl. Run it alone with
 ``python -m autoresponse.testing.fake_x --ca-file x-ca.pem``.
 """
 
@@ -112,6 +112,7 @@ class FakeXServer(LoopbackServer):
         self._mentions: list[Mention] = []
         self._ids = itertools.count(1_800_000_000_000_000_000)
         self._failures: dict[str, deque[Failure]] = {}
+        self._revoked = False
         self._lock = threading.Lock()
         self._tls_handler: web.Server | None = None
         self._tls_server: asyncio.AbstractServer | None = None
@@ -153,6 +154,12 @@ class FakeXServer(LoopbackServer):
         with ``status``; a 429 names a reset ``reset_in`` seconds from now."""
         with self._lock:
             self._failures.setdefault(call, deque()).extend(Failure(status, reset_in) for _ in range(times))
+
+    def revoke(self, revoked: bool = True) -> None:
+        """Revoke the account's credentials (the app's keys regenerated, access withdrawn):
+        every call is a 401 until ``revoke(False)``."""
+        with self._lock:
+            self._revoked = revoked
 
     def posts(self, in_reply_to: str | None = None) -> list[Post]:
         """Every post made, in order, optionally only those answering ``in_reply_to``."""
@@ -199,7 +206,9 @@ class FakeXServer(LoopbackServer):
     async def _dispatch(self, request: web.BaseRequest) -> web.Response:
         params = dict(request.query)
         call = self._call_name(request.method, request.path)
-        auth = self._auth(request)
+        with self._lock:
+            revoked = self._revoked
+        auth = "none" if revoked else self._auth(request)
         failure = None if auth == "none" else self._failure_for(call)
         body = await request.json() if request.method == "POST" and request.can_read_body else None
         if body is not None:

@@ -18,13 +18,13 @@ from typing import Any
 
 import asyncpraw
 from asyncpraw.exceptions import AsyncPRAWException
-from asyncprawcore.exceptions import AsyncPrawcoreException
+from asyncprawcore.exceptions import AsyncPrawcoreException, OAuthException, ResponseException
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
-from autoresponse.actors.polling import polling
+from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.media import images_in
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
@@ -88,6 +88,15 @@ def parse_item(item: Any) -> RedditItem:
     )
 
 
+def refused(exc: Exception) -> bool:
+    """Reddit refuses the account: a wrong or revoked password or app (``invalid_grant``,
+    401), or a suspended account (403). No retry fixes these by itself."""
+    if isinstance(exc, OAuthException):
+        return True
+    response = getattr(exc, "response", None)
+    return isinstance(exc, ResponseException) and getattr(response, "status", None) in (401, 403)
+
+
 class RedditInterface(TypedActor):
     """Reads the inbox in a task this incarnation owns; a crash or stop cancels it."""
 
@@ -105,8 +114,10 @@ class RedditInterface(TypedActor):
     async def _poll(self) -> None:
         clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
         failures = Backoff(POLL_BACKOFF, clock=clock.monotonic)
+        health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz
         # Several daemons: only the holder of the account's lease reads the inbox.
-        async with polling(self.runtime.journal, f"reddit-{self._username}") as shared:
+        async with polling(self.runtime.journal, f"reddit-{self._username}",
+                           report=self.report_health) as shared:
             while True:
                 if shared is not None:
                     shared.check()
@@ -114,11 +125,17 @@ class RedditInterface(TypedActor):
                     await self._take_unread()
                 except (AsyncPrawcoreException, AsyncPRAWException) as exc:
                     delay = failures.next_delay()
+                    if refused(exc):  # no retry fixes these by itself
+                        health.refused(f"Reddit refuses the account (reading the inbox: "
+                                       f"{type(exc).__name__}: {exc})")
+                    else:
+                        health.failed(f"reading the inbox failed: {type(exc).__name__}: {exc}")
                     log.warning("reading the Reddit inbox failed (%s: %s); retrying in %.1fs",
                                 type(exc).__name__, exc, delay)
                     await clock.sleep(delay)
                     continue
                 failures.reset()
+                health.worked()
                 await clock.sleep(self.settings.poll_interval)
 
     async def _take_unread(self) -> None:

@@ -19,6 +19,7 @@ journaled, through the same ``_receive`` as a polled one.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections import OrderedDict
@@ -26,13 +27,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from telegram import Bot, Message, MessageEntity, Update
-from telegram.error import TelegramError
+from telegram.error import Conflict, EndPointNotFound, Forbidden, InvalidToken, TelegramError
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.approvals import APPROVALS, FORGED
 from autoresponse.actors.inbound import accept_input, take_request
-from autoresponse.actors.polling import polling
+from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.approval import TelegramCallback, answer_callback, answer_of, parse_callback
 from autoresponse.interfaces.telegram.delivery import TelegramDelivery
@@ -135,6 +136,38 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
     )
 
 
+def refusal(method: str, exc: TelegramError) -> str | None:
+    """Why Telegram refuses the bot, for the status (never the token), when ``exc`` is a
+    refusal that no retry fixes by itself: a token that is wrong or revoked (401, 404), a
+    bot that is blocked or deleted (403), another poller or a webhook in the way (409)."""
+    if isinstance(exc, EndPointNotFound) and isinstance(exc.__cause__, InvalidToken):
+        exc = exc.__cause__  # do_api_request's name for a 401 or 404 on a method that exists
+    if isinstance(exc, InvalidToken):
+        return f"Telegram refuses the bot token ({method}: {exc.message}): is it revoked? Ask @BotFather"
+    if isinstance(exc, Forbidden):
+        return f"Telegram forbids the bot ({method}: {exc.message})"
+    if isinstance(exc, Conflict):
+        return f"Telegram refuses {method}: {exc.message}"
+    return None
+
+
+#: Webhook mode: how often Telegram is asked whether it can deliver to the webhook.
+WEBHOOK_CHECK_SECONDS = 60.0
+
+
+def webhook_health(registered: str, url: str, error_date: dt.datetime | None, error: str | None,
+                   pending: int, *, heard: float) -> tuple[bool, str]:
+    """How the webhook fares, from Telegram's getWebhookInfo: failing when it points elsewhere
+    now, or when Telegram failed to deliver since the last call we got (its dates are whole
+    seconds) and updates wait."""
+    if registered != url:
+        where = f"is {registered}" if registered else "is not set (deleteWebhook?)"
+        return False, f"Telegram's webhook {where}, not {url}: no update reaches this daemon"
+    if error_date is not None and error_date.timestamp() >= int(heard) and pending:
+        return False, f"Telegram cannot deliver to the webhook: {error}"
+    return True, ""
+
+
 class TelegramInterface(TypedActor):
     """Polls the Bot API, or serves its webhook calls, in a task this incarnation owns; a
     crash or stop cancels it (and closes the webhook server)."""
@@ -162,19 +195,43 @@ class TelegramInterface(TypedActor):
         assert secret is not None  # the settings refuse a webhook_url without one
         server = self._webhook = WebhookServer(listen_address(self.settings.webhook_listen), url, secret,
                                                receive=self._receive, malformed=self._malformed,
-                                               monotonic=self.runtime.clock.monotonic)
+                                               monotonic=self.runtime.clock.monotonic,
+                                               wall=self.runtime.clock.time)
         self.runtime.io.run(server.start(), timeout=30)  # a port in use fails this start, saying so
         self.start_task(server.serve(), "webhook")  # owned: closed when this incarnation ends
         try:
             self.runtime.io.run(self._bot.set_webhook(url=url, secret_token=secret.get_secret_value(),
                                                       allowed_updates=self.allowed_updates), timeout=60)
-        except BaseException:
+        except BaseException as exc:
+            why = refusal("setWebhook", exc) if isinstance(exc, TelegramError) else None
+            if why is not None:  # shown as failing while the restarts keep asking
+                self.report_health(False, why)
             self._close_webhook()  # a failed setup gets no teardown; the next one needs the port
             raise
+        self.report_health(True)
+        self.start_task(self._watch_webhook(url, server), "webhook check")
         log.info("receiving Telegram webhooks on %s (for %s) as @%s", server.url, url, self._username)
         if len(secret.get_secret_value()) < WEBHOOK_SECRET_ADVISED:
             log.warning("the Telegram webhook secret has fewer than %d characters: whoever guesses "
                         "it can post updates as your allowed users", WEBHOOK_SECRET_ADVISED)
+
+    async def _watch_webhook(self, url: str, server: WebhookServer) -> None:
+        """Webhook mode: ask Telegram every WEBHOOK_CHECK_SECONDS how delivering to us goes,
+        so that a dead webhook (Telegram cannot reach it, or it points elsewhere now) or a
+        revoked token shows as failing; nothing else would tell, since nobody calls."""
+        set_at = self.runtime.clock.time()
+        while True:
+            await self.runtime.clock.sleep(WEBHOOK_CHECK_SECONDS)
+            try:
+                info = await self._bot.get_webhook_info()
+            except TelegramError as exc:
+                why = refusal("getWebhookInfo", exc)
+                if why is not None:
+                    self.report_health(False, why)
+                continue  # a network failure says nothing about the webhook
+            heard = max(set_at, server.last_call or 0.0)
+            self.report_health(*webhook_health(info.url, url, info.last_error_date, info.last_error_message,
+                                               info.pending_update_count, heard=heard))
 
     def teardown(self) -> None:
         # The webhook stays registered with Telegram on purpose: another daemon behind the
@@ -210,11 +267,14 @@ class TelegramInterface(TypedActor):
         timeout = self.settings.poll_timeout
         offset: int | None = None
         failures = Backoff(POLL_BACKOFF, clock=self.runtime.clock.monotonic)
+        health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz
         # Several daemons: only the holder of the account's lease polls, from the shared offset.
-        async with polling(self.runtime.journal, f"telegram-{bot.id}") as shared:
+        async with polling(self.runtime.journal, f"telegram-{bot.id}", report=self.report_health) as shared:
             if shared is not None and shared.position:
                 offset = int(shared.position)
             while True:
+                if shared is not None:
+                    shared.check()  # another daemon polls now: stop (the restart waits for the lease)
                 await intake.room()  # backpressure: fetch nothing while the runtime is full
                 limit = max(1, min(TELEGRAM_MAX_UPDATES, intake.free()))
                 try:
@@ -228,10 +288,16 @@ class TelegramInterface(TypedActor):
                         raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
                 except TelegramError as exc:
                     delay = failures.next_delay()
+                    why = refusal("getUpdates", exc)
+                    if why is not None:  # shown as failing at once: no retry will fix it
+                        health.refused(why)
+                    else:
+                        health.failed(f"getUpdates failed: {type(exc).__name__}: {exc}")
                     log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
                     await self.runtime.clock.sleep(delay)
                     continue
                 failures.reset()
+                health.worked()
                 for item in raw[:TELEGRAM_MAX_UPDATES]:
                     update_id = await self._receive(item)
                     if update_id is not None:

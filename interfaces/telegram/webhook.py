@@ -62,7 +62,8 @@ class WebhookServer:
     def __init__(self, listen: tuple[str, int], url: str, secret: SecretStr, *,
                  receive: Callable[[Any], Awaitable[object]],
                  malformed: Callable[[Any, str], None],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.host, self.port = listen
         #: The path Telegram posts to; the proxy forwards it as it is.
         self.path = URL(url).path or "/"
@@ -70,6 +71,9 @@ class WebhookServer:
         self._receive = receive
         self._malformed = malformed
         self._monotonic = monotonic  # the runtime's clock: how often refusals are logged
+        self._wall = wall
+        #: When (the runtime clock's ``time()``) the last call with the right secret came.
+        self.last_call: float | None = None
         self._runner: web.AppRunner | None = None
         self._closed: asyncio.Future[None] | None = None
         self._refused = 0  # calls refused since the last log line about them
@@ -130,6 +134,7 @@ class WebhookServer:
         if not self._authentic(request):
             self._log_refused(request)
             return web.Response(status=401, text="unauthorized")
+        self.last_call = self._wall()  # Telegram reaches us: the webhook is alive
         if (request.content_length or 0) > TELEGRAM_WEBHOOK_MAX_BYTES:
             return self._too_large(request.content_length)
         try:

@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from telethon import errors
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.inbound import accept_input, take_request
@@ -85,6 +86,17 @@ def parse_event(event: Any, *, me: int) -> UserbotText | None:
     )
 
 
+def refusal(exc: BaseException) -> str | None:
+    """Why Telegram refuses the userbot's session (logged out, revoked, the account deleted:
+    an RPC error with code 401, or an authorization key error), from ``exc`` or what caused
+    it; None for anything else (a lost connection is retried by the restarts)."""
+    for error in (exc, exc.__cause__):
+        if isinstance(error, (errors.UnauthorizedError, errors.AuthKeyError)):
+            return (f"Telegram refuses the userbot's session ({type(error).__name__}): "
+                    "make a new session string")
+    return None
+
+
 class TelethonInterface(TypedActor):
     """Takes new messages in a task this incarnation owns; a crash or stop cancels it."""
 
@@ -99,10 +111,17 @@ class TelethonInterface(TypedActor):
         log.info("listening as the Telegram user %s", self._me.username or self._me.id)
 
     async def _receive(self) -> None:
-        async for event in self._userbot.new_messages():
-            text = parse_event(event, me=self._me.id)
-            if text is not None:
-                await accept_input(self, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
+        try:
+            async for event in self._userbot.new_messages():
+                self.report_health(True)  # Telegram talks to the account
+                text = parse_event(event, me=self._me.id)
+                if text is not None:
+                    await accept_input(self, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
+        except Exception as exc:
+            why = refusal(exc)
+            if why is not None:  # shown as failing: the restarts that follow cannot fix it
+                self.report_health(False, why)
+            raise
 
     @handles
     def on_text(self, text: UserbotText, env: Envelope) -> None:

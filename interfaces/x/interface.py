@@ -19,12 +19,12 @@ from typing import Any
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict
-from tweepy import TooManyRequests, TweepyException
+from tweepy import Forbidden, TooManyRequests, TweepyException, Unauthorized
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, take_request
-from autoresponse.actors.polling import SharedPoller, polling
+from autoresponse.actors.polling import PollHealth, SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
@@ -85,13 +85,14 @@ class XInterface(TypedActor):
         failures = Backoff(POLL_BACKOFF, clock=self.runtime.clock.monotonic)
         # Several daemons: only the holder of the account's lease reads the mentions, from
         # the since_id they share.
-        async with polling(self.runtime.journal, f"x-{self._me.id}") as shared:
+        async with polling(self.runtime.journal, f"x-{self._me.id}", report=self.report_health) as shared:
             if shared is not None and shared.position:
                 await asyncio.to_thread(self._cursor.advance, int(shared.position))
             await self._read_mentions(failures, shared)
 
     async def _read_mentions(self, failures: Backoff, shared: SharedPoller | None) -> None:
         clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
+        health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz
         while True:
             try:
                 await self._take_new()
@@ -104,11 +105,17 @@ class XInterface(TypedActor):
                 continue
             except (TimeoutError, TweepyException, aiohttp.ClientError) as exc:
                 delay = failures.next_delay()
+                said = " ".join(str(exc).split())  # tweepy's text runs over lines
+                if isinstance(exc, (Unauthorized, Forbidden)):  # no retry fixes these by itself
+                    health.refused(f"X refuses the account's credentials (reading the mentions: {said})")
+                else:
+                    health.failed(f"reading the mentions failed: {type(exc).__name__}: {said}")
                 log.warning("reading the mentions failed (%s: %s); retrying in %.1fs",
                             type(exc).__name__, exc, delay)
                 await clock.sleep(delay)
                 continue
             failures.reset()
+            health.worked()
             await clock.sleep(self.settings.poll_interval)
 
     async def _take_new(self) -> None:
