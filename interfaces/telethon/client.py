@@ -70,7 +70,9 @@ class TelethonUserbot:
             await asyncio.wait({taken, lost}, return_when=asyncio.FIRST_COMPLETED)
             if not taken.done():
                 taken.cancel()
-                raise ConnectionError("Telegram disconnected the userbot")
+                # Chain why (a revoked session is an auth error): the interface reports it.
+                raise ConnectionError("Telegram disconnected the userbot") from getattr(
+                    self.client, "_updates_error", None)
             yield taken.result()
 
     async def download_media(self, chat_id: int, message_id: int, *, thumb: str | None = None) -> bytes:
