@@ -15,6 +15,7 @@ import pytest
 from conftest import system_messages, wait_for
 
 from autoresponse import Application
+from autoresponse.actors.approvals import NOTHING_TO_CANCEL
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
@@ -225,6 +226,17 @@ def test_in_groups_the_bot_answers_only_when_addressed(
     settle(bot, fake_telegram, timeout=10)
     assert [r.messages[-1]["content"] for r in fake_llm.requests] == ["hi there"]
     assert "Hello!" in sent.params["text"]
+
+
+def test_in_groups_a_command_addressed_to_the_bot_is_taken(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.push_text("/cancel@someone_else_bot", chat_id=-301, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_text("/cancel@synth_bot", chat_id=-301, user_id=ALLOWED, chat_type="group")
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(-301))
+    settle(bot, fake_telegram, timeout=10)
+    assert sent.params["text"] == NOTHING_TO_CANCEL  # taken as /cancel, never sent to the LLM
+    assert fake_llm.requests == []
 
 
 async def test_a_group_gets_at_most_twenty_messages_a_minute_on_a_controllable_clock(

@@ -63,6 +63,7 @@ from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.loopback import LoopbackServer
 
 _MENTION = re.compile(r"@\w+")
+_COMMAND = re.compile(r"/\w+(?:@\w+)?")
 
 
 def _utf16(text: str) -> int:
@@ -158,6 +159,10 @@ class FakeTelegramServer(LoopbackServer):
         # Telegram marks every @username as a mention entity, in UTF-16 units.
         entities = [{"type": "mention", "offset": _utf16(text[:m.start()]), "length": _utf16(m.group())}
                     for m in _MENTION.finditer(text)]
+        command = _COMMAND.match(text)  # and a leading /command (or /command@bot) as a bot_command
+        if command:
+            entities = [e for e in entities if e["offset"] >= _utf16(command.group())]
+            entities.insert(0, {"type": "bot_command", "offset": 0, "length": _utf16(command.group())})
         if entities:
             message["entities"] = entities
         if thread_id is not None:

@@ -117,6 +117,11 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         return None
     user = message.from_user
     mentions = _mentions_of_bot(message, bot_username, bot_id)
+    # A command addressed to this bot in a group (/cancel@synth_bot) is meant for it too;
+    # it stays in the text, where the conversation reads the command.
+    commanded = bool(bot_username) and any(
+        text.lower().endswith(f"@{bot_username}".lower())
+        for text in message.parse_entities([MessageEntity.BOT_COMMAND]).values())
     replied = (message.reply_to_message is not None and message.reply_to_message.from_user is not None
                and message.reply_to_message.from_user.id == bot_id)
     return TelegramText(
@@ -129,7 +134,7 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         user_name=(user.username or user.full_name) if user else None,
         chat_title=message.chat.title or message.chat.username,
         text=message.text if message.text is not None else message.caption or "",
-        addressed=bool(mentions) or replied,
+        addressed=bool(mentions) or replied or commanded,
         mentions=tuple(mentions),
         attachments=attachments,
         media_group=message.media_group_id,
