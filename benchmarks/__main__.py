@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from benchmarks import cases, plots, reask, report
+from benchmarks import cases, local_model, plots, reask, report
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -37,6 +37,10 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs, for a first look (not for the README)")
+    parser.add_argument("--case", action="append", default=[], metavar="NAME",
+                        help="run only this case (repeatable; e.g. local-model); its figures are merged into "
+                             "the results file, and the README's table is left as it is")
+    parser.add_argument("--list", action="store_true", help="name the cases and exit")
     args = parser.parse_args()
     quick = args.quick
     steps: list[tuple[str, str, Callable[[], Any]]] = [
@@ -56,7 +60,19 @@ def main() -> None:
         ("cluster", "7: several daemons on NATS JetStream",
          lambda: cases.cluster([1, 2, 3], latency=0.5, in_flight=12,
                                updates_per_worker=100 if quick else 400)),
+        ("local_model", "9: a real model on llama.cpp's server, against aiohttp straight to it",
+         lambda: local_model.local_model(rounds=1 if quick else 3)),
     ]
+    if args.list:
+        for key, title, _ in steps:
+            print(f"{key.replace('_', '-'):15} {title}")
+        return
+    chosen = {name.replace("-", "_") for name in args.case}
+    unknown = chosen - {key for key, _, _ in steps}
+    if unknown:
+        parser.error(f"no case {', '.join(sorted(unknown))} (--list names them)")
+    if chosen:
+        steps = [step for step in steps if step[0] in chosen]
     console = Console()
     console.print(f"machine: {machine()}")
     started = time.time()
@@ -71,11 +87,19 @@ def main() -> None:
     figures["seconds"] = round(time.time() - started, 1)
 
     RESULTS.mkdir(exist_ok=True)
+    if chosen:  # a case or two: into the last full run's figures, each with its own date
+        for key, _, _ in steps:
+            figures[key] = {**figures[key], "date": figures["date"], "quick": quick}
+        earlier = json.loads((RESULTS / "latest.json").read_text()) if (RESULTS / "latest.json").exists() else {}
+        figures = {**earlier, **{key: figures[key] for key, _, _ in steps}}
+        figures.setdefault("machine", machine())
+        figures.setdefault("date", time.strftime("%Y-%m-%d %H:%M"))
+        figures.setdefault("seconds", 0.0)
     (RESULTS / "latest.json").write_text(json.dumps(figures, indent=2))
     drawn = plots.draw(figures, RESULTS)
     console.print(report.table(figures))
     console.print(f"saved {RESULTS / 'latest.json'}" + (f" and {len(drawn)} plots" if drawn else ""))
-    if not quick:
+    if not quick and not chosen:
         report.update_readme(figures)
         console.print("README's benchmark table regenerated from the results")
 

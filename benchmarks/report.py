@@ -116,6 +116,20 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                                for mode in ("text", "tools")),
                     f"≤ 1 + {c['mistakes']:g} (one re-ask per mistake): "
                     + _verdict(all(c[m]["calls_per_reply"] <= 1 + c["mistakes"] * 1.3 for m in ("text", "tools")))))
+    if "local_model" in f:
+        c = f["local_model"]
+        if "skipped" in c:
+            out.append(("9. a real model on llama.cpp's server", c["skipped"], "(not run)"))
+        else:
+            out.append((f"9. a real model ({c['model']}) on llama.cpp's server, {c['questions']} chats at once, "
+                        f"against aiohttp sending the same requests straight to it",
+                        f"{c['answered']}/{c['asked']} answered, {c['per_second']:.3f} replies/s "
+                        f"({c['seconds_per_reply_p50']:.1f} s a reply, {c['llm_calls_per_reply']:.2f} calls); "
+                        f"the model wrote {c['tokens_per_second']:.1f} tokens/s through the runtime, "
+                        f"{c['baseline_tokens_per_second']:.1f} straight; the runtime's share of a reply's time: "
+                        f"**{c['runtime_share_overall']:.2%}** (p50 {c['runtime_share_p50']:.2%}, "
+                        f"max {c['runtime_share_max']:.2%})",
+                        f"< 5%: {_verdict(c['met'])}"))
     return out
 
 
