@@ -81,6 +81,19 @@ def echoes_runtime(text: str) -> bool:
     return any(word in text for word in _RUNTIME_WORDS)
 
 
+#: Words a model puts in ``target`` when it means the chat it is answering.
+_HERE = frozenset({"me", "user", "chat", "this chat", "current", "current chat", "here", "reply", "same",
+                   "original", "original chat"})
+
+
+def names_this_chat(target: str, ctx: OriginalContext) -> bool:
+    """True when ``target`` names the chat being answered in words rather than by id: the
+    interface's own name, the user's or the chat's name, or "me", "this chat", ..."""
+    word = target.strip().lstrip("@").casefold()
+    own = {ctx.interface_name.casefold(), *(n.casefold() for n in (ctx.user_name, ctx.chat_title) if n)}
+    return word in _HERE or word in own
+
+
 def replacing(positions: tuple[Position, ...], kinds: list[str]) -> list[bool]:
     """Which actions of a re-ask's answer (by kind, in order) may go out: each must take a
     rejected place of the reply it corrects; one that would answer a place already
@@ -272,6 +285,8 @@ class ActionDispatcher(TypedActor):
         """Send one message action, or say what is wrong with it."""
         ctx = prompt.original_context
         target = action.payload.target
+        if target is not None and names_this_chat(str(target), ctx):
+            target = None  # a small model's way of saying "here": the interface, the user, "me"
         if prompt.mode == "delivery" and target is not None and str(target) != str(ctx.chat_id):
             # Output of the user's action goes back to the user's chat, nowhere else.
             return f"{action.type}: a delivery answers the original chat; omit \"target\""

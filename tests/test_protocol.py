@@ -470,3 +470,15 @@ def test_hostile_tool_call_arguments_are_bounded_and_re_asked(
     first, second = (system_message(r)["errors"] for r in fake_llm.requests[1:3])
     assert "nested too deeply" in first[0] or "not JSON" in first[0]
     assert "at most 10 are allowed" in second[0]
+
+
+def test_a_target_that_names_this_chat_in_words_answers_this_chat(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """Small models fill the optional target with the interface's name or "me": that is here."""
+    fake_llm.script(FakeResponse(tool_calls=(("message_console", {"text": "Paris.", "target": "console"}),
+                                             ("message_console", {"text": "And hi.", "target": "me"}))))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    sent = replies(app, "capital of France?", manual_clock)
+    assert [(m.text, m.chat_id) for m in sent] == [("Paris.", "console"), ("And hi.", "console")]
+    assert len(fake_llm.requests) == 1 and app.runtime.dead_letters.letters() == []
