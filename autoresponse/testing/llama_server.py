@@ -212,6 +212,15 @@ class LlamaServer:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
             return json.loads(response.read())
 
+    def erase_slots(self) -> None:
+        """Forget what every slot holds, so the next requests start cold (the server must
+        run with ``--slot-save-path``; with ``--cache-ram 0`` nothing is restored either)."""
+        for slot in range(int(self.props.get("total_slots") or self.parallel)):
+            request = urllib.request.Request(f"{self.url}/slots/{slot}?action=erase", data=b"{}", method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+
     def metrics(self) -> dict[str, float]:
         """The server's Prometheus counters by name, without the ``llamacpp:`` prefix:
         ``n_tokens_max`` is the most tokens any slot ever held (prompt and reply)."""
