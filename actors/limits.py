@@ -59,6 +59,8 @@ LLM_MAX_IN_FLIGHT = 64
 #: Tokens a reply may use (max_tokens): a Telegram message is at most 4096 characters,
 #: about 1,000 tokens, and a turn's JSON around it a little more.
 LLM_MAX_TOKENS = 1_200
+#: Tokens of the one shorter, unconstrained try after an enforced answer ran to its limit.
+LLM_SHORT_RETRY_TOKENS = 300
 #: An engine that failed this many calls in a row is skipped for a cool-down.
 LLM_BREAKER_FAILURES = 5
 LLM_BREAKER_COOLDOWN_SECONDS = 60.0

@@ -482,3 +482,19 @@ def test_a_target_that_names_this_chat_in_words_answers_this_chat(
     sent = replies(app, "capital of France?", manual_clock)
     assert [(m.text, m.chat_id) for m in sent] == [("Paris.", "console"), ("And hi.", "console")]
     assert len(fake_llm.requests) == 1 and app.runtime.dead_letters.letters() == []
+
+
+def test_an_enforced_answer_that_loops_to_its_limit_gets_one_short_plain_try(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A small model can loop inside the JSON a grammar forces on it: the same call asks
+    once more, shorter and unconstrained, and a plain answer is the reply."""
+    looped = '{"actions": [{"type": "terminal", "payload": {"command": "print_to_json_string_to_json_string'
+    fake_llm.script(FakeResponse(content=looped, finish_reason="length"), FakeResponse(content="Paris."))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"protocol": "json_schema", "stream": False})
+    with app.runtime.probe(executor("terminal")) as ran:
+        assert [m.text for m in replies(app, "capital of France?", manual_clock)] == ["Paris."]
+        assert ran.envelopes == []
+    first, second = fake_llm.requests
+    assert "response_format" in first.body and "response_format" not in second.body
+    assert second.body["max_tokens"] == 300

@@ -48,6 +48,7 @@ from autoresponse.actors.limits import (
     LLM_MAX_IN_FLIGHT,
     LLM_MAX_RESPONSE_BYTES,
     LLM_MAX_TOKENS,
+    LLM_SHORT_RETRY_TOKENS,
     LLM_MAX_RETRY_AFTER_SECONDS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
@@ -123,6 +124,15 @@ _FEATURE_WORDS: dict[str, tuple[str, ...]] = {
 }
 #: What a 400 says when the request did not fit the model's context window.
 _CONTEXT_WORDS = ("context", "too long", "maximum context", "exceed")
+
+
+def _complete_json(text: str) -> bool:
+    """True when ``text`` is one whole JSON value (an enforced answer that was not cut off)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def refused_feature(exc: LLMError, feature: str) -> bool:
@@ -288,6 +298,7 @@ class HttpEngine:
         #: What the server said of itself at the first call (llama.cpp /props, ...).
         self.server_facts: dict[str, Any] = {}
         self._discovered = False
+        self._discovering: asyncio.Lock | None = None  # made on the loop, at the first call
         #: Estimated tokens of the last request sent (the budget in use, for the status).
         self.last_request_tokens: int | None = None
         self._budget: ContextBudget | None = None
@@ -332,6 +343,13 @@ class HttpEngine:
             self.last_request_tokens = request_tokens(fitted, mode)
             try:
                 completion = await self.chat(body, on_text)
+                if mode == "json_schema" and completion.finish_reason == "length" and not _complete_json(
+                        completion.text):
+                    # A small model can loop inside the enforced JSON until its limit: ask once
+                    # more, shorter and unconstrained; a plain answer is a reply too.
+                    body.pop("response_format")
+                    completion = await self.chat(body, on_text, limit=LLM_SHORT_RETRY_TOKENS)
+                    mode = "text"
             except LLMError as exc:
                 if exc.context_exceeded and not shrunk:
                     shrunk = True
@@ -368,9 +386,14 @@ class HttpEngine:
         ``/api/show``). Anything it does not say stays unknown; nothing here fails a call."""
         if self._discovered:
             return
-        self._discovered = True
-        facts = await discover_server(self._open(), self._base, self.model)
-        self.server_facts = facts
+        if self._discovering is None:
+            self._discovering = asyncio.Lock()
+        async with self._discovering:  # the first calls all wait for it: none goes out unfitted
+            if self._discovered:
+                return
+            facts = await discover_server(self._open(), self._base, self.model)
+            self._discovered = True
+        facts = self.server_facts = facts
         if not self.context_tokens and facts.get("context_tokens"):
             self.context_tokens = int(facts["context_tokens"])
         if self.protocol == "auto" and facts.get("supports_tools") is False and self.mode == "tools":
@@ -399,8 +422,8 @@ class HttpEngine:
         """The text of the answer to plain ``messages`` (reasoning cut off)."""
         return (await self.chat({"messages": messages}, on_text)).text
 
-    async def chat(self, body: dict[str, Any],
-                   on_text: Callable[[str], None] | None = None) -> Completion:
+    async def chat(self, body: dict[str, Any], on_text: Callable[[str], None] | None = None, *,
+                   limit: int | None = None) -> Completion:
         """POST ``body`` (messages and protocol fields; the model, limits and stream are
         added here) with retries under the deadline. With ``on_text`` (and ``stream`` on)
         the answer is streamed and ``on_text`` sees it grow."""
@@ -412,9 +435,10 @@ class HttpEngine:
             if self.seed is not None:
                 sent["seed"] = self.seed
             if self.max_tokens is not None:
-                limit = "max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"
+                name = "max_completion_tokens" if "max_tokens" in self.refused else "max_tokens"
                 budget = self.budget
-                sent[limit] = budget.reserve if budget is not None else self.max_tokens
+                reserve = budget.reserve if budget is not None else self.max_tokens
+                sent[name] = min(reserve, limit) if limit is not None else reserve
             if watch is not None:
                 sent["stream"] = True
                 if "stream_options" not in self.refused:
