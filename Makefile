@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo local test typecheck stress bench docs wheel-check clean
+.PHONY: demo local test test-local typecheck stress bench docs wheel-check clean
 
 # The status page's browser tests drive Debian's Chromium through Playwright (whose own
 # browser download is never used).
@@ -37,10 +37,17 @@ $(LLAMA_STAMP): $(STAMP)
 local: $(LLAMA_STAMP)
 	$(BIN)/python -m autoresponse.testing.llama_server chat $(if $(ASK),"$(ASK)")
 
-# The type check runs first; --durations names the slowest tests at the end.
-# The local-model tier (-m local_model) runs too; it fails rather than skips without its model.
-test: typecheck $(STAMP) $(CHROMIUM) $(LLAMA_STAMP)
-	LOCAL_MODEL_REQUIRED=1 $(BIN)/pytest --durations=15
+# The type check runs first; --durations names the slowest tests at the end. The
+# local-model tier runs on its own (make test-local): on 2 cores a 135M model that loops
+# inside its enforced JSON can take a quarter of an hour, and its answers are not yet
+# reliable enough to gate every change.
+test: typecheck $(STAMP) $(CHROMIUM)
+	$(BIN)/pytest --durations=15 -m "not local_model"
+
+# The end-to-end tier against a real small model on llama.cpp's own server; it fails
+# rather than skips without its model.
+test-local: $(STAMP) $(LLAMA_STAMP)
+	LOCAL_MODEL_REQUIRED=1 $(BIN)/pytest --durations=5 -m local_model
 
 # mypy, with every module under its installed autoresponse.* name (tests/typecheck.py reads
 # setup.cfg's package_dir); which rooms it holds to which rules is in pyproject.toml.
