@@ -23,6 +23,7 @@ The goal: the runtime adds under 5% to the model's own time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import statistics
@@ -46,17 +47,30 @@ class TimedEngine:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.calls: dict[str, list[tuple[float, float]]] = {}
-        #: Tokens the model wrote, per correlation (from each answer's usage).
+        #: Tokens the model wrote, per correlation, as each answer's usage says.
         self.written: dict[str, list[int]] = {}
-        self.bodies: dict[str, list[dict[str, Any]]] = {}
+        #: The requests sent, per correlation: when, and what (an answer may make two).
+        self.bodies: dict[str, list[tuple[float, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
-        chat = inner.chat
+        #: True when the bodies are the very payloads sent (the engine's ``_send``); else the
+        #: bodies ``chat`` was given, which the baseline completes as ``chat`` would.
+        self.exact = hasattr(inner, "_send")
+        if self.exact:
+            send = inner._send
 
-        async def recording_chat(body: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-            self._note(self.bodies, json.loads(json.dumps(body)))
-            return await chat(body, *args, **kwargs)
+            async def recording_send(payload: bytes, *args: Any, **kwargs: Any) -> Any:
+                self._note(self.bodies, (time.perf_counter(), json.loads(payload)))
+                return await send(payload, *args, **kwargs)
 
-        inner.chat = recording_chat  # answer() asks through self.chat
+            inner._send = recording_send
+        else:
+            chat = inner.chat
+
+            async def recording_chat(body: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+                self._note(self.bodies, (time.perf_counter(), json.loads(json.dumps(body))))
+                return await chat(body, *args, **kwargs)
+
+            inner.chat = recording_chat  # answer() asks through self.chat
 
     def _note(self, into: dict[str, list[Any]], item: Any) -> None:
         from autoresponse.actors.kernel.actor import current_correlation
@@ -78,6 +92,26 @@ class TimedEngine:
 
     def __repr__(self) -> str:
         return f"TimedEngine({self.inner!r})"
+
+
+def _measured(server: LlamaServer, side: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``side``'s round, from erased slots, with what the server itself did meanwhile
+    (its prompt and generation tokens and seconds, from /metrics) and the CPU this
+    process used (the runtime, or the baseline's client)."""
+    server.erase_slots()
+    before, cpu = server.metrics(), time.process_time()
+    result = side()
+    after = server.metrics()
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in (
+        "prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total")}
+    wall = result["wall_seconds"]
+    return {**result, "client_cpu_seconds": round(time.process_time() - cpu, 3),
+            "server": {k: round(v, 3) for k, v in delta.items()},
+            # The tokens the model wrote (llama-server's count), over the round's time.
+            "tokens_per_second": round(delta["tokens_predicted_total"] / wall, 2) if wall else None,
+            "server_tokens_per_second": round(delta["tokens_predicted_total"]
+                                              / delta["tokens_predicted_seconds_total"], 2)
+            if delta["tokens_predicted_seconds_total"] else None}
 
 
 def _runtime_round(app: Any, engine: TimedEngine, round_: int) -> dict[str, Any]:
@@ -112,27 +146,27 @@ def _runtime_round(app: Any, engine: TimedEngine, round_: int) -> dict[str, Any]
     finally:
         stop_watching()
     replies: list[dict[str, Any]] = []
+    bodies: list[list[dict[str, Any]]] = []
     for correlation, at in started.items():
         done = arrived.get(correlation)
         calls = [c for c in engine.calls.get(correlation, []) if done is None or c[0] < done]
+        sent = [body for when, body in engine.bodies.get(correlation, []) if done is None or when < done]
+        bodies.append(sent)
         model = sum(end - start for start, end in calls)
         total = (done - at) if done is not None else None
         replies.append({"correlation": correlation, "answered": done is not None,
                         "seconds": None if total is None else round(total, 3), "model_seconds": round(model, 3),
-                        "llm_calls": len(calls),
+                        "llm_calls": len(calls), "http_calls": len(sent),
                         "runtime_share": None if not total else round(max(0.0, total - model) / total, 4),
                         "notices": notices.get(correlation, []),
                         "dead_letters": [f"{d.reason}: {d.detail}"[:300]
                                          for d in app.runtime.dead_letters.letters(correlation)]})
-    # Per second, over the round's whole time (until nothing is under way): the answers,
-    # and the tokens the model wrote (which the baseline's figure is comparable with,
-    # whatever the length of each answer this time).
+    # Per second, over the round's whole time (until nothing is under way).
     wall = finished - min(started.values())
     answered = sum(r["answered"] for r in replies)
-    written = sum(sum(engine.written.get(c, [])) for c in started)
     return {"kind": "runtime", "replies": replies, "answered": answered, "wall_seconds": round(wall, 3),
             "per_second": round(answered / wall, 4) if wall > 0 else 0.0,
-            "tokens_written": written, "tokens_per_second": round(written / wall, 2) if wall > 0 else 0.0}
+            "usage_completion_tokens": sum(sum(engine.written.get(c, [])) for c in started), "_bodies": bodies}
 
 
 def _baseline_round(base_url: str, bodies: list[list[dict[str, Any]]], extra: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +181,7 @@ def _baseline_round(base_url: str, bodies: list[list[dict[str, Any]]], extra: di
             async def one(calls: list[dict[str, Any]]) -> tuple[float, int]:
                 started, written = time.perf_counter(), 0
                 for body in calls:
+                    body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
                     async with session.post(f"{base_url}/chat/completions", json={**extra, **body}) as response:
                         data = await response.json(content_type=None)
                         if response.status != 200:
@@ -157,10 +192,10 @@ def _baseline_round(base_url: str, bodies: list[list[dict[str, Any]]], extra: di
             started = time.perf_counter()
             done = await asyncio.gather(*(one(calls) for calls in bodies))
             wall = time.perf_counter() - started
-        written = sum(w for _, w in done)
-        return {"kind": "baseline", "replies": [{"seconds": round(t, 3), "tokens_written": w} for t, w in done],
+        return {"kind": "baseline", "replies": [{"seconds": round(t, 3), "usage_completion_tokens": w}
+                                                for t, w in done],
                 "answered": len(done), "wall_seconds": round(wall, 3), "per_second": round(len(done) / wall, 4),
-                "tokens_written": written, "tokens_per_second": round(written / wall, 2) if wall > 0 else 0.0}
+                "usage_completion_tokens": sum(w for _, w in done)}
 
     return asyncio.run(run())
 
@@ -192,14 +227,13 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         app = Application(settings, console=Console(io.StringIO()), engine=engine).start()
         try:
             warm = _runtime_round(app, engine, 0)  # the first call asks the server what it is
+            warm.pop("_bodies")
             for n in range(1, rounds + 1):
-                server.erase_slots()
-                measured = _runtime_round(app, engine, n)
+                measured = _measured(server, functools.partial(_runtime_round, app, engine, n))
                 # The very calls of that round, replayed, from a cold cache as well.
-                recorded = [[body for body in engine.bodies.get(r["correlation"], [])][:r["llm_calls"]]
-                            for r in measured["replies"]]
-                server.erase_slots()
-                runs += [measured, _baseline_round(server.base_url, recorded, extra)]
+                recorded = measured.pop("_bodies")
+                runs += [measured, _measured(server, functools.partial(
+                    _baseline_round, server.base_url, recorded, {} if engine.exact else extra))]
         finally:
             app.stop()
         n_ctx, props = server.n_ctx, server.props
@@ -218,8 +252,15 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         "parallel": props.get("total_slots"), "supports_tools": props.get("chat_template_caps", {}).get("supports_tools"),
         "questions": len(QUESTIONS), "rounds": rounds, "protocol": getattr(inner, "mode", None),
         "per_second": per_second, "baseline_per_second": baseline_per_second,
-        "tokens_per_second": statistics.median(r["tokens_per_second"] for r in ours),
-        "baseline_tokens_per_second": statistics.median(r["tokens_per_second"] for r in theirs),
+        "server_tokens_per_second": statistics.median(r["server_tokens_per_second"] or 0 for r in ours),
+        "baseline_server_tokens_per_second": statistics.median(r["server_tokens_per_second"] or 0 for r in theirs),
+        "client_cpu_seconds_per_round": statistics.median(r["client_cpu_seconds"] for r in ours),
+        "baseline_client_cpu_seconds_per_round": statistics.median(r["client_cpu_seconds"] for r in theirs),
+        "tokens_per_second": statistics.median(r["tokens_per_second"] or 0 for r in ours),
+        "baseline_tokens_per_second": statistics.median(r["tokens_per_second"] or 0 for r in theirs),
+        # What the answers' usage said the model wrote, against llama-server's own count.
+        "usage_completion_tokens": sum(r["usage_completion_tokens"] for r in ours),
+        "server_completion_tokens": sum(r["server"]["tokens_predicted_total"] for r in ours),
         "answered": sum(r["answered"] for r in ours), "asked": len(QUESTIONS) * rounds,
         "seconds_per_reply_p50": statistics.median(t for t, _ in totals) if totals else None,
         "model_seconds_per_reply_p50": statistics.median(model_seconds) if model_seconds else None,
@@ -228,6 +269,7 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         "runtime_share_max": round(max(shares), 4) if shares else None,
         "runtime_share_overall": round(aggregate, 4),
         "llm_calls_per_reply": round(statistics.mean(x["llm_calls"] for r in ours for x in r["replies"]), 2),
+        "http_calls_per_reply": round(statistics.mean(x["http_calls"] for r in ours for x in r["replies"]), 2),
         "met": bool(shares) and aggregate < TARGET_SHARE,
         "n_tokens_max": metrics.get("n_tokens_max"),
         "warm_up": warm, "runs": runs,

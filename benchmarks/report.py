@@ -124,8 +124,8 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append((f"9. a real model ({c['model']}) on llama.cpp's server, {c['questions']} chats at once, "
                         f"against aiohttp sending the same requests straight to it",
                         f"{c['answered']}/{c['asked']} answered, {c['per_second']:.3f} replies/s "
-                        f"({c['seconds_per_reply_p50']:.1f} s a reply, {c['llm_calls_per_reply']:.2f} calls); "
-                        f"the model wrote {c['tokens_per_second']:.1f} tokens/s through the runtime, "
+                        f"({c['seconds_per_reply_p50']:.1f} s a reply, {c.get('http_calls_per_reply', 0):.2f} "
+                        f"requests); the model wrote {c['tokens_per_second']:.1f} tokens/s through the runtime, "
                         f"{c['baseline_tokens_per_second']:.1f} straight; the runtime's share of a reply's time: "
                         f"**{c['runtime_share_overall']:.2%}** (p50 {c['runtime_share_p50']:.2%}, "
                         f"max {c['runtime_share_max']:.2%})",
