@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo local test test-local typecheck stress bench docs wheel-check clean
+.PHONY: demo local test test-local typecheck stress bench profile docs wheel-check clean
 
 # The status page's browser tests drive Debian's Chromium through Playwright (whose own
 # browser download is never used).
@@ -78,6 +78,12 @@ wheel-check: $(STAMP)
 bench: $(STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks $(if $(CASE),--case $(CASE))
+
+# Where the in-process and loopback cases spend their CPU, every thread profiled, and where
+# their threads wait: benchmarks/results/profiles/<case>.md (make profile CASE=runtime+journal).
+profile: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
+	$(BIN)/python -m benchmarks.profile $(if $(CASE),--case $(CASE))
 
 # The manual (docs/, mkdocs.yml): mkdocs-material and mkdocstrings from the `docs` extra,
 # built in strict mode into site/, so a broken link, a page missing from the navigation or
