@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
+from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
@@ -134,17 +135,22 @@ class ActionDispatcher(TypedActor):
     skipped, a message beyond the rejected message places is dropped (and traced),
     whatever its wording, and an empty answer means nothing more. A message may name
     its chat by title or @username in a chat turn; an unknown or ambiguous name is an
-    error that lists the candidates.
+    error that lists the candidates. An action its executor would refuse (a program
+    off the allowlist: ``preflight``) is an error the LLM hears at once, in the turn
+    that chose it, rather than a refusal it has to explain later.
     """
 
     def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None,
-                 prose: ProseRule = "reply", approval: Iterable[str] = ()) -> None:
+                 prose: ProseRule = "reply", approval: Iterable[str] = (),
+                 preflight: Mapping[str, Callable[[BaseAction], str]] | None = None) -> None:
         super().__init__()
         self.max_actions = max_actions
         self.store = store
         self.prose = prose
         #: Command action types that run only once approved (the approvals desk asks).
         self.approval = frozenset(approval)
+        #: action type → what its executor would refuse in an action ("" when nothing).
+        self.preflight = dict(preflight or {})
 
     def _extract(self, reply: LLMReply) -> Extraction:
         prompt = reply.prompt
@@ -206,7 +212,12 @@ class ActionDispatcher(TypedActor):
             if not may_go.get(id(slot), True):
                 self._dropped(env, slot, "answers a place already carried out")
                 continue
-            problem = action.check(ctx)
+            fitted = action.fitted(ctx)
+            if fitted is not action:
+                self._noted(env, f"action {slot.index} ({slot.type}): dropped what cannot apply in this chat")
+                action, slot = fitted, replace(slot, action=fitted)
+            preflight = self.preflight.get(action.type)
+            problem = action.check(ctx) or (preflight(action) if preflight is not None else "")
             if problem:
                 positions.append(self._position(slot, False, problem))
                 errors.append(problem)
@@ -272,9 +283,13 @@ class ActionDispatcher(TypedActor):
     def _dropped(self, env: Envelope, slot: Slot, why: str) -> None:
         """A re-ask answered a place already carried out: nothing goes out, the trace says so."""
         log.info("dropped action %d (%s) of a re-ask: it %s", slot.index, slot.type, why)
+        self._noted(env, f"dropped action {slot.index} ({slot.type}): it {why}")
+
+    def _noted(self, env: Envelope, note: str) -> None:
+        """What the dispatcher changed in a reply, in the reply's trace."""
         tracer = self.runtime.tracer
         if tracer is not None:
-            tracer.note(env, "LLMReply", f"dropped action {slot.index} ({slot.type}): it {why}")
+            tracer.note(env, "LLMReply", note)
 
     def _withdraw(self, ctx: OriginalContext, turn: str, env: Envelope) -> None:
         """The chat saw this turn's reply grow, but its first action is not that reply."""

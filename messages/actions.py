@@ -53,6 +53,11 @@ class BaseAction(BaseModel):
         ``OriginalContext``), as an error for the LLM; "" when nothing is."""
         return ""
 
+    def fitted(self, context: Any) -> BaseAction:
+        """Override: this action as it applies in the chat of ``context``, without a field
+        that cannot mean anything there (a small model fills in every field it sees)."""
+        return self
+
 
 class CommandAction(BaseAction):
     """An action an executor carries out; its output comes back through the LLM."""

@@ -200,15 +200,19 @@ def test_a_topic_payload_validates_and_the_reply_lands_in_that_topic(
     assert sent.params["message_thread_id"] == 7
 
 
-def test_a_topic_in_a_private_chat_is_an_error_the_llm_fixes(
+def test_a_topic_in_a_private_chat_is_dropped_and_the_reply_lands_at_once(
     bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
 ) -> None:
-    fake_llm.script(actions(tg("hi", message_thread_id=7)), actions(tg("hi")))
-    fake_telegram.push_text("hello", chat_id=42, user_id=7)
-    [sent] = wait_for(lambda: fake_telegram.sent(42))
-    assert "message_thread_id" not in sent.params
-    [error] = system_messages(fake_llm, "error")
-    assert "forum topic" in error["errors"][0]
+    """A small model copies the message id into message_thread_id: a private chat has no
+    topics, so the field is dropped (the trace says so), and nobody is re-asked."""
+    fake_llm.script(actions(tg("hi", message_thread_id=10005)))
+    with bot.runtime.probe(sender("telegram")) as out:
+        fake_telegram.push_text("hello", chat_id=42, user_id=7)
+        [sent] = wait_for(lambda: fake_telegram.sent(42))
+    assert sent.params["text"] == "hi" and "message_thread_id" not in sent.params
+    assert len(fake_llm.requests) == 1 and system_messages(fake_llm, "error") == []
+    notes = [n for hop in bot.runtime.trace(out.envelopes[0].correlation_id) for n in hop.get("notes", ())]
+    assert any("cannot apply in this chat" in n for n in notes), notes
 
 
 def test_a_burst_that_arrives_during_a_turn_is_answered_together(

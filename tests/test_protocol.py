@@ -484,6 +484,24 @@ def test_a_target_that_names_this_chat_in_words_answers_this_chat(
     assert len(fake_llm.requests) == 1 and app.runtime.dead_letters.letters() == []
 
 
+def test_a_re_ask_in_json_schema_mode_is_unconstrained_and_its_plain_answer_is_the_reply(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A grammar keeps a small model's JSON valid, not its sense: the answer it rejected
+    (an unknown chat as target) would come back the same under the same grammar at
+    temperature 0, so the re-ask goes without it, and the words it gets are the reply."""
+    junk = {"type": "message_console", "payload": {"text": "Paris", "target": "thecapitaloffrance.com"}}
+    fake_llm.script(actions(junk),
+                    FakeResponse(content="The capital of France is Paris."))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST,
+                   llm={"protocol": "json_schema", "stream": False})
+    assert [m.text for m in replies(app, "capital of France?", manual_clock)] == ["The capital of France is Paris."]
+    first, second = fake_llm.requests
+    assert "response_format" in first.body and "response_format" not in second.body
+    assert "thecapitaloffrance.com" in system_message(second)["errors"][0]
+    assert app.runtime.dead_letters.letters() == []
+
+
 def test_an_enforced_answer_that_loops_to_its_limit_gets_one_short_plain_try(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:

@@ -8,7 +8,9 @@ It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first
 ``json_schema`` response format, then JSON in text. A server that refuses a feature
 (400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
 is a configuration fact, not a failure to retry. Where the server reports no tool
-support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``.
+support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``. A re-ask in
+``json_schema`` goes without the response format: at temperature 0 the grammar would
+give the rejected answer again, and a plain answer is a reply too.
 
 Reasoning (``<think>`` blocks, ``reasoning_content``) is cut off here; usage and the
 finish reason come back with every answer.
@@ -338,9 +340,13 @@ class HttpEngine:
                     # A delivery turn answers the user: a message tool, never prose.
                     must = prompt.mode == "delivery" and not prompt.may_stay_silent
                     body["tool_choice"] = "required" if must else "auto"
-            elif mode == "json_schema":
+            elif mode == "json_schema" and not prompt.reask:
                 body["response_format"] = response_format(prompt.allowed_actions)
             self.last_request_tokens = request_tokens(fitted, mode)
+            if mode == "json_schema" and prompt.reask:
+                # At temperature 0 the same grammar gives the same rejected answer again: a
+                # re-ask goes unconstrained, so the model may fix its JSON or answer in words.
+                mode = "text"
             try:
                 completion = await self.chat(body, on_text)
                 if mode == "json_schema" and completion.finish_reason == "length" and not _complete_json(

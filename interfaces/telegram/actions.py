@@ -22,10 +22,18 @@ class MessageTelegramBotAction(MessageAction):
     type: Literal["message_telegram_bot"]
     payload: TelegramMessagePayload
 
-    def check(self, context: OriginalContext) -> str:
-        """A topic exists only in a group (a forum): not in a private chat."""
+    def fitted(self, context: OriginalContext) -> MessageTelegramBotAction:
+        """A topic exists only in a group (a forum): in a reply to a private chat a topic
+        means nothing (a small model copies the message id into it), so it is dropped.
+
+        >>> from autoresponse.messages import OriginalContext
+        >>> here = OriginalContext(chat_id=5, interface_name="telegram", chat_type="private")
+        >>> action = MessageTelegramBotAction(type="message_telegram_bot",
+        ...                                   payload={"text": "hi", "message_thread_id": 10005})
+        >>> action.fitted(here).payload.message_thread_id is None
+        True
+        """
         to_origin = self.payload.target is None or str(self.payload.target) == str(context.chat_id)
-        if self.payload.message_thread_id is not None and to_origin and not context.is_group:
-            return (f"{self.type}: message_thread_id names a forum topic, and this is a "
-                    f"{context.chat_type or 'private'} chat; omit it")
-        return ""
+        if self.payload.message_thread_id is None or not to_origin or context.is_group:
+            return self
+        return self.model_copy(update={"payload": self.payload.model_copy(update={"message_thread_id": None})})
