@@ -202,7 +202,8 @@ class Application:
         autonomous = tuple(s.runtime.autonomous_actions)
         pipeline += [
             ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose),
-                      {"approval": self.gated_actions()}),
+                      {"approval": self.gated_actions(),
+                       "preflight": {t: f for m in self.mounts.values() for t, f in m.preflights.items()}}),
             ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage),
                       {"media": MediaReader.from_settings(s.llm, {i: d for m in self.mounts.values()
                                                                   for i, d in m.downloaders.items()})}),

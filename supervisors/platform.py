@@ -67,6 +67,8 @@ class Mount:
         self.closers: list[Callable[[], None]] = []
         #: interface name → how the LLM hop downloads the files its requests name.
         self.downloaders: dict[str, Callable[[str, int], Awaitable[bytes]]] = {}
+        #: action type → what its executor would refuse in an action ("" when nothing).
+        self.preflights: dict[str, Callable[[BaseAction], str]] = {}
 
     def pipeline(self, *specs: ChildSpec) -> None:
         """Add senders and executors: they start before the core pipeline and stop after it."""
@@ -85,6 +87,13 @@ class Mount:
         voice note, a document): ``await download(file_id, max_bytes)`` gives the bytes, and
         raises ``actors.llm.media.TooLarge`` past ``max_bytes``."""
         self.downloaders[interface] = download
+
+    def preflight(self, action_type: str, refusal: Callable[[BaseAction], str]) -> None:
+        """Let the dispatcher ask, before an action of ``action_type`` goes out, what its
+        executor would refuse in it: ``refusal(action)`` says why, or "" when nothing.
+        The LLM hears it in the turn that chose the action and answers again; the
+        executor still checks for itself."""
+        self.preflights[action_type] = refusal
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run ``closer()`` when the application stops, after every actor has stopped."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ask, system_messages
+from conftest import ask, console_text, system_messages
 
 from autoresponse import Application
 from autoresponse.testing.fake_llm import FakeLLMServer
@@ -36,6 +36,11 @@ CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")
 def delivered_outputs(fake_llm: FakeLLMServer) -> list[dict]:
     """The action outputs the LLM was shown in delivery turns."""
     return [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+
+
+def refusals(fake_llm: FakeLLMServer) -> list[str]:
+    """What the LLM heard, in the re-ask of the turn that chose a command, as refused."""
+    return [e for m in system_messages(fake_llm, "error") for e in m["errors"]]
 
 
 def test_the_terminal_is_off_by_default() -> None:
@@ -68,11 +73,28 @@ def test_only_allowlisted_programs_run(make_app: MakeApp, fake_llm: FakeLLMServe
     victim = tmp_path / "precious"
     victim.write_text("keep me")
     app = make_app(base_url=fake_llm.base_url, allowed=["echo"])
-    ask(app, f"run rm -f {victim}")
+    with app.runtime.probe(executor("terminal")) as ran:
+        ask(app, f"run rm -f {victim}")
+        assert ran.envelopes == []  # refused before it went out
     assert victim.exists()
-    [output] = delivered_outputs(fake_llm)
-    assert output["ok"] is False
-    assert output["output"] == "refused: 'rm' is not on the allowlist (allowed: echo)"
+    assert refusals(fake_llm) == ["terminal: 'rm' is not on the allowlist (allowed: echo)"]
+    assert delivered_outputs(fake_llm) == []
+    assert "I did not run `rm -f" in console_text(app) and "not on the allowlist" in console_text(app)
+
+
+def test_the_executor_refuses_an_off_allowlist_command_that_reaches_it() -> None:
+    """The dispatcher's check is a courtesy to the LLM; the executor checks for itself
+    (a request resumed from the journal after the allowlist was narrowed reaches it)."""
+    from autoresponse.actors.kernel.testkit import Recorder, running
+
+    with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, TerminalSettings(
+            enabled=True, allowed_commands=["echo"]))) as rt:
+        with rt.probe(BUILDER) as builder:
+            action = TerminalAction(type="terminal", payload={"command": "rm -rf /"})
+            rt.send(executor("terminal"), ActionRequest(action=action, context=CTX))
+            [result] = builder.expect(ActionOutput, timeout=10).body.results
+    assert result.ok is False
+    assert result.output == "refused: 'rm' is not on the allowlist (allowed: echo)"
 
 
 @pytest.mark.parametrize("joiner", ["; ", " && ", " | ", " || ", " > "])
@@ -82,8 +104,8 @@ def test_there_is_no_shell(make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path:
     app = make_app(base_url=fake_llm.base_url, allowed=["df", "rm"])
     ask(app, f"run df -h{joiner}rm -rf {victim}")
     assert victim.read_text() == "keep me"
-    [output] = delivered_outputs(fake_llm)
-    assert "commands run without a shell" in output["output"]
+    [refused] = refusals(fake_llm)
+    assert "commands run without a shell" in refused
 
 
 def test_quoted_operators_are_just_text() -> None:
@@ -267,16 +289,13 @@ def test_a_bad_rule_is_a_settings_error(rule: dict, error: str) -> None:
         TerminalSettings(arguments={"date": rule})
 
 
-def test_a_refused_argument_reads_nothing_and_goes_back_through_the_llm(
+def test_a_refused_argument_reads_nothing_and_the_llm_hears_why(
         make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("hunter2\n")
     app = make_app(base_url=fake_llm.base_url, allowed=["date"])
     ask(app, f"run date -f {secret}")
-    [output] = delivered_outputs(fake_llm)
-    assert output["ok"] is False
-    assert output["output"] == ("refused: 'date -f' is refused: "
-                                "it reads or writes files or changes the machine")
+    assert refusals(fake_llm) == ["terminal: 'date -f' is refused: it reads or writes files or changes the machine"]
     assert "hunter2" not in json.dumps([r.body for r in fake_llm.requests])
 
 

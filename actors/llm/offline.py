@@ -42,6 +42,11 @@ def _allowed(text: str) -> list[str]:
     return [t.strip() for t in match.group(1).split(",")] if match else []
 
 
+def _reason(error: str) -> str:
+    """An error about one action, without the action type it starts with."""
+    return error.split(": ", 1)[1] if error.startswith("terminal: ") else error
+
+
 def _message(allowed: list[str], text: str) -> dict[str, Any]:
     kind = next((t for t in allowed if t.startswith("message_")), "message_console")
     return {"type": kind, "payload": {"text": text}}
@@ -166,6 +171,11 @@ class OfflineEngine:
             late = event.get("late_seconds", 0)
             note = f" (I was {int(late // 60)} min late, sorry.)" if late >= 60 else ""
             return [_message(allowed, f"⏰ Reminder: {event.get('description', '')}{note}")]
-        if kind == "error" and any(p.get("done") for p in message.get("positions", [])):
+        positions = message.get("positions", [])
+        refused = [f"I did not run `{p.get('excerpt', '')}`: {_reason(p.get('error', ''))}."
+                   for p in positions if not p.get("done") and p.get("type") == "terminal"]
+        if kind == "error" and refused:
+            return [_message(allowed, "\n\n".join(refused))]
+        if kind == "error" and any(p.get("done") for p in positions):
             return []  # the rest was carried out: nothing more to say
         return [_message(allowed, "Sorry, I could not do that.")]

@@ -17,11 +17,22 @@ from autoresponse.interfaces.terminal.settings import (
     ArgumentRule,
     TerminalSettings,
 )
+from autoresponse.messages import BaseAction
 from autoresponse.supervisors import ChildSpec, Mount, Platform
 
 
 def _mount(m: Mount) -> None:
-    m.pipeline(ChildSpec(routes.executor("terminal"), TerminalExecutor, (m.settings,)))
+    settings: TerminalSettings = m.settings
+    m.pipeline(ChildSpec(routes.executor("terminal"), TerminalExecutor, (settings,)))
+
+    def refusal(action: BaseAction) -> str:
+        try:
+            parse_command(action.payload.command, settings.allowed_commands, settings.arguments)
+        except CommandRefused as exc:
+            return f"{action.type}: {exc}"
+        return ""
+
+    m.preflight("terminal", refusal)
 
 
 PLATFORM = Platform("terminal", TerminalSettings, _mount, actions=(TerminalAction,),
