@@ -102,16 +102,30 @@ def replacing(positions: tuple[Position, ...], kinds: list[str]) -> list[bool]:
 
     An answer that restates the whole reply (as many actions as it had places) is read
     place by place; a shorter one fills the rejected places in order, a place of the
-    same kind first, then one whose kind is unknown. Nothing carried out: all go.
+    same kind first, then one whose kind is unknown. An action may take a rejected place
+    of the other kind (words instead of a refused command) only when nothing of its own
+    kind was carried out: a message after a delivered one is a reworded repeat. Nothing
+    carried out: all go.
+
+    >>> from autoresponse.messages import Position
+    >>> refused = Position(index=1, type="terminal", done=False, kind="command")
+    >>> replacing((refused,), ["message"])                     # words for a refused command
+    [True]
+    >>> said = Position(index=1, type="message_console", done=True, kind="message")
+    >>> replacing((said, refused.model_copy(update={"index": 2})), ["message"])   # a repeat
+    [False]
     """
     if not any(p.done for p in positions):
         return [True] * len(kinds)
+    done_kinds = {p.kind for p in positions if p.done}
     if len(kinds) == len(positions):
-        return [not p.done and p.kind in (kind, "any") for p, kind in zip(positions, kinds, strict=True)]
+        return [not p.done and (p.kind in (kind, "any") or kind not in done_kinds)
+                for p, kind in zip(positions, kinds, strict=True)]
     free = [p for p in positions if not p.done]
     keep = []
     for kind in kinds:
-        place = next((p for p in free if p.kind == kind), None) or next((p for p in free if p.kind == "any"), None)
+        place = (next((p for p in free if p.kind == kind), None) or next((p for p in free if p.kind == "any"), None)
+                 or (next(iter(free), None) if kind not in done_kinds else None))
         if place is not None:
             free.remove(place)
         keep.append(place is not None)
@@ -197,7 +211,7 @@ class ActionDispatcher(TypedActor):
         may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
             "message" if v.action.kind == "message" else "command" for v in valid]), strict=True)) \
             if prompt.reask else {}
-        seen: set[str] = set()
+        seen: dict[str, str] = {}  # key → why it was refused ("" when it went on)
         for index, slot in enumerate(found.slots):
             action = slot.action
             if action is None:
@@ -206,9 +220,11 @@ class ActionDispatcher(TypedActor):
                 continue
             key = action_key(action)
             if key in carried_out or key in seen:  # a repeat, in this reply or of an earlier one
-                positions.append(self._position(slot, True))
+                # It shares the fate of its first: a repeat of a refused action was not carried out.
+                refused = seen.get(key, "")
+                positions.append(self._position(slot, not refused, refused))
                 continue
-            seen.add(key)
+            seen[key] = ""
             if not may_go.get(id(slot), True):
                 self._dropped(env, slot, "answers a place already carried out")
                 continue
@@ -221,6 +237,7 @@ class ActionDispatcher(TypedActor):
             if problem:
                 positions.append(self._position(slot, False, problem))
                 errors.append(problem)
+                seen[key] = problem
                 continue
             kept.append((index, slot))
         commands = tuple(describe(s.action) for _, s in kept  # type: ignore[union-attr]

@@ -38,6 +38,8 @@ from autoresponse.messages import (
     ToolCall,
     Turn,
     action_model,
+    message_action_for,
+    registry_generation,
 )
 
 #: How an engine carries the actions to the model: native tool calls, a response format
@@ -195,12 +197,43 @@ def response_format(allowed: Iterable[str]) -> dict[str, Any]:
             "json_schema": {"name": "actions", "strict": True, "schema": json.loads(_envelope_schema(names))}}
 
 
+@lru_cache(maxsize=64)
+def _reply_schema(action_type: str) -> str:
+    model = action_model(action_type)
+    assert model is not None
+    payload = _for_server(TypeAdapter(model.model_fields["payload"].annotation).json_schema())
+    payload["properties"] = {"text": payload["properties"]["text"]}
+    payload["required"] = ["text"]
+    item = {"type": "object", "additionalProperties": False, "required": ["type", "payload"],
+            "properties": {"type": {"type": "string", "const": action_type}, "payload": payload}}
+    return json.dumps({"type": "object", "additionalProperties": False, "required": ["actions"],
+                       "properties": {"actions": {"type": "array", "items": item, "minItems": 1, "maxItems": 1}}})
+
+
+def reply_format(prompt: PromptRequest) -> dict[str, Any] | None:
+    """The ``response_format`` of a re-ask in ``json_schema``: one message, its text only,
+    to the chat the turn answers. A model the grammar had to hold to the format gets the
+    simplest task it can still do: answer in words. None when that message action is not
+    allowed in the turn."""
+    model = message_action_for(prompt.original_context.interface_name)
+    if model is None or model.action_type() not in prompt.allowed_actions:
+        return None
+    return {"type": "json_schema",
+            "json_schema": {"name": "reply", "strict": True, "schema": json.loads(_reply_schema(model.action_type()))}}
+
+
 def full_json_instructions(allowed: Iterable[str]) -> str:
     """The JSON rules plus the generated schema of just the ``allowed`` action types.
 
     Raises ValueError for an empty list or a type nobody registered.
     """
-    names = tuple(sorted(set(allowed)))
+    return _full_json_instructions(tuple(sorted(set(allowed))), registry_generation())
+
+
+@lru_cache(maxsize=64)
+def _full_json_instructions(names: tuple[str, ...], generation: int) -> str:
+    # Built on every turn: cached per set of types and registry generation (a type
+    # registered again under the same name has a new schema).
     models = tuple(action_model(n) for n in names)
     unknown = [n for n, m in zip(names, models, strict=True) if m is None]
     if unknown or not names:

@@ -99,6 +99,12 @@ def test_the_module_example_holds() -> None:
     assert doctest.testmod(extractor).failed == 0
 
 
+def test_the_dispatchers_examples_hold() -> None:
+    from autoresponse.actors import dispatcher
+
+    assert doctest.testmod(dispatcher).failed == 0
+
+
 # ------------------------------------------------- JSON among fences, quotes and prose
 
 

@@ -215,6 +215,22 @@ def test_an_empty_answer_to_a_re_ask_is_nothing_more(
     assert app.runtime.dead_letters.letters() == []
 
 
+def test_words_may_take_the_place_of_a_refused_command_said_twice(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A small model says the same invented command twice: neither is carried out (the
+    repeat shares its first's fate), so the message its re-ask answers with goes out."""
+    fruit = {"type": "terminal", "payload": {"command": "fruit"}}
+    fake_llm.script(actions(fruit, fruit), actions(say("An apple.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, allowed=["echo"])
+    with app.runtime.probe(executor("terminal")) as ran:
+        assert [m.text for m in replies(app, "Name a fruit.", manual_clock)] == ["An apple."]
+        assert ran.envelopes == []
+    error = system_message(fake_llm.requests[1])
+    assert [p["done"] for p in error["positions"]] == [False, False]
+    assert app.runtime.dead_letters.letters() == []
+
+
 def test_a_reworded_repeat_of_a_delivered_place_is_dropped_and_traced(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
@@ -484,20 +500,24 @@ def test_a_target_that_names_this_chat_in_words_answers_this_chat(
     assert len(fake_llm.requests) == 1 and app.runtime.dead_letters.letters() == []
 
 
-def test_a_re_ask_in_json_schema_mode_is_unconstrained_and_its_plain_answer_is_the_reply(
+def test_a_re_ask_in_json_schema_mode_offers_only_a_reply_in_words(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
     """A grammar keeps a small model's JSON valid, not its sense: the answer it rejected
     (an unknown chat as target) would come back the same under the same grammar at
-    temperature 0, so the re-ask goes without it, and the words it gets are the reply."""
+    temperature 0, so the re-ask's grammar offers one message to this chat, text only."""
     junk = {"type": "message_console", "payload": {"text": "Paris", "target": "thecapitaloffrance.com"}}
-    fake_llm.script(actions(junk),
-                    FakeResponse(content="The capital of France is Paris."))
+    fake_llm.script(actions(junk), actions(say("The capital of France is Paris.")))
     app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST,
                    llm={"protocol": "json_schema", "stream": False})
     assert [m.text for m in replies(app, "capital of France?", manual_clock)] == ["The capital of France is Paris."]
     first, second = fake_llm.requests
-    assert "response_format" in first.body and "response_format" not in second.body
+    assert '"terminal"' in json.dumps(first.body["response_format"])
+    reply = second.body["response_format"]["json_schema"]["schema"]
+    [item] = [reply["properties"]["actions"]["items"]]
+    assert item["properties"]["type"] == {"type": "string", "const": "message_console"}
+    assert list(item["properties"]["payload"]["properties"]) == ["text"]
+    assert reply["properties"]["actions"]["maxItems"] == 1
     assert "thecapitaloffrance.com" in system_message(second)["errors"][0]
     assert app.runtime.dead_letters.letters() == []
 

@@ -9,8 +9,8 @@ It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first
 (400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
 is a configuration fact, not a failure to retry. Where the server reports no tool
 support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``. A re-ask in
-``json_schema`` goes without the response format: at temperature 0 the grammar would
-give the rejected answer again, and a plain answer is a reply too.
+``json_schema`` offers one thing, a reply in words to the chat (``reply_format``): at
+temperature 0 the first grammar would give the rejected answer again.
 
 Reasoning (``<think>`` blocks, ``reasoning_content``) is cut off here; usage and the
 finish reason come back with every answer.
@@ -63,6 +63,7 @@ from autoresponse.actors.prompts import (
     PROTOCOLS,
     Protocol,
     render_openai_messages,
+    reply_format,
     response_format,
     tool_definitions,
 )
@@ -340,12 +341,14 @@ class HttpEngine:
                     # A delivery turn answers the user: a message tool, never prose.
                     must = prompt.mode == "delivery" and not prompt.may_stay_silent
                     body["tool_choice"] = "required" if must else "auto"
-            elif mode == "json_schema" and not prompt.reask:
-                body["response_format"] = response_format(prompt.allowed_actions)
-            self.last_request_tokens = request_tokens(fitted, mode)
-            if mode == "json_schema" and prompt.reask:
+            elif mode == "json_schema":
                 # At temperature 0 the same grammar gives the same rejected answer again: a
-                # re-ask goes unconstrained, so the model may fix its JSON or answer in words.
+                # re-ask's grammar offers one reply to this chat, in words.
+                form = reply_format(prompt) if prompt.reask else response_format(prompt.allowed_actions)
+                if form is not None:
+                    body["response_format"] = form
+            self.last_request_tokens = request_tokens(fitted, mode)
+            if mode == "json_schema" and "response_format" not in body:
                 mode = "text"
             try:
                 completion = await self.chat(body, on_text)
