@@ -130,7 +130,8 @@ class DeliveryJournal(Protocol):
     def close(self) -> None: ...
 
 
-_Op = tuple[str, Sequence[Any], concurrent.futures.Future[bool]]
+#: A queued write: its SQL, arguments, the future of whoever waits on it, the sent key it marks.
+_Op = tuple[str, Sequence[Any], "concurrent.futures.Future[bool] | None", "str | None"]
 
 
 class SqliteJournal:
@@ -152,6 +153,12 @@ class SqliteJournal:
             self._db.close()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
+        # A second connection answers ``was_sent``, on every delivery: under WAL it reads the
+        # last commit while the writer holds ``_db_lock`` for a whole batch, where it waited.
+        self._reader = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._reader_lock = threading.Lock()
+        #: Keys queued by ``mark_sent`` and not yet committed: sent, though not yet readable.
+        self._marking: set[str] = set()
         self.retention_seconds = retention_seconds
         self.compact_every = compact_every
         self._compacted = time.monotonic()
@@ -164,16 +171,27 @@ class SqliteJournal:
 
     # ---------------------------------------------------------------- writes
 
-    def _write(self, sql: str, args: Sequence[Any]) -> concurrent.futures.Future[bool]:
-        """Queue a write for the next group commit; resolves with whether it changed a row."""
+    def _write(self, sql: str, args: Sequence[Any], marks: str | None = None) -> concurrent.futures.Future[bool]:
+        """Queue a write for the next group commit; resolves with whether it changed a row.
+        ``marks``: the sent key it records, readable through ``was_sent`` from now on."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
         with self._cond:
             if self._closed:
                 done.set_exception(RuntimeError("the journal is closed"))
                 return done
-            self._pending.append((sql, args, done))
+            self._pending.append((sql, args, done, marks))
+            if marks is not None:
+                self._marking.add(marks)
             self._cond.notify()
         return done
+
+    def _write_unwatched(self, sql: str, args: Sequence[Any]) -> None:
+        """Queue a write nobody waits on (no future to make and resolve); a failure is logged."""
+        with self._cond:
+            if self._closed:
+                return
+            self._pending.append((sql, args, None, None))
+            self._cond.notify()
 
     def _write_loop(self) -> None:
         while True:
@@ -186,7 +204,7 @@ class SqliteJournal:
             try:
                 with self._db_lock:
                     self._db.execute("BEGIN")
-                    changed = [self._db.execute(sql, args).rowcount > 0 for sql, args, _ in batch]
+                    changed = [self._db.execute(sql, args).rowcount > 0 for sql, args, _, _ in batch]
                     self._db.execute("COMMIT")
                 self.commits += 1
             except sqlite3.Error as exc:
@@ -194,11 +212,15 @@ class SqliteJournal:
                 with self._db_lock:
                     if self._db.in_transaction:
                         self._db.execute("ROLLBACK")
-                for _, _, done in batch:
-                    done.set_exception(exc)
+                self._settled(batch)
+                for _, _, done, _ in batch:
+                    if done is not None:
+                        done.set_exception(exc)
                 continue
-            for (_, _, done), did in zip(batch, changed, strict=True):
-                done.set_result(did)
+            self._settled(batch)
+            for (_, _, done, _), did in zip(batch, changed, strict=True):
+                if done is not None:
+                    done.set_result(did)
             if self.retention_seconds is not None and time.monotonic() - self._compacted >= self.compact_every:
                 self._compacted = time.monotonic()
                 try:
@@ -209,6 +231,13 @@ class SqliteJournal:
                         self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
+
+    def _settled(self, batch: list[_Op]) -> None:
+        """The keys of a written (or failed) batch are the database's to answer for now."""
+        marked = [key for _, _, _, key in batch if key is not None]
+        if marked:
+            with self._cond:
+                self._marking.difference_update(marked)
 
     def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]:
         """Record the message that starts a correlation; resolves once committed, with
@@ -221,8 +250,8 @@ class SqliteJournal:
 
     def finish(self, correlation: str, state: str = "done") -> None:
         """Close an open item: ``done`` (delivered) or ``dead`` (a real failure)."""
-        self._write("UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'",
-                    (state, time.time(), correlation))
+        self._write_unwatched("UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'",
+                              (state, time.time(), correlation))
 
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
         return self._write("INSERT OR REPLACE INTO dead_letters (id, time, reason, summary) VALUES (?, ?, ?, ?)",
@@ -230,13 +259,16 @@ class SqliteJournal:
                             json.dumps(summary, default=str)))
 
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]:
-        return self._write("INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)", (key, time.time()))
+        return self._write("INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)", (key, time.time()), marks=key)
 
     # ---------------------------------------------------------------- reads
 
     def was_sent(self, key: str) -> bool:
-        with self._db_lock:
-            return self._db.execute("SELECT 1 FROM sent WHERE key = ?", (key,)).fetchone() is not None
+        with self._cond:
+            if key in self._marking:
+                return True
+        with self._reader_lock:
+            return self._reader.execute("SELECT 1 FROM sent WHERE key = ?", (key,)).fetchone() is not None
 
     def unfinished(self) -> list[JournalItem]:
         with self._db_lock:
@@ -341,6 +373,8 @@ class SqliteJournal:
             self._closed = True
             self._cond.notify()
         self._writer.join(10)
+        with self._reader_lock:
+            self._reader.close()
         with self._db_lock:
             self._db.close()
 
