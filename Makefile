@@ -38,9 +38,8 @@ local: $(LLAMA_STAMP)
 	$(BIN)/python -m autoresponse.testing.llama_server chat $(if $(ASK),"$(ASK)")
 
 # The type check runs first; --durations names the slowest tests at the end. The
-# local-model tier runs on its own (make test-local): on 2 cores a 135M model that loops
-# inside its enforced JSON can take a quarter of an hour, and its answers are not yet
-# reliable enough to gate every change.
+# local-model tier runs on its own (make test-local, after make test in CI): it builds
+# llama-server from source the first time (10 to 25 minutes on two cores).
 test: typecheck $(STAMP) $(CHROMIUM)
 	$(BIN)/pytest --durations=15 -m "not local_model"
 

@@ -10,7 +10,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
-from autoresponse.actors.extractor import Extraction, Slot, extract_actions, extract_tool_calls, rejection
+from autoresponse.actors.extractor import (
+    Extraction,
+    Slot,
+    extract_actions,
+    extract_tool_calls,
+    rejection,
+    without_loop,
+)
 from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY, REASK_EXCERPT_CHARS
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.prompts import excerpt
@@ -178,7 +185,10 @@ class ActionDispatcher(TypedActor):
         found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
                                 may_stay_silent=silent)
         if found.prose and self.prose == "reply":
-            return self._prose(reply.text.strip(), prompt) or found
+            text = reply.text.strip()
+            if reply.finish_reason == "length":  # cut off: a loop it ended in is said once
+                text = without_loop(text)
+            return self._prose(text, prompt) or found
         return found
 
     def _prose(self, text: str, prompt: PromptRequest) -> Extraction | None:

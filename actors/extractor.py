@@ -501,6 +501,39 @@ def _checked(raws: list[tuple[Any, str | None]], allowed: Collection[str], error
     return Extraction(tuple(actions), tuple(errors), tuple(slots))
 
 
+#: The end of a reply compared with what came before it, to find the loop it ended in.
+_LOOP_PROBE = 40
+#: A loop is the same text this many times in a row, at least.
+_LOOP_REPEATS = 3
+
+
+def without_loop(text: str) -> str:
+    """``text`` with the loop it ended in kept once: a small model cut off at its token
+    limit often repeats one sentence to the end. Linear in the text; text that does not
+    end in a loop comes back as it is.
+
+    >>> without_loop("The sky is blue." + " It is the air." * 9 + " It is")
+    'The sky is blue. It is the air.'
+    >>> without_loop("Paris.")
+    'Paris.'
+    """
+    if len(text) < _LOOP_PROBE * _LOOP_REPEATS:
+        return text
+    tail = text[-_LOOP_PROBE:]
+    before = text.rfind(tail, 0, len(text) - 1)
+    period = len(text) - _LOOP_PROBE - before
+    if before < 0 or period <= 0:
+        return text
+    start = len(text) - period  # the last whole period; walk back while the one before matches
+    while start >= period and text[start - period:start] == text[start:start + period]:
+        start -= period
+    if (len(text) - start) < period * _LOOP_REPEATS:
+        return text
+    kept = text[:start + period]
+    end = max(kept.rfind(mark) for mark in ".!?")  # and the sentence it was in, whole
+    return (kept[:end + 1] if end > start else kept).rstrip()
+
+
 def rejection(prompt: PromptRequest, reply: str, errors: Collection[str]) -> SystemMessage:
     """The error system message that tells the LLM what was wrong with ``reply``: every
     error; the re-ask decides how many to show (``prompts.truncate_errors``)."""

@@ -38,7 +38,6 @@ from autoresponse.messages import (
     ToolCall,
     Turn,
     action_model,
-    message_action_for,
     registry_generation,
 )
 
@@ -197,31 +196,6 @@ def response_format(allowed: Iterable[str]) -> dict[str, Any]:
             "json_schema": {"name": "actions", "strict": True, "schema": json.loads(_envelope_schema(names))}}
 
 
-@lru_cache(maxsize=64)
-def _reply_schema(action_type: str) -> str:
-    model = action_model(action_type)
-    assert model is not None
-    payload = _for_server(TypeAdapter(model.model_fields["payload"].annotation).json_schema())
-    payload["properties"] = {"text": payload["properties"]["text"]}
-    payload["required"] = ["text"]
-    item = {"type": "object", "additionalProperties": False, "required": ["type", "payload"],
-            "properties": {"type": {"type": "string", "const": action_type}, "payload": payload}}
-    return json.dumps({"type": "object", "additionalProperties": False, "required": ["actions"],
-                       "properties": {"actions": {"type": "array", "items": item, "minItems": 1, "maxItems": 1}}})
-
-
-def reply_format(prompt: PromptRequest) -> dict[str, Any] | None:
-    """The ``response_format`` of a re-ask in ``json_schema``: one message, its text only,
-    to the chat the turn answers. A model the grammar had to hold to the format gets the
-    simplest task it can still do: answer in words. None when that message action is not
-    allowed in the turn."""
-    model = message_action_for(prompt.original_context.interface_name)
-    if model is None or model.action_type() not in prompt.allowed_actions:
-        return None
-    return {"type": "json_schema",
-            "json_schema": {"name": "reply", "strict": True, "schema": json.loads(_reply_schema(model.action_type()))}}
-
-
 def full_json_instructions(allowed: Iterable[str]) -> str:
     """The JSON rules plus the generated schema of just the ``allowed`` action types.
 
@@ -370,6 +344,27 @@ def build_reask_request(
         "carried_out": tuple(carried_out),
         "sent": tuple(sent),
         "positions": places,
+    })
+
+
+def plain_retry(prompt: PromptRequest) -> PromptRequest:
+    """A re-ask as a model held to the format by a grammar answers it best: the turn as
+    first asked (its memory, its message), with one plain line on why the answer could
+    not be used, and no system message to echo.
+
+    At temperature 0 the same grammar gives the rejected answer again, and a small model
+    shown the error as JSON writes JSON back; asked plainly, it answers in words.
+    """
+    message = prompt.system_message
+    first = len(prompt.turns) - 2 * prompt.reask  # the turn's own message; re-asks add two turns each
+    if message is None or not prompt.reask or first < 0 or prompt.turns[first].role != "user":
+        return prompt
+    why = "; ".join(message.errors) or "it was not a usable answer"
+    note = f"(Your last answer could not be used: {why}. Answer again, in plain words if you like.)"
+    return prompt.model_copy(update={
+        "turns": prompt.turns[:first],
+        "current_text": f"{prompt.turns[first].content}\n\n{note}",
+        "system_message": None,
     })
 
 

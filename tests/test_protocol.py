@@ -500,26 +500,46 @@ def test_a_target_that_names_this_chat_in_words_answers_this_chat(
     assert len(fake_llm.requests) == 1 and app.runtime.dead_letters.letters() == []
 
 
-def test_a_re_ask_in_json_schema_mode_offers_only_a_reply_in_words(
+def test_a_re_ask_in_json_schema_mode_is_the_turn_asked_again_plainly(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
     """A grammar keeps a small model's JSON valid, not its sense: the answer it rejected
     (an unknown chat as target) would come back the same under the same grammar at
-    temperature 0, so the re-ask's grammar offers one message to this chat, text only."""
+    temperature 0, and shown the error as JSON it writes JSON back. So the re-ask is the
+    turn as first asked, without the grammar, with one plain line on why; words are a reply."""
     junk = {"type": "message_console", "payload": {"text": "Paris", "target": "thecapitaloffrance.com"}}
-    fake_llm.script(actions(junk), actions(say("The capital of France is Paris.")))
+    fake_llm.script(actions(junk), FakeResponse(content="The capital of France is Paris."))
     app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST,
                    llm={"protocol": "json_schema", "stream": False})
     assert [m.text for m in replies(app, "capital of France?", manual_clock)] == ["The capital of France is Paris."]
     first, second = fake_llm.requests
-    assert '"terminal"' in json.dumps(first.body["response_format"])
-    reply = second.body["response_format"]["json_schema"]["schema"]
-    [item] = [reply["properties"]["actions"]["items"]]
-    assert item["properties"]["type"] == {"type": "string", "const": "message_console"}
-    assert list(item["properties"]["payload"]["properties"]) == ["text"]
-    assert reply["properties"]["actions"]["maxItems"] == 1
-    assert "thecapitaloffrance.com" in system_message(second)["errors"][0]
+    assert "response_format" in first.body and "response_format" not in second.body
+    assert second.messages[:-1] == first.messages[:-1]  # the same instructions and memory
+    asked = second.messages[-1]["content"]
+    assert asked.startswith("capital of France?") and "thecapitaloffrance.com" in asked
+    assert system_message(second) is None  # no error as JSON to write back
     assert app.runtime.dead_letters.letters() == []
+
+
+def test_plain_words_cut_off_in_a_loop_are_said_once(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    looped = "The sky is blue." + " It is the air that makes it so." * 30 + " It is the a"
+    fake_llm.script(FakeResponse(content=looped, finish_reason="length"))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"stream": False})
+    assert [m.text for m in replies(app, "What colour is the sky?", manual_clock)] == [
+        "The sky is blue. It is the air that makes it so."]
+
+
+def test_finding_a_loop_takes_linear_time_on_a_huge_reply() -> None:
+    from autoresponse.actors.extractor import without_loop
+
+    import random
+
+    rng = random.Random(7)
+    text = "".join(rng.choice("abcdefgh ") for _ in range(400_000))  # no loop at all
+    assert without_loop(text) == text
+    assert without_loop("ab" * 200_000) == "ab"
 
 
 def test_an_enforced_answer_that_loops_to_its_limit_gets_one_short_plain_try(

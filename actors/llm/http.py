@@ -9,8 +9,9 @@ It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first
 (400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
 is a configuration fact, not a failure to retry. Where the server reports no tool
 support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``. A re-ask in
-``json_schema`` offers one thing, a reply in words to the chat (``reply_format``): at
-temperature 0 the first grammar would give the rejected answer again.
+``json_schema`` goes without the grammar, as the turn first asked plus one plain line
+on why (``plain_retry``): at temperature 0 the grammar would give the rejected answer
+again, and a small model shown the error as JSON writes JSON back.
 
 Reasoning (``<think>`` blocks, ``reasoning_content``) is cut off here; usage and the
 finish reason come back with every answer.
@@ -62,8 +63,8 @@ from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.prompts import (
     PROTOCOLS,
     Protocol,
+    plain_retry,
     render_openai_messages,
-    reply_format,
     response_format,
     tool_definitions,
 )
@@ -333,7 +334,10 @@ class HttpEngine:
         while True:
             mode = self.mode
             budget = self.budget
-            fitted = budget.fit(prompt, mode) if budget is not None else prompt
+            # A re-ask where a grammar holds the format goes without it, asked plainly.
+            plain = mode == "json_schema" and prompt.reask > 0
+            asked = plain_retry(prompt) if plain else prompt
+            fitted = budget.fit(asked, mode) if budget is not None else asked
             body: dict[str, Any] = {"messages": render_openai_messages(fitted, mode)}
             if mode == "tools":
                 body["tools"] = tool_definitions(prompt.allowed_actions)
@@ -341,14 +345,10 @@ class HttpEngine:
                     # A delivery turn answers the user: a message tool, never prose.
                     must = prompt.mode == "delivery" and not prompt.may_stay_silent
                     body["tool_choice"] = "required" if must else "auto"
-            elif mode == "json_schema":
-                # At temperature 0 the same grammar gives the same rejected answer again: a
-                # re-ask's grammar offers one reply to this chat, in words.
-                form = reply_format(prompt) if prompt.reask else response_format(prompt.allowed_actions)
-                if form is not None:
-                    body["response_format"] = form
+            elif mode == "json_schema" and not plain:
+                body["response_format"] = response_format(prompt.allowed_actions)
             self.last_request_tokens = request_tokens(fitted, mode)
-            if mode == "json_schema" and "response_format" not in body:
+            if plain:
                 mode = "text"
             try:
                 completion = await self.chat(body, on_text)
