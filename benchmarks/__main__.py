@@ -89,7 +89,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     if chosen:  # a case or two: into the last full run's figures, each with its own date
         for key, _, _ in steps:
-            figures[key] = {**figures[key], "date": figures["date"], "quick": quick}
+            figures[key] = {**figures[key], "date": figures["date"], "machine": figures["machine"], "quick": quick}
         earlier = json.loads((RESULTS / "latest.json").read_text()) if (RESULTS / "latest.json").exists() else {}
         figures = {**earlier, **{key: figures[key] for key, _, _ in steps}}
         figures.setdefault("machine", machine())

@@ -200,6 +200,43 @@ def _baseline_round(base_url: str, bodies: list[list[dict[str, Any]]], extra: di
     return asyncio.run(run())
 
 
+#: The actions of the prompt-size figure: a Telegram bot that runs commands and sets reminders.
+PROMPT_ACTIONS = ("event", "message_telegram_bot", "terminal")
+
+
+def prompt_tokens(server: LlamaServer) -> dict[str, dict[str, int]]:
+    """The tokens of one chat turn's prompt in each protocol, as llama-server counts them
+    (``usage.prompt_tokens`` of a one-token answer), and the characters of what carries the
+    action schema beside it (``tools`` or ``response_format``, none in text: it is in the
+    prompt). A template without tool support drops ``tools`` from the prompt it renders."""
+    import urllib.request
+
+    from autoresponse.actors.prompts import (build_chat_request, render_openai_messages, response_format,
+                                             tool_definitions)
+    from autoresponse.messages import OriginalContext
+
+    ctx = OriginalContext(chat_id=501, message_id=10000, interface_name="telegram", user_id=501,
+                          user_name="Ada", chat_type="private", original_command=QUESTIONS[0])
+    prompt = build_chat_request(QUESTIONS[0], ctx, allowed_actions=PROMPT_ACTIONS, now=0.0)
+    sizes: dict[str, dict[str, int]] = {}
+    for protocol in ("text", "json_schema", "tools"):
+        body: dict[str, Any] = {"messages": render_openai_messages(prompt, protocol), "max_tokens": 1,
+                                "temperature": 0}
+        beside: Any = None
+        if protocol == "tools":
+            body["tools"] = beside = tool_definitions(PROMPT_ACTIONS)
+        elif protocol == "json_schema":
+            body["response_format"] = beside = response_format(PROMPT_ACTIONS)
+        request = urllib.request.Request(f"{server.base_url}/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as response:
+            usage = json.load(response)["usage"]
+        sizes[protocol] = {"prompt_tokens": int(usage["prompt_tokens"]),
+                           "prompt_chars": len(json.dumps(body["messages"], ensure_ascii=False)),
+                           "schema_chars_beside": len(json.dumps(beside)) if beside is not None else 0}
+    return sizes
+
+
 def local_model(rounds: int = 3) -> dict[str, Any]:
     """Case 9: ``rounds`` measured rounds of each side, alternating, after a warm-up."""
     from autoresponse import Application, Settings
@@ -236,6 +273,7 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
                     _baseline_round, server.base_url, recorded, {} if engine.exact else extra))]
         finally:
             app.stop()
+        sizes = prompt_tokens(server)
         n_ctx, props = server.n_ctx, server.props
         startup = server.startup_seconds
         metrics = server.metrics()
@@ -272,5 +310,6 @@ def local_model(rounds: int = 3) -> dict[str, Any]:
         "http_calls_per_reply": round(statistics.mean(x["http_calls"] for r in ours for x in r["replies"]), 2),
         "met": bool(shares) and aggregate < TARGET_SHARE,
         "n_tokens_max": metrics.get("n_tokens_max"),
+        "chat_prompt": sizes,
         "warm_up": warm, "runs": runs,
     }

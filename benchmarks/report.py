@@ -86,13 +86,20 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"≤ 64 threads, ≤ 4 KiB: {_verdict(c['threads_met'] and c['memory_met'])}"))
     if "soak" in f:
         c = f["soak"]
-        half = next(s for s in c["samples"] if s["deliveries"] >= c["deliveries"] // 2)
-        last = c["samples"][-1]
-        out.append((f"6. soak: {c['deliveries']:,} deliveries, journal retention {c['retention_s']:g} s",
-                    f"RSS {half['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB, journal "
-                    f"{half['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB from "
-                    f"{half['deliveries']:,} to {last['deliveries']:,}",
-                    f"flat ±10%: {_verdict(c['rss_flat'] and c['journal_flat'])}"))
+        first, last = c["samples"][0], c["samples"][-1]
+
+        def spread(key: str) -> str:
+            low, high = (g(s[key] for s in c["samples"]) for g in (min, max))
+            return f"{(low - first[key]) / first[key]:+.0%} to {(high - first[key]) / first[key]:+.0%}"
+
+        warm = c.get("warm_up")
+        out.append((f"6. soak: {c['deliveries']:,} deliveries, journal retention {c['retention_s']:g} s"
+                    + (f", after a warm-up of {warm['seconds']:g} s ({warm['deliveries']:,} deliveries, "
+                       "twice the retention)" if warm else ""),
+                    f"RSS {first['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB ({spread('rss_kib')}), "
+                    f"journal {first['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB "
+                    f"({spread('journal_kib')}) over {last['deliveries']:,}",
+                    f"within ±10% of the first sample: {_verdict(c['rss_flat'] and c['journal_flat'])}"))
     if "cluster" in f:
         c = f["cluster"]
         single = c["sqlite"]
@@ -130,6 +137,16 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                         f"**{c['runtime_share_overall']:.2%}** (p50 {c['runtime_share_p50']:.2%}, "
                         f"max {c['runtime_share_max']:.2%})",
                         f"< 5%: {_verdict(c['met'])}"))
+            if "chat_prompt" in c:
+                sizes = c["chat_prompt"]
+                out.append(("9. one chat turn's prompt (Telegram, terminal and reminder actions), tokens "
+                            "as llama-server counts them",
+                            " / ".join(f"{mode}: **{sizes[mode]['prompt_tokens']}**"
+                                       + (f" + {sizes[mode]['schema_chars_beside']:,} characters of schema "
+                                          "beside it" if sizes[mode]["schema_chars_beside"] else "")
+                                       for mode in ("text", "json_schema", "tools")),
+                            "(reported; this model's template drops tools)"
+                            if c.get("supports_tools") is False else "(reported)"))
     return out
 
 
@@ -146,6 +163,14 @@ def markdown(f: dict[str, Any]) -> str:
     lines = [f"Measured on {f['machine']}, {f['date']} (`make bench`, {f['seconds'] / 60:.0f} minutes):", "",
              "| case | figure | target |", "|---|---|---|"]
     lines += [f"| {case} | {figure} | {target} |" for case, figure, target in rows(f)]
+    # A case run on its own (``--case``) since carries its own date, and machine.
+    alone = [(key, c) for key, c in f.items() if isinstance(c, dict) and "date" in c
+             and (c["date"], c.get("machine", f["machine"])) != (f["date"], f["machine"])]
+    if alone:
+        lines += ["", "Run on their own since: " + "; ".join(
+            f"{key.replace('_', ' ')} on {c['date']}" + (f", {c['machine']}" if c.get("machine", f["machine"])
+                                                         != f["machine"] else "")
+            for key, c in alone) + "."]
     return "\n".join(lines)
 
 
