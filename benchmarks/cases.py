@@ -492,16 +492,21 @@ def _wait_healthy(port: int, daemon: subprocess.Popen[bytes]) -> None:
 # ---------------------------------------------------------------- 6. soak
 
 
+#: The soak's warm-up, in retention windows (see ``soak``).
+WARM_UP_RETENTIONS = 4
+
+
 def soak(deliveries: int, every: int, retention: float = 5.0) -> dict[str, Any]:
     """``deliveries`` through the journaled runtime, with a short retention so that the
     journal's periodic compaction is in play: RSS and journal size every ``every``.
 
     The journal holds what the retention window holds (finished items, sent keys,
     traces), so its steady size is the delivery rate times ``retention``, plus the
-    write-ahead log between checkpoints. A warm-up first runs the same load for twice
-    the retention (every row of the first window has been compacted away, and its pages
-    reused, once), and the first sample is taken after it: flat means every sample
-    within ±10% of that first one.
+    write-ahead log (reused from its start at each checkpoint, never truncated). The
+    file grows to the largest window it has held and no further. A warm-up first runs
+    the same load for four times the retention (each window's rows compacted away and
+    their pages reused, several times over), and the first sample is taken after it:
+    flat means every sample within ±10% of that first one.
     """
     samples: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -530,7 +535,7 @@ def soak(deliveries: int, every: int, retention: float = 5.0) -> dict[str, Any]:
 
         try:
             warm_started = time.perf_counter()
-            while time.perf_counter() - warm_started < 2 * retention:
+            while time.perf_counter() - warm_started < WARM_UP_RETENTIONS * retention:
                 wave(every)
             warm_up = {"deliveries": sent, "seconds": round(time.perf_counter() - warm_started, 1)}
             started, done = time.perf_counter(), 0

@@ -95,7 +95,7 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
         warm = c.get("warm_up")
         out.append((f"6. soak: {c['deliveries']:,} deliveries, journal retention {c['retention_s']:g} s"
                     + (f", after a warm-up of {warm['seconds']:g} s ({warm['deliveries']:,} deliveries, "
-                       "twice the retention)" if warm else ""),
+                       f"{warm['seconds'] / c['retention_s']:.0f} × the retention)" if warm else ""),
                     f"RSS {first['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB ({spread('rss_kib')}), "
                     f"journal {first['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB "
                     f"({spread('journal_kib')}) over {last['deliveries']:,}",

@@ -227,8 +227,11 @@ class SqliteJournal:
                     now = time.time()
                     self.compact(now - self.retention_seconds,
                                  dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
-                    with self._db_lock:  # and the write-ahead log starts again from nothing
-                        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    # The write-ahead log is copied back and reused from its start, at the size
+                    # it has (at most journal_size_limit): truncating it only had it grow again,
+                    # and the file's size swing by a WAL's worth at every compaction.
+                    with self._db_lock:
+                        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
