@@ -224,13 +224,23 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         for name, one in variants.items():
             runs[name].append(one(sizes[name]))
     best = {name: median_run(r) for name, r in runs.items()}
-    peak = best["runtime"].rate
-    tally = Tally(expected=int(peak * 0.5 * 3))
-    runtime = pipeline(OfflineEngine(), tally)
-    try:
-        latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
-    finally:
-        runtime.stop(drain=5)
+
+    def at_half_peak(peak: float, journal: SqliteJournal | None) -> dict[str, float]:
+        tally = Tally(expected=int(peak * 0.5 * 3))
+        runtime = pipeline(OfflineEngine(), tally, journal)
+        try:
+            latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
+        finally:
+            runtime.stop(drain=5)
+        return {"per_second": round(peak * 0.5, 1), "p50_ms": round(latency.percentile(0.5) * 1000, 2),
+                "p99_ms": round(latency.percentile(0.99) * 1000, 2)}
+
+    with tempfile.TemporaryDirectory() as tmp:  # what a daemon pays: its journal is always on
+        journal = SqliteJournal(Path(tmp) / "journal.sqlite3")
+        try:
+            journaled_load = at_half_peak(best["runtime + journal"].rate, journal)
+        finally:
+            journal.close()
     return {
         "runs": {name: {**run.summary(), "spread_per_second": spread(runs[name])} for name, run in best.items()},
         "runtime_vs_same_work": best["runtime"].rate / best["raw pykka, same work"].rate,
@@ -239,8 +249,9 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         # What recording every hop of every request costs: 1 - traced / untraced.
         "trace_cost": 1 - best["runtime"].rate / best["runtime, no trace"].rate,
         "cpu_us_per_delivery": round(best["runtime"].cpu_us, 1),
-        "offered_load": {"per_second": round(peak * 0.5, 1), "p50_ms": round(latency.percentile(0.5) * 1000, 2),
-                         "p99_ms": round(latency.percentile(0.99) * 1000, 2)},
+        "journaled_cpu_us_per_delivery": round(best["runtime + journal"].cpu_us, 1),
+        "offered_load": at_half_peak(best["runtime"].rate, None),
+        "journaled_offered_load": journaled_load,
     }
 
 
