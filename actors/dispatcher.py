@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Literal
 
 from autoresponse.actors.kernel.actor import TypedActor, handles

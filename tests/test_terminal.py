@@ -27,7 +27,7 @@ from autoresponse.interfaces.terminal import (
     parse_command,
     run_command,
 )
-from autoresponse.messages import ActionOutput, ActionRequest, OriginalContext
+from autoresponse.messages import ActionOutput, ActionRequest, ActionResult, OriginalContext
 
 MakeApp = Callable[..., Application]
 CTX = OriginalContext(chat_id="console", message_id=1, interface_name="console")
@@ -47,15 +47,20 @@ def test_the_terminal_is_off_by_default() -> None:
     assert TerminalSettings().enabled is False
 
 
-def test_a_disabled_executor_refuses_and_says_so() -> None:
+def executor_result(settings: TerminalSettings, command: str) -> ActionResult:
+    """What the executor alone hands the builder for ``command``."""
     from autoresponse.actors.kernel.testkit import Recorder, running
 
-    with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, TerminalSettings(
-            allowed_commands=["echo"]))) as rt:
+    with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, settings)) as rt:
         with rt.probe(BUILDER) as builder:
-            action = TerminalAction(type="terminal", payload={"command": "echo hi"})
+            action = TerminalAction(type="terminal", payload={"command": command})
             rt.send(executor("terminal"), ActionRequest(action=action, context=CTX))
             [result] = builder.expect(ActionOutput, timeout=10).body.results
+    return result
+
+
+def test_a_disabled_executor_refuses_and_says_so() -> None:
+    result = executor_result(TerminalSettings(allowed_commands=["echo"]), "echo hi")
     assert result.ok is False
     assert result.output == "refused: the terminal executor is off"
 
@@ -85,14 +90,7 @@ def test_only_allowlisted_programs_run(make_app: MakeApp, fake_llm: FakeLLMServe
 def test_the_executor_refuses_an_off_allowlist_command_that_reaches_it() -> None:
     """The dispatcher's check is a courtesy to the LLM; the executor checks for itself
     (a request resumed from the journal after the allowlist was narrowed reaches it)."""
-    from autoresponse.actors.kernel.testkit import Recorder, running
-
-    with running((BUILDER, Recorder), (executor("terminal"), TerminalExecutor, TerminalSettings(
-            enabled=True, allowed_commands=["echo"]))) as rt:
-        with rt.probe(BUILDER) as builder:
-            action = TerminalAction(type="terminal", payload={"command": "rm -rf /"})
-            rt.send(executor("terminal"), ActionRequest(action=action, context=CTX))
-            [result] = builder.expect(ActionOutput, timeout=10).body.results
+    result = executor_result(TerminalSettings(enabled=True, allowed_commands=["echo"]), "rm -rf /")
     assert result.ok is False
     assert result.output == "refused: 'rm' is not on the allowlist (allowed: echo)"
 

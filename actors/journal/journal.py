@@ -171,27 +171,28 @@ class SqliteJournal:
 
     # ---------------------------------------------------------------- writes
 
+    def _queue(self, op: _Op) -> bool:
+        """Queue ``op`` for the next group commit; False once the journal is closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._pending.append(op)
+            if op[3] is not None:
+                self._marking.add(op[3])
+            self._cond.notify()
+        return True
+
     def _write(self, sql: str, args: Sequence[Any], marks: str | None = None) -> concurrent.futures.Future[bool]:
         """Queue a write for the next group commit; resolves with whether it changed a row.
         ``marks``: the sent key it records, readable through ``was_sent`` from now on."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        with self._cond:
-            if self._closed:
-                done.set_exception(RuntimeError("the journal is closed"))
-                return done
-            self._pending.append((sql, args, done, marks))
-            if marks is not None:
-                self._marking.add(marks)
-            self._cond.notify()
+        if not self._queue((sql, args, done, marks)):
+            done.set_exception(RuntimeError("the journal is closed"))
         return done
 
     def _write_unwatched(self, sql: str, args: Sequence[Any]) -> None:
         """Queue a write nobody waits on (no future to make and resolve); a failure is logged."""
-        with self._cond:
-            if self._closed:
-                return
-            self._pending.append((sql, args, None, None))
-            self._cond.notify()
+        self._queue((sql, args, None, None))
 
     def _write_loop(self) -> None:
         while True:

@@ -51,10 +51,10 @@ from autoresponse.actors.limits import (
     LLM_MAX_IN_FLIGHT,
     LLM_MAX_RESPONSE_BYTES,
     LLM_MAX_TOKENS,
-    LLM_SHORT_RETRY_TOKENS,
     LLM_MAX_RETRY_AFTER_SECONDS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
+    LLM_SHORT_RETRY_TOKENS,
     STREAM_WATCH_SECONDS,
 )
 from autoresponse.actors.llm.budget import ContextBudget, request_tokens

@@ -42,11 +42,6 @@ def _allowed(text: str) -> list[str]:
     return [t.strip() for t in match.group(1).split(",")] if match else []
 
 
-def _reason(error: str) -> str:
-    """An error about one action, without the action type it starts with."""
-    return error.split(": ", 1)[1] if error.startswith("terminal: ") else error
-
-
 def _message(allowed: list[str], text: str) -> dict[str, Any]:
     kind = next((t for t in allowed if t.startswith("message_")), "message_console")
     return {"type": kind, "payload": {"text": text}}
@@ -172,7 +167,7 @@ class OfflineEngine:
             note = f" (I was {int(late // 60)} min late, sorry.)" if late >= 60 else ""
             return [_message(allowed, f"⏰ Reminder: {event.get('description', '')}{note}")]
         positions = message.get("positions", [])
-        refused = [f"I did not run `{p.get('excerpt', '')}`: {_reason(p.get('error', ''))}."
+        refused = [f"I did not run `{p.get('excerpt', '')}`: {p.get('error', '').removeprefix(p['type'] + ': ')}."
                    for p in positions if not p.get("done") and p.get("type") == "terminal"]
         if kind == "error" and refused:
             return [_message(allowed, "\n\n".join(refused))]

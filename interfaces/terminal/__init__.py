@@ -10,7 +10,7 @@ from autoresponse.interfaces.terminal.command import (
     parse_command,
     run_command,
 )
-from autoresponse.interfaces.terminal.executor import TerminalExecutor
+from autoresponse.interfaces.terminal.executor import TerminalExecutor, command_argv
 from autoresponse.interfaces.terminal.settings import (
     DEFAULT_ARGUMENT_RULES,
     DEMO_COMMANDS,
@@ -27,7 +27,7 @@ def _mount(m: Mount) -> None:
 
     def refusal(action: BaseAction) -> str:
         try:
-            parse_command(action.payload.command, settings.allowed_commands, settings.arguments)
+            command_argv(settings, action.payload.command)
         except CommandRefused as exc:
             return f"{action.type}: {exc}"
         return ""

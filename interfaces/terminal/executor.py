@@ -20,6 +20,15 @@ from autoresponse.messages.approval import CancelWork
 log = logging.getLogger("autoresponse.terminal")
 
 
+def command_argv(settings: TerminalSettings, command: str) -> list[str]:
+    """The argv ``command`` runs as under ``settings``; raises ``CommandRefused`` (the
+    executor is off, the program is off the allowlist, an argument is refused). The
+    dispatcher asks it before a command goes out, and the executor again before it runs."""
+    if not settings.enabled:
+        raise CommandRefused("the terminal executor is off")
+    return parse_command(command, settings.allowed_commands, settings.arguments)
+
+
 class TerminalExecutor(TypedActor):
     """Every outcome, refusals and failures included, goes back through the LLM."""
 
@@ -34,10 +43,7 @@ class TerminalExecutor(TypedActor):
             return  # its user cancelled the request before it ran
         command = request.action.payload.command
         try:
-            if not self.settings.enabled:
-                raise CommandRefused("the terminal executor is off")
-            argv = parse_command(command, self.settings.allowed_commands,
-                                 self.settings.arguments)
+            argv = command_argv(self.settings, command)
         except CommandRefused as exc:
             refused = ActionResult(action_type="terminal", command=command,
                                    output=f"refused: {exc}", ok=False)
