@@ -13,6 +13,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -52,6 +54,42 @@ def test_accepted_work_stays_open_until_finished_and_then_compacts(tmp_path: Pat
         assert [i.correlation for i in reopened.unfinished()] == ["c2"]
     finally:
         reopened.close()
+
+
+def _one_batch(journal: SqliteJournal, queue: Callable[[], list[Future[bool]]]) -> list[bool]:
+    """What ``queue`` queued, written as one batch: the writer is held at its lock
+    (busy with an empty write) while it queues, so it takes them all at once."""
+    with journal._db_lock:
+        busy = journal._write("SELECT 1", ())
+        while journal._pending:  # the writer has taken the empty write and waits for the lock
+            time.sleep(0.001)
+        futures = queue()
+    busy.result(5)
+    return [f.result(5) for f in futures]
+
+
+def test_a_batch_is_written_as_if_in_the_order_it_was_queued(tmp_path: Path) -> None:
+    """Each kind of write goes to SQLite once per batch, yet a batch ends as its writes
+    would one by one: a retry in the same batch is known, and a finish queued before its
+    own accept does not close it."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        def accepts_and_finishes() -> list[Future[bool]]:
+            first = Envelope.new(request(1), correlation_id="c1")
+            written = [journal.accept(first, actor="llm"), journal.accept(first, actor="llm")]
+            journal.finish("c1")
+            written.append(journal.mark_sent("c1:chat#0"))
+            return written
+        assert _one_batch(journal, accepts_and_finishes) == [True, False, True]
+        assert journal.unfinished() == [] and journal.was_sent("c1:chat#0")
+
+        def finish_then_accept() -> list[Future[bool]]:
+            journal.finish("c2")  # nothing to close yet
+            return [journal.accept(Envelope.new(request(2), correlation_id="c2"), actor="llm")]
+        assert _one_batch(journal, finish_then_accept) == [True]
+        assert [i.correlation for i in journal.unfinished()] == ["c2"]
+    finally:
+        journal.close()
 
 
 def test_writes_are_group_committed(tmp_path: Path) -> None:

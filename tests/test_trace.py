@@ -62,9 +62,14 @@ def test_a_finished_trace_is_kept_in_the_journal(make_app: Callable[..., Applica
     envelope = ask(app, "hello")
     assert app.journal is not None and app.runtime.tracer is not None
     app.journal.mark_sent("flush").result(5)  # the journal writes in order: the trace is in
+    in_memory = app.runtime.trace(envelope.correlation_id)
     app.runtime.tracer._traces.clear()  # as if it had left the memory: only the journal has it
     hops = app.runtime.trace(envelope.correlation_id)
     assert [h["type"] for h in hops][:2] == ["ConsoleInput", "UserRequest"]
+    assert hops == in_memory  # kept as recorded, put together the same way when read back
+    # A journal written before traces were kept as their events holds the hops themselves.
+    app.journal.record_trace("from-an-older-version", in_memory).result(5)
+    assert app.runtime.trace("from-an-older-version") == in_memory
 
 
 def test_an_unknown_request_has_no_trace(make_app: Callable[..., Application]) -> None:

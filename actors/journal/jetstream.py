@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from autoresponse.actors.journal.journal import JournalItem
+from autoresponse.actors.journal.journal import JournalItem, Written
 from autoresponse.actors.limits import (
     DEAD_LETTERS_KEPT,
     JOURNAL_RETENTION_SECONDS,
@@ -351,8 +351,10 @@ class JetStreamJournal:
 
     # ---------------------------------------------------------------- journal
 
-    def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]:
-        """Publish the item; resolves with False when the cluster already had it."""
+    def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
+               ) -> concurrent.futures.Future[bool] | None:
+        """Publish the item; resolves with False when the cluster already had it (with
+        ``then``, that callback is told instead, and nothing is returned)."""
         body = envelope.body
         item = json.dumps({"correlation": envelope.correlation_id, "actor": actor,
                            "type": type(body).__name__, "payload": body.model_dump_json()})
@@ -362,7 +364,12 @@ class JetStreamJournal:
         headers = {"Nats-Msg-Id": envelope.correlation_id}
         if envelope.traceparent is not None:  # OpenTelemetry: the worker's spans continue it
             headers[TRACEPARENT] = envelope.traceparent
-        return self._submit(self._publish(chat_subject(envelope, actor), data, headers))
+        published = self._submit(self._publish(chat_subject(envelope, actor), data, headers))
+        if then is None:
+            return published
+        published.add_done_callback(lambda done: then(False, done.exception()) if done.exception()
+                                    else then(done.result(), None))
+        return None
 
     async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> bool:
         ack = await self._js.publish(subject, data, headers=headers)
@@ -483,16 +490,16 @@ class JetStreamJournal:
 
     # ---------------------------------------------------------------- traces, dead letters
 
-    def record_trace(self, correlation: str, hops: list[dict[str, Any]]) -> concurrent.futures.Future[bool]:
+    def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]:
         async def put() -> bool:
-            await self._traces.put(kv_key(correlation), json.dumps(hops).encode())
+            await self._traces.put(kv_key(correlation), json.dumps(trace).encode())
             return True
         return self._submit(put())
 
-    def trace(self, correlation: str) -> list[dict[str, Any]] | None:
+    def trace(self, correlation: str) -> Any:
         from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-        async def get() -> list[dict[str, Any]] | None:
+        async def get() -> Any:
             try:
                 entry = await self._traces.get(kv_key(correlation))
             except (KeyNotFoundError, KeyDeletedError):

@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS sent (
 CREATE TABLE IF NOT EXISTS traces (
     correlation TEXT PRIMARY KEY,
     time REAL NOT NULL,
-    hops TEXT NOT NULL                    -- the trace's hops as JSON (actors.trace)
+    hops TEXT NOT NULL                    -- the trace as JSON (kernel.trace: its events, or its hops)
 );
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY,
@@ -112,8 +112,13 @@ class JournalItem(BaseModel):
     traceparent: str | None = None
 
 
+#: Told how a write ended (in the journal's own thread): whether it changed a row, or its error.
+Written = Callable[[bool, BaseException | None], None]
+
+
 class DeliveryJournal(Protocol):
-    def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]: ...
+    def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
+               ) -> concurrent.futures.Future[bool] | None: ...
     def finish(self, correlation: str, state: str = "done") -> None: ...
     def was_sent(self, key: str) -> bool: ...
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]: ...
@@ -123,15 +128,25 @@ class DeliveryJournal(Protocol):
     def dead_letter(self, letter_id: int) -> dict[str, Any] | None: ...
     def last_dead_letter_id(self) -> int: ...
     def dead_letter_counts(self) -> dict[str, int]: ...
-    def record_trace(self, correlation: str, hops: list[dict[str, Any]]) -> concurrent.futures.Future[bool]: ...
-    def trace(self, correlation: str) -> list[dict[str, Any]] | None: ...
+    def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]: ...
+    def trace(self, correlation: str) -> Any: ...
     def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
                 keep_dead_letters: int = ...) -> int: ...
     def close(self) -> None: ...
 
 
-#: A queued write: its SQL, arguments, the future of whoever waits on it, the sent key it marks.
-_Op = tuple[str, Sequence[Any], "concurrent.futures.Future[bool] | None", "str | None"]
+#: A queued write: its SQL, arguments, who waits on it (a future or a callback), the sent key it marks.
+_Op = tuple[str, Sequence[Any], "concurrent.futures.Future[bool] | Written | None", "str | None"]
+
+_ACCEPT = "INSERT OR IGNORE INTO items (correlation, actor, type, payload, created) VALUES (?, ?, ?, ?, ?)"
+_FINISH = "UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'"
+_MARK_SENT = "INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)"
+_RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES (?, ?, ?)"
+#: The writes of every delivery, each sent to SQLite once per batch (``executemany``). Their rows
+#: commute with every other write but one: a finish before the accept of its own correlation.
+_GROUPED = (_FINISH, _MARK_SENT, _RECORD_TRACE)
+#: Correlations looked up at once when a batch's accepts are checked for ones already known.
+_LOOKUP_CHUNK = 500
 
 
 class SqliteJournal:
@@ -205,7 +220,7 @@ class SqliteJournal:
             try:
                 with self._db_lock:
                     self._db.execute("BEGIN")
-                    changed = [self._db.execute(sql, args).rowcount > 0 for sql, args, _, _ in batch]
+                    changed = self._apply(batch)
                     self._db.execute("COMMIT")
                 self.commits += 1
             except sqlite3.Error as exc:
@@ -215,13 +230,11 @@ class SqliteJournal:
                         self._db.execute("ROLLBACK")
                 self._settled(batch)
                 for _, _, done, _ in batch:
-                    if done is not None:
-                        done.set_exception(exc)
+                    _tell(done, False, exc)
                 continue
             self._settled(batch)
             for (_, _, done, _), did in zip(batch, changed, strict=True):
-                if done is not None:
-                    done.set_result(did)
+                _tell(done, did, None)
             if self.retention_seconds is not None and time.monotonic() - self._compacted >= self.compact_every:
                 self._compacted = time.monotonic()
                 try:
@@ -236,6 +249,52 @@ class SqliteJournal:
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
+    def _apply(self, batch: list[_Op]) -> list[bool]:
+        """Write ``batch`` inside the open transaction; whether each op changed a row.
+
+        A statement per kind, not per op: each call into SQLite hands the GIL to other
+        threads and back, and a batch holds hundreds of deliveries' writes. The accepts go
+        first (which of them are new is read in one query), then each grouped statement as
+        one ``executemany`` (its ops resolve True: they are durable), then the rest in
+        order. A batch where a finish comes before the accept of its own correlation would
+        end differently that way, so it is written op by op, in order.
+        """
+        finished: set[str] = set()
+        for sql, args, _, _ in batch:
+            if sql is _FINISH:
+                finished.add(args[2])
+            elif sql is _ACCEPT and args[0] in finished:
+                return [self._db.execute(sql, args).rowcount > 0 for sql, args, _, _ in batch]
+        changed = [False] * len(batch)
+        accepts = [n for n, op in enumerate(batch) if op[0] is _ACCEPT]
+        if accepts:
+            known = self._known([batch[n][1][0] for n in accepts])
+            for n in accepts:
+                correlation = batch[n][1][0]
+                changed[n] = correlation not in known
+                known.add(correlation)  # a second accept in the same batch is a retry
+            self._db.executemany(_ACCEPT, [batch[n][1] for n in accepts])
+        for grouped in _GROUPED:
+            ops = [n for n, op in enumerate(batch) if op[0] is grouped]
+            if ops:
+                self._db.executemany(grouped, [batch[n][1] for n in ops])
+                for n in ops:
+                    changed[n] = True
+        for n, (sql, args, _, _) in enumerate(batch):
+            if sql is not _ACCEPT and sql not in _GROUPED:
+                changed[n] = self._db.execute(sql, args).rowcount > 0
+        return changed
+
+    def _known(self, correlations: list[str]) -> set[str]:
+        """Which of ``correlations`` the journal holds already."""
+        known: set[str] = set()
+        for start in range(0, len(correlations), _LOOKUP_CHUNK):
+            chunk = correlations[start:start + _LOOKUP_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            known.update(row[0] for row in self._db.execute(
+                f"SELECT correlation FROM items WHERE correlation IN ({marks})", chunk))
+        return known
+
     def _settled(self, batch: list[_Op]) -> None:
         """The keys of a written (or failed) batch are the database's to answer for now."""
         marked = [key for _, _, _, key in batch if key is not None]
@@ -243,19 +302,22 @@ class SqliteJournal:
             with self._cond:
                 self._marking.difference_update(marked)
 
-    def accept(self, envelope: Envelope, *, actor: str) -> concurrent.futures.Future[bool]:
+    def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
+               ) -> concurrent.futures.Future[bool] | None:
         """Record the message that starts a correlation; resolves once committed, with
-        False if that correlation was already known (a client's retry)."""
+        False if that correlation was already known (a client's retry). With ``then``,
+        that callback is told instead (in the writer thread), and nothing is returned."""
         body = envelope.body
-        return self._write(
-            "INSERT OR IGNORE INTO items (correlation, actor, type, payload, created) VALUES (?, ?, ?, ?, ?)",
-            (envelope.correlation_id, actor, type(body).__name__, body.model_dump_json(), time.time()),
-        )
+        args = (envelope.correlation_id, actor, type(body).__name__, body.model_dump_json(), time.time())
+        if then is None:
+            return self._write(_ACCEPT, args)
+        if not self._queue((_ACCEPT, args, then, None)):
+            then(False, RuntimeError("the journal is closed"))
+        return None
 
     def finish(self, correlation: str, state: str = "done") -> None:
         """Close an open item: ``done`` (delivered) or ``dead`` (a real failure)."""
-        self._write_unwatched("UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'",
-                              (state, time.time(), correlation))
+        self._write_unwatched(_FINISH, (state, time.time(), correlation))
 
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
         return self._write("INSERT OR REPLACE INTO dead_letters (id, time, reason, summary) VALUES (?, ?, ?, ?)",
@@ -263,7 +325,7 @@ class SqliteJournal:
                             json.dumps(summary, default=str)))
 
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]:
-        return self._write("INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)", (key, time.time()), marks=key)
+        return self._write(_MARK_SENT, (key, time.time()), marks=key)
 
     # ---------------------------------------------------------------- reads
 
@@ -281,12 +343,12 @@ class SqliteJournal:
             ).fetchall()
         return [JournalItem(correlation=r[0], actor=r[1], type=r[2], payload=r[3]) for r in rows]
 
-    def record_trace(self, correlation: str, hops: list[dict[str, Any]]) -> concurrent.futures.Future[bool]:
-        """Keep a finished request's trace (replaced if the request ran again)."""
-        return self._write("INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES (?, ?, ?)",
-                           (correlation, time.time(), json.dumps(hops)))
+    def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]:
+        """Keep a finished request's trace, JSON-ready as the runtime's recorder hands it over
+        (replaced if the request ran again); ``trace`` gives it back."""
+        return self._write(_RECORD_TRACE, (correlation, time.time(), json.dumps(trace)))
 
-    def trace(self, correlation: str) -> list[dict[str, Any]] | None:
+    def trace(self, correlation: str) -> Any:
         with self._db_lock:
             row = self._db.execute("SELECT hops FROM traces WHERE correlation = ?", (correlation,)).fetchone()
         return None if row is None else json.loads(row[0])
@@ -381,6 +443,21 @@ class SqliteJournal:
             self._reader.close()
         with self._db_lock:
             self._db.close()
+
+
+def _tell(done: concurrent.futures.Future[bool] | Written | None, changed: bool,
+          error: BaseException | None) -> None:
+    """Resolve a write's future, or call its callback (whose failure must not stop the writer)."""
+    if isinstance(done, concurrent.futures.Future):
+        if error is None:
+            done.set_result(changed)
+        else:
+            done.set_exception(error)
+    elif done is not None:
+        try:
+            done(changed, error)
+        except Exception:
+            log.exception("a journal write's callback failed")
 
 
 class SendLedger:

@@ -80,6 +80,7 @@ class EventLoopThread:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._ident: int | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._incoming: list[IoTask] = []
         self._incoming_lock = threading.Lock()
@@ -96,7 +97,7 @@ class EventLoopThread:
         return self._thread is not None and self._thread.is_alive()
 
     def in_loop_thread(self) -> bool:
-        return self._thread is threading.current_thread()
+        return threading.get_ident() == self._ident  # on every delivery: no Thread object looked up
 
     def start(self) -> None:
         if self._thread is not None:
@@ -111,6 +112,7 @@ class EventLoopThread:
 
         self._thread = threading.Thread(target=run, name=self._name, daemon=True)
         self._thread.start()
+        self._ident = self._thread.ident
         ready.wait()
 
     def submit(self, coro: Coroutine[Any, Any, Any],
@@ -160,6 +162,7 @@ class EventLoopThread:
         if not self._loop.is_running():
             self._loop.close()
         self._thread = None
+        self._ident = None
 
     async def _shutdown(self) -> None:
         for closer in reversed(self._closers):

@@ -181,10 +181,10 @@ class Intake:
             accepted.set_result(envelope)
             return accepted
 
-        def journaled(written: concurrent.futures.Future[bool]) -> None:
+        def journaled(new: bool, error: BaseException | None) -> None:
+            # In the journal's writer thread, once the item is committed (or could not be).
             # ``accepted`` may be cancelled meanwhile (its caller was stopped): the item's
             # fate does not depend on it, and nobody is told.
-            error = written.exception()
             if error is not None:
                 self._unreserve()
                 if not accepted.cancelled():
@@ -193,7 +193,7 @@ class Intake:
             if self.distributed:  # one of the cluster's workers takes it from the journal
                 self._unreserve()
             else:
-                self._start(to, envelope, new=written.result())
+                self._start(to, envelope, new=new)
             if not accepted.cancelled():
                 accepted.set_result(envelope)
 
@@ -201,12 +201,10 @@ class Intake:
         if spans is not None and self.distributed:  # the worker that takes it continues this span
             envelope.traceparent = spans.published(envelope, to)
         try:
-            written = self.journal.accept(envelope, actor=to)
+            self.journal.accept(envelope, actor=to, then=journaled)
         except ValueError as exc:  # pydantic cannot write it as JSON: refused, its place freed
             self._unreserve()
             accepted.set_exception(Unstorable(f"the message cannot be stored: {exc}"))
-            return accepted
-        written.add_done_callback(journaled)
         return accepted
 
     def _unreserve(self) -> None:

@@ -40,7 +40,7 @@ from autoresponse.actors.limits import (
     MESSAGE_ATTEMPTS,
 )
 from autoresponse.actors.kernel.probe import Probe
-from autoresponse.actors.kernel.trace import TraceRecorder
+from autoresponse.actors.kernel.trace import TraceRecorder, hops_of
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
@@ -393,7 +393,7 @@ class Runtime:
         """The hops of a request, in causal order: from memory, else from the journal."""
         hops = self.tracer.trace(correlation_id) if self.tracer is not None else []
         if not hops and self.journal is not None:
-            hops = self.journal.trace(correlation_id) or []
+            hops = hops_of(self.journal.trace(correlation_id))
         return hops
 
     def accept(self, to: str, body: Any, *, correlation_id: str | None = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from autoresponse.actors.limits import TRACE_HOPS_KEPT, TRACES_KEPT
@@ -56,8 +56,9 @@ class TraceRecorder:
         self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
         self._keep = keep
         self._max_events = 3 * max_hops  # queued, started, ended
-        #: Called with (correlation, hops) once a correlation has finished (the journal).
-        self.on_finished: Callable[[str, list[dict[str, Any]]], object] | None = None
+        #: Called with (correlation, its trace: JSON-ready, read back with ``hops_of``) once a
+        #: correlation has finished (the journal keeps it).
+        self.on_finished: Callable[[str, Any], object] | None = None
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
@@ -113,35 +114,21 @@ class TraceRecorder:
         self.ended(env, kind, f"{_DEAD}{reason}")
 
     def finished(self, correlation: str) -> None:
-        """The correlation has nothing left in flight: hand its trace to ``on_finished``."""
+        """The correlation has nothing left in flight: hand its trace to ``on_finished``, as
+        recorded (the hops are put together when it is read, by ``hops_of``, not on every
+        request's path)."""
         if self.spans is not None:
             self.spans.finished(correlation)
         if self.on_finished is None:
             return
-        hops = self.trace(correlation)
-        if hops:
-            self.on_finished(correlation, hops)
+        events = self._traces.get(correlation)
+        if events:
+            self.on_finished(correlation, {"events": list(events)})
 
     def trace(self, correlation: str) -> list[dict[str, Any]]:
         """The hops of ``correlation`` in causal order: each after the one that caused it,
         siblings in the order they were queued."""
-        hops: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for event in list(self._traces.get(correlation, ())):
-            key = event[1:4]  # message id, attempt, type
-            if event[0] is _QUEUED:
-                message_id, attempt, kind, at, causation_id, actor = event[1:]
-                hops.setdefault(key, dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt,
-                                                            at, None, None, None), strict=True)))
-            elif (hop := hops.get(key)) is not None:
-                if event[0] is _STARTED:
-                    hop["started"] = event[4]
-                elif event[0] is _NOTE:
-                    hop.setdefault("notes", []).append(event[4])
-                elif hop["ended"] is None:
-                    hop["ended"], hop["outcome"] = event[4], event[5]
-                elif event[5].startswith(_DEAD):  # handled, and what it led to went nowhere
-                    hop["outcome"] = event[5]
-        return causal_order(list(hops.values()))
+        return _hops(list(self._traces.get(correlation, ())))
 
     def correlations(self) -> list[str]:
         """The correlations kept, newest last."""
@@ -150,6 +137,36 @@ class TraceRecorder:
 
 _QUEUED, _STARTED, _ENDED, _NOTE = "queued", "started", "ended", "note"
 _DEAD = "dead letter: "
+
+
+def hops_of(kept: Any) -> list[dict[str, Any]]:
+    """The hops of a trace as ``on_finished`` handed it over, read back from a journal
+    (JSON); a journal written before traces were kept as events holds the hops themselves."""
+    if isinstance(kept, dict) and isinstance(kept.get("events"), list):
+        return _hops(kept["events"])
+    return kept if isinstance(kept, list) else []
+
+
+def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Events (tuples as recorded, or lists read back from JSON) as hops, in causal order."""
+    hops: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for event in events:
+        key = tuple(event[1:4])  # message id, attempt, type
+        what = event[0]
+        if what == _QUEUED:
+            message_id, attempt, kind, at, causation_id, actor = event[1:]
+            hops.setdefault(key, dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt,
+                                                        at, None, None, None), strict=True)))
+        elif (hop := hops.get(key)) is not None:
+            if what == _STARTED:
+                hop["started"] = event[4]
+            elif what == _NOTE:
+                hop.setdefault("notes", []).append(event[4])
+            elif hop["ended"] is None:
+                hop["ended"], hop["outcome"] = event[4], event[5]
+            elif event[5].startswith(_DEAD):  # handled, and what it led to went nowhere
+                hop["outcome"] = event[5]
+    return causal_order(list(hops.values()))
 
 
 def causal_order(hops: list[dict[str, Any]]) -> list[dict[str, Any]]:
