@@ -215,7 +215,8 @@ class ActionDispatcher(TypedActor):
         sent = list(prompt.sent)
         turn = turn_key(env.correlation_id, prompt)
         ctx = prompt.original_context
-        positions: list[Position] = []
+        # What became of each place: made into ``Position``s only for a re-ask (they are its).
+        positions: list[tuple[Slot, bool, str]] = []
         kept: list[tuple[int, Slot]] = []  # (place in the reply, slot) of what goes out
         valid = [slot for slot in found.slots if slot.action is not None]
         may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
@@ -225,14 +226,14 @@ class ActionDispatcher(TypedActor):
         for index, slot in enumerate(found.slots):
             action = slot.action
             if action is None:
-                positions.append(self._position(slot, False, slot.error))
+                positions.append((slot, False, slot.error))
                 errors.append(slot.error)
                 continue
             key = action_key(action)
             if key in carried_out or key in seen:  # a repeat, in this reply or of an earlier one
                 # It shares the fate of its first: a repeat of a refused action was not carried out.
                 refused = seen.get(key, "")
-                positions.append(self._position(slot, not refused, refused))
+                positions.append((slot, not refused, refused))
                 continue
             seen[key] = ""
             if not may_go.get(id(slot), True):
@@ -245,7 +246,7 @@ class ActionDispatcher(TypedActor):
             preflight = self.preflight.get(action.type)
             problem = action.check(ctx) or (preflight(action) if preflight is not None else "")
             if problem:
-                positions.append(self._position(slot, False, problem))
+                positions.append((slot, False, problem))
                 errors.append(problem)
                 seen[key] = problem
                 continue
@@ -267,12 +268,11 @@ class ActionDispatcher(TypedActor):
                 batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
                 self.send(route_of(action), ActionRequest(action=action, context=ctx, batch=batch), cause=env)
                 run += 1
-            positions.append(self._position(slot, not problem, problem))
+            positions.append((slot, not problem, problem))
             if problem:
                 errors.append(problem)
             else:
                 carried_out.append(action_key(action))
-        positions.sort(key=lambda p: p.index)
         if reply.previewed and not replaced_preview:
             self._withdraw(ctx, turn, env)
         if errors:
@@ -282,7 +282,8 @@ class ActionDispatcher(TypedActor):
                                  "answer again, much shorter")
             message = rejection(prompt, reply.text or _calls_text(reply), errors)
             self.report_error(Rejection(prompt=prompt, message=message, carried_out=tuple(carried_out),
-                                        sent=tuple(sent), positions=tuple(positions),
+                                        sent=tuple(sent), positions=tuple(sorted(
+                                            (self._position(*p) for p in positions), key=lambda p: p.index)),
                                         tool_calls=reply.tool_calls, cut_off=cut_off),
                               cause=env, detail="; ".join(message.errors))
 

@@ -64,6 +64,9 @@ class Mailbox:
         self._work: deque[Any] = deque()
         self._priority: deque[Any] = deque()
         self._closed = False
+        #: Readers waiting in ``get``: a letter wakes one only when there is one to wake
+        #: (a busy actor's mailbox is put to far more often than it is waited on).
+        self._getting = 0
         #: Letters queued while the work lane was at or over capacity.
         self.overflowed = 0
 
@@ -85,7 +88,8 @@ class Mailbox:
                     if len(self._work) >= self.capacity:
                         self.overflowed += 1
                 self._work.append(letter)
-            self._readable.notify()
+            if self._getting:
+                self._readable.notify()
 
     def put_priority(self, letter: Any) -> None:
         """Queue ``letter`` ahead of all work, whatever its type (supervision signals)."""
@@ -121,7 +125,11 @@ class Mailbox:
         """
         with self._lock:
             while not self._priority and not (self._work and (may_take_work is None or may_take_work())):
-                self._readable.wait()
+                self._getting += 1
+                try:
+                    self._readable.wait()
+                finally:
+                    self._getting -= 1
             if self._priority:
                 return self._priority.popleft()
             letter = self._work.popleft()
