@@ -56,6 +56,7 @@ class Intake:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
+        self._waiting = 0  # threads waiting in ``_admit`` for a place
         #: Correlations accepted or resumed in this run and not finished.
         self._open: set[str] = set()
         self._reserved = 0  # admitted, waiting for the journal's word
@@ -117,7 +118,11 @@ class Intake:
                 left = None if until is None else until - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._room.wait(0.5 if left is None else min(left, 0.5))
+                self._waiting += 1
+                try:
+                    self._room.wait(0.5 if left is None else min(left, 0.5))
+                finally:
+                    self._waiting -= 1
                 if self.runtime.stopping:
                     return False
             self._reserved += 1
@@ -143,11 +148,13 @@ class Intake:
                     return False
 
     def _notify_room(self) -> None:
-        """Under the lock: a place may have freed up."""
-        self._room.notify_all()
-        waiters, self._room_waiters = self._room_waiters, []
-        for loop, waiter in waiters:
-            loop.call_soon_threadsafe(_wake, waiter)
+        """Under the lock: a place may have freed up (said on every finish; usually nobody waits)."""
+        if self._waiting:
+            self._room.notify_all()
+        if self._room_waiters:
+            waiters, self._room_waiters = self._room_waiters, []
+            for loop, waiter in waiters:
+                loop.call_soon_threadsafe(_wake, waiter)
 
     # ---------------------------------------------------------------- accepting
 
