@@ -103,12 +103,22 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
             return f"{(low - first[key]) / first[key]:+.0%} to {(high - first[key]) / first[key]:+.0%}"
 
         warm = c.get("warm_up")
-        out.append((f"6. soak: {c['deliveries']:,} deliveries, journal retention {c['retention_s']:g} s"
+        rate = c.get("offered_per_second")
+        out.append((f"6. soak: {c['deliveries']:,} deliveries"
+                    + (f" at a steady {rate:,.0f}/s ({rate / c['peak_per_second']:.0%} of the measured peak, "
+                       f"{c['peak_per_second']:,.0f}/s)"
+                       if rate else "")
+                    + f", journal retention {c['retention_s']:g} s"
+                    + (f", compaction every {c['compact_every_s']:g} s" if "compact_every_s" in c else "")
                     + (f", after a warm-up of {warm['seconds']:g} s ({warm['deliveries']:,} deliveries, "
                        f"{warm['seconds'] / c['retention_s']:.0f} × the retention)" if warm else ""),
                     f"RSS {first['rss_kib'] / 1024:.0f} → {last['rss_kib'] / 1024:.0f} MiB ({spread('rss_kib')}), "
                     f"journal {first['journal_kib'] / 1024:.1f} → {last['journal_kib'] / 1024:.1f} MiB "
-                    f"({spread('journal_kib')}) over {last['deliveries']:,}",
+                    f"({spread('journal_kib')}) over {last['deliveries']:,}"
+                    + (f"; of which the write-ahead log {first['wal_kib'] / 1024:.1f} → {last['wal_kib'] / 1024:.1f} "
+                       f"MiB ({spread('wal_kib')}), not bound to the retention; the database holds the window, "
+                       f"rate × (retention + compaction interval) = {c['window_deliveries']:,} deliveries"
+                       if "wal_kib" in first else ""),
                     f"within ±10% of the first sample: {_verdict(c['rss_flat'] and c['journal_flat'])}"))
     if "cluster" in f:
         c = f["cluster"]
