@@ -168,11 +168,13 @@ class LLMClient(TypedActor):
             # and then drop the turn silently; as a failure the user still hears back.
             log.exception("the LLM engine %r failed unexpectedly", self.engine)
             return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}", previewed=previewed)
-        # Logged on the loop, with the request's correlation id (the task inherits it).
-        log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)", self.runtime.clock.monotonic() - started,
-                  len(answer.text), len(answer.tool_calls), answer.protocol)
-        if answer.reasoning:
-            log.debug("the LLM reasoned (%d characters; kept off the actions)", len(answer.reasoning))
+        if log.isEnabledFor(logging.DEBUG):  # its arguments cost more than the check, every call
+            # Logged on the loop, with the request's correlation id (the task inherits it).
+            log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)",
+                      self.runtime.clock.monotonic() - started, len(answer.text), len(answer.tool_calls),
+                      answer.protocol)
+            if answer.reasoning:
+                log.debug("the LLM reasoned (%d characters; kept off the actions)", len(answer.reasoning))
         return LLMReply(prompt=prompt, text=answer.text, tool_calls=answer.tool_calls, previewed=previewed,
                         usage=answer.usage, engine=answer.engine, model=answer.model,
                         finish_reason=answer.finish_reason, protocol=answer.protocol)

@@ -17,6 +17,7 @@ One ``TelegramDelivery`` per bot, used on the runtime's event loop:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 import warnings
@@ -158,7 +159,7 @@ class TelegramDelivery:
                 else:
                     reply_to = message.reply_to_message_id if n == 0 else None
                     ids += await self._send(lane, message, chunk, reply_to)
-                await asyncio.wrap_future(self.ledger.confirm(message, n))
+                await _settled(self.ledger.confirm(message, n))
             return ids
 
     async def preview(self, message: OutboundMessage) -> None:
@@ -275,6 +276,16 @@ class TelegramDelivery:
             finally:
                 lane.last = self._clock()
                 lane.recent.append(lane.last)
+
+
+async def _settled(confirmed: concurrent.futures.Future[bool]) -> None:
+    """Wait for the ledger's confirmation; one already settled (no journal, no key) is read
+    at once: ``wrap_future`` would wake the loop through its self-pipe for it (a write and
+    a read of a socket per reply)."""
+    if confirmed.done():
+        confirmed.result()  # raises what the ledger raised
+        return
+    await asyncio.wrap_future(confirmed)
 
 
 def _seconds(error: RetryAfter) -> float:

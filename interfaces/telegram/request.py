@@ -13,6 +13,7 @@ BadRequest, Forbidden, ...) works as before::
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from typing import Any
 
@@ -67,11 +68,8 @@ class AiohttpRequest(BaseRequest):
         read = _given(read_timeout, self._read_timeout)
         connect = _given(connect_timeout, CONNECT_TIMEOUT_SECONDS)
         pool = _given(pool_timeout, None)
-        # aiohttp has no separate write timeout: sending a small request is part of reading
-        # its response; the whole request is still bounded by connect + write + read.
         write = _given(write_timeout, WRITE_TIMEOUT_SECONDS)
-        total = None if read is None or write is None else (connect or 0) + write + read
-        timeout = aiohttp.ClientTimeout(total=total, connect=pool, sock_connect=connect, sock_read=read)
+        timeout = _timeout(read, connect, pool, write)
         try:
             async with self._session.request(method, url, data=_body(request_data), timeout=timeout) as response:
                 return response.status, await response.read()
@@ -79,6 +77,16 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut from exc
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=32)
+def _timeout(read: float | None, connect: float | None, pool: float | None,
+             write: float | None) -> aiohttp.ClientTimeout:
+    """aiohttp's timeouts for PTB's four: the same few on every request, so built once each."""
+    # aiohttp has no separate write timeout: sending a small request is part of reading
+    # its response; the whole request is still bounded by connect + write + read.
+    total = None if read is None or write is None else (connect or 0) + write + read
+    return aiohttp.ClientTimeout(total=total, connect=pool, sock_connect=connect, sock_read=read)
 
 
 def _body(request_data: RequestData | None) -> Any:
