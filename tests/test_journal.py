@@ -21,6 +21,7 @@ import pytest
 from conftest import Daemon
 
 from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.journal import journal as journal_module
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
@@ -88,6 +89,25 @@ def test_a_batch_is_written_as_if_in_the_order_it_was_queued(tmp_path: Path) -> 
             return [journal.accept(Envelope.new(request(2), correlation_id="c2"), actor="llm")]
         assert _one_batch(journal, finish_then_accept) == [True]
         assert [i.correlation for i in journal.unfinished()] == ["c2"]
+    finally:
+        journal.close()
+
+
+def test_compaction_forgets_everything_old_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction deletes a chunk at a time (so the write-ahead log never holds a whole
+    interval's deletions at once), until nothing old is left; what is open stays."""
+    monkeypatch.setattr(journal_module, "_COMPACT_CHUNK", 7)
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        for n in range(50):
+            journal.accept(Envelope.new(request(n), correlation_id=f"c{n}"), actor="llm")
+            journal.mark_sent(f"c{n}:chat#0")
+            if n % 10:
+                journal.finish(f"c{n}")
+        journal.mark_sent("flush").result(5)
+        assert journal.compact(older_than=time.time() + 1) == 45
+        assert sorted(i.correlation for i in journal.unfinished()) == ["c0", "c10", "c20", "c30", "c40"]
+        assert not any(journal.was_sent(f"c{n}:chat#0") for n in range(50))
     finally:
         journal.close()
 

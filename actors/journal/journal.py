@@ -147,6 +147,11 @@ _RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES 
 _GROUPED = (_FINISH, _MARK_SENT, _RECORD_TRACE)
 #: Correlations looked up at once when a batch's accepts are checked for ones already known.
 _LOOKUP_CHUNK = 500
+#: Rows ``compact`` deletes per transaction. One DELETE of a whole compaction interval's rows
+#: was one transaction of thousands of pages, all in the write-ahead log at once (the log grew
+#: to the largest interval it had held); chunks commit one by one, and SQLite checkpoints the
+#: log every 1,000 pages between them, so the log stays near 4.5 MiB at any rate and retention.
+_COMPACT_CHUNK = 500
 
 
 class SqliteJournal:
@@ -243,9 +248,11 @@ class SqliteJournal:
                                  dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
                     # The write-ahead log is copied back and reused from its start, at the size
                     # it has (at most journal_size_limit): truncating it only had it grow again,
-                    # and the file's size swing by a WAL's worth at every compaction.
+                    # and the file's size swing by a WAL's worth at every compaction. RESTART,
+                    # not PASSIVE: it waits for a ``was_sent`` read that started before it (a
+                    # point lookup) instead of leaving the log to grow on past its end.
                     with self._db_lock:
-                        self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                        self._db.execute("PRAGMA wal_checkpoint(RESTART)")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
@@ -381,15 +388,27 @@ class SqliteJournal:
         dead letters older than ``dead_letters_older_than`` (default: the same), and all
         but the newest ``keep_dead_letters`` dead letters. Returns the items forgotten."""
         letters_before = older_than if dead_letters_older_than is None else dead_letters_older_than
-        with self._db_lock:
-            items = self._db.execute("DELETE FROM items WHERE state != 'open' AND finished < ?",
-                                     (older_than,)).rowcount
-            self._db.execute("DELETE FROM sent WHERE time < ?", (older_than,))
-            self._db.execute("DELETE FROM traces WHERE time < ?", (older_than,))
-            self._db.execute("DELETE FROM approvals WHERE state != 'pending' AND decided < ?", (older_than,))
-            self._db.execute("DELETE FROM dead_letters WHERE time < ? OR id <= "
-                             "(SELECT MAX(id) FROM dead_letters) - ?", (letters_before, keep_dead_letters))
-        return items
+        forgotten = 0
+        for table, where, args in (
+            ("items", "state != 'open' AND finished < ?", (older_than,)),
+            ("sent", "time < ?", (older_than,)),
+            ("traces", "time < ?", (older_than,)),
+            ("approvals", "state != 'pending' AND decided < ?", (older_than,)),
+            ("dead_letters", "time < ? OR id <= (SELECT MAX(id) FROM dead_letters) - ?",
+             (letters_before, keep_dead_letters)),
+        ):
+            # In chunks of _COMPACT_CHUNK rows, each its own transaction; the oldest rows come
+            # first in rowid order, so each chunk's scan stops soon after the last one's.
+            while True:
+                with self._db_lock:
+                    deleted = self._db.execute(
+                        f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {where} LIMIT ?)",
+                        (*args, _COMPACT_CHUNK)).rowcount
+                if table == "items":
+                    forgotten += deleted
+                if deleted < _COMPACT_CHUNK:
+                    break
+        return forgotten
 
     # ---------------------------------------------------------------- approvals
 
