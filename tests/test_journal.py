@@ -9,6 +9,7 @@ import io
 import json
 import random
 import signal
+import sqlite3
 import threading
 import time
 import urllib.error
@@ -108,6 +109,35 @@ def test_compaction_forgets_everything_old_in_chunks(tmp_path: Path, monkeypatch
         assert journal.compact(older_than=time.time() + 1) == 45
         assert sorted(i.correlation for i in journal.unfinished()) == ["c0", "c10", "c20", "c30", "c40"]
         assert not any(journal.was_sent(f"c{n}:chat#0") for n in range(50))
+    finally:
+        journal.close()
+
+
+def test_a_finished_item_keeps_its_trace_and_an_older_journal_learns_to(tmp_path: Path) -> None:
+    """An item's trace is kept in its own row by its finish; a journal written before
+    that gains the column on open, and its open work is still there to resume."""
+    path = tmp_path / "j.sqlite3"
+    older = sqlite3.connect(path)
+    older.executescript("""CREATE TABLE items (correlation TEXT PRIMARY KEY, actor TEXT NOT NULL,
+        type TEXT NOT NULL, payload TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'open',
+        created REAL NOT NULL, finished REAL);""")
+    older.execute("INSERT INTO items (correlation, actor, type, payload, created) VALUES (?, ?, ?, ?, ?)",
+                  ("old", "llm", "UserRequest", request(1).model_dump_json(), time.time()))
+    older.commit()
+    older.close()
+    journal = SqliteJournal(path)
+    try:
+        assert [i.correlation for i in journal.unfinished()] == ["old"]
+        trace = {"events": [["queued", "m1", 1, "UserRequest", 1.5, None, "llm"]]}
+        journal.finish("old", trace=trace)
+        journal.accept(Envelope.new(request(2), correlation_id="cancelled"), actor="llm")
+        journal.finish("cancelled", "cancelled")  # by its user, before its work ended
+        journal.finish("cancelled", "done", trace=trace)
+        journal.mark_sent("flush").result(5)
+        assert journal.unfinished() == [] and journal.trace("old") == trace == journal.trace("cancelled")
+        with journal._db_lock:
+            states = dict(journal._db.execute("SELECT correlation, state FROM items"))
+        assert states == {"old": "done", "cancelled": "cancelled"}  # the first word stands
     finally:
         journal.close()
 

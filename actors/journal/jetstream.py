@@ -455,8 +455,11 @@ class JetStreamJournal:
                 except Exception as exc:
                     log.debug("progress not reported: %s", exc)
 
-    def finish(self, correlation: str, state: str = "done") -> None:
-        """The item ended here (``done`` or ``dead``): ack it, which deletes it."""
+    def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None:
+        """The item ended here (``done`` or ``dead``): ack it, which deletes it; its
+        ``trace`` is kept where every trace is."""
+        if trace is not None:
+            self.record_trace(correlation, trace)
         if not self._closed:  # after close, what was held went back to the cluster
             self._loop.call_soon_threadsafe(self._ack, correlation)
 

@@ -49,14 +49,15 @@ CREATE TABLE IF NOT EXISTS items (
     payload TEXT NOT NULL,
     state TEXT NOT NULL DEFAULT 'open',   -- open | done | dead | cancelled (by its user)
     created REAL NOT NULL,
-    finished REAL
+    finished REAL,
+    trace TEXT                            -- its trace as JSON, kept with its finish
 );
 CREATE INDEX IF NOT EXISTS items_state ON items (state, finished);
 CREATE TABLE IF NOT EXISTS sent (
     key TEXT PRIMARY KEY,
     time REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS traces (
+CREATE TABLE IF NOT EXISTS traces (       -- traces of work that had no item
     correlation TEXT PRIMARY KEY,
     time REAL NOT NULL,
     hops TEXT NOT NULL                    -- the trace as JSON (kernel.trace: its events, or its hops)
@@ -119,7 +120,7 @@ Written = Callable[[bool, BaseException | None], None]
 class DeliveryJournal(Protocol):
     def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
                ) -> concurrent.futures.Future[bool] | None: ...
-    def finish(self, correlation: str, state: str = "done") -> None: ...
+    def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None: ...
     def was_sent(self, key: str) -> bool: ...
     def mark_sent(self, key: str) -> concurrent.futures.Future[bool]: ...
     def unfinished(self) -> list[JournalItem]: ...
@@ -139,7 +140,10 @@ class DeliveryJournal(Protocol):
 _Op = tuple[str, Sequence[Any], "concurrent.futures.Future[bool] | Written | None", "str | None"]
 
 _ACCEPT = "INSERT OR IGNORE INTO items (correlation, actor, type, payload, created) VALUES (?, ?, ?, ?, ?)"
-_FINISH = "UPDATE items SET state = ?, finished = ? WHERE correlation = ? AND state = 'open'"
+#: Closes an open item (a closed one keeps its state), and keeps its trace when one is given.
+_FINISH = ("UPDATE items SET state = CASE state WHEN 'open' THEN ? ELSE state END, "
+           "finished = CASE state WHEN 'open' THEN ? ELSE finished END, trace = COALESCE(?, trace) "
+           "WHERE correlation = ?")
 _MARK_SENT = "INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)"
 _RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES (?, ?, ?)"
 #: The writes of every delivery, each sent to SQLite once per batch (``executemany``). Their rows
@@ -169,6 +173,8 @@ class SqliteJournal:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
             self._db.executescript(_SCHEMA)
+            if "trace" not in {row[1] for row in self._db.execute("PRAGMA table_info(items)")}:
+                self._db.execute("ALTER TABLE items ADD COLUMN trace TEXT")  # a journal from before it
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
@@ -269,7 +275,7 @@ class SqliteJournal:
         finished: set[str] = set()
         for sql, args, _, _ in batch:
             if sql is _FINISH:
-                finished.add(args[2])
+                finished.add(args[3])
             elif sql is _ACCEPT and args[0] in finished:
                 return [self._db.execute(sql, args).rowcount > 0 for sql, args, _, _ in batch]
         changed = [False] * len(batch)
@@ -322,9 +328,11 @@ class SqliteJournal:
             then(False, RuntimeError("the journal is closed"))
         return None
 
-    def finish(self, correlation: str, state: str = "done") -> None:
-        """Close an open item: ``done`` (delivered) or ``dead`` (a real failure)."""
-        self._write_unwatched(_FINISH, (state, time.time(), correlation))
+    def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None:
+        """Close an open item: ``done`` (delivered) or ``dead`` (a real failure); keep its
+        ``trace`` (JSON-ready) with it, in the same row: one write where there were two."""
+        self._write_unwatched(_FINISH, (state, time.time(), None if trace is None else json.dumps(trace),
+                                        correlation))
 
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
         return self._write("INSERT OR REPLACE INTO dead_letters (id, time, reason, summary) VALUES (?, ?, ?, ?)",
@@ -351,13 +359,16 @@ class SqliteJournal:
         return [JournalItem(correlation=r[0], actor=r[1], type=r[2], payload=r[3]) for r in rows]
 
     def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]:
-        """Keep a finished request's trace, JSON-ready as the runtime's recorder hands it over
-        (replaced if the request ran again); ``trace`` gives it back."""
+        """Keep the trace of finished work that had no item (``finish`` keeps an item's),
+        JSON-ready as the runtime's recorder hands it over (replaced if the work ran
+        again); ``trace`` gives it back."""
         return self._write(_RECORD_TRACE, (correlation, time.time(), json.dumps(trace)))
 
     def trace(self, correlation: str) -> Any:
         with self._db_lock:
-            row = self._db.execute("SELECT hops FROM traces WHERE correlation = ?", (correlation,)).fetchone()
+            row = self._db.execute("SELECT trace FROM items WHERE correlation = ? AND trace IS NOT NULL",
+                                   (correlation,)).fetchone() \
+                or self._db.execute("SELECT hops FROM traces WHERE correlation = ?", (correlation,)).fetchone()
         return None if row is None else json.loads(row[0])
 
     def dead_letters(self, limit: int) -> list[dict[str, Any]]:

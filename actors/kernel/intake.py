@@ -288,11 +288,12 @@ class Intake:
             if correlation_id in self._open:
                 self._failed.add(correlation_id)
 
-    def finished(self, correlation_id: str) -> None:
-        """The correlation has nothing left in flight."""
+    def finished(self, correlation_id: str, trace: Any = None) -> bool:
+        """The correlation has nothing left in flight: its item closes, with its ``trace``
+        when one is given. False when it had no item to close (the trace is not kept)."""
         with self._lock:
             if correlation_id not in self._open:
-                return
+                return False
             self._open.discard(correlation_id)
             interrupted = correlation_id in self._interrupted
             if interrupted:
@@ -301,8 +302,10 @@ class Intake:
             state = "dead" if correlation_id in self._failed else "done"
             self._failed.discard(correlation_id)
             self._notify_room()
-        if self.journal is not None and not interrupted:
-            self.journal.finish(correlation_id, state)
+        if self.journal is None or interrupted:
+            return False
+        self.journal.finish(correlation_id, state, trace)
+        return True
 
     def unfinished_here(self) -> int:
         """Items of this run not finished: under way, or interrupted by a stop (with a

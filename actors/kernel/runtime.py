@@ -386,8 +386,6 @@ class Runtime:
         self.intake.journal = journal
         if journal is not None:
             self.dead_letters.attach(journal)
-        if self.tracer is not None:
-            self.tracer.on_finished = journal.record_trace if journal is not None else None
 
     def trace(self, correlation_id: str) -> list[dict[str, Any]]:
         """The hops of a request, in causal order: from memory, else from the journal."""
@@ -414,9 +412,10 @@ class Runtime:
             self._watches.setdefault(correlation_id, []).append((to, message))
 
     def _finished(self, correlation_id: str) -> None:
-        self.intake.finished(correlation_id)
-        if self.tracer is not None:
-            self.tracer.finished(correlation_id)
+        journal = self.intake.journal
+        trace = self.tracer.finished(correlation_id, keep=journal is not None) if self.tracer is not None else None
+        if not self.intake.finished(correlation_id, trace) and trace is not None and journal is not None:
+            journal.record_trace(correlation_id, trace)  # work without an item (sent, not accepted)
         if self._watches:
             with self._lock:
                 watchers = self._watches.pop(correlation_id, ())

@@ -4,7 +4,7 @@ The runtime records each message of a correlation: the actor it went to, its
 type, when it was queued, when its handling started and ended, its attempt, and
 its outcome (handled, a crash, a dead letter's reason, or cut short by a stop).
 The newest ``keep`` correlations stay in memory; with a journal, each finished
-trace is also written there::
+trace is also kept there (with the work's item, when it has one)::
 
     >>> runtime.tracer.trace("c-42")                                   # doctest: +SKIP
     [{'actor': 'conversations', 'type': 'UserRequest', 'queued': ..., ...}, ...]
@@ -56,9 +56,6 @@ class TraceRecorder:
         self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
         self._keep = keep
         self._max_events = 3 * max_hops  # queued, started, ended
-        #: Called with (correlation, its trace: JSON-ready, read back with ``hops_of``) once a
-        #: correlation has finished (the journal keeps it).
-        self.on_finished: Callable[[str, Any], object] | None = None
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
@@ -113,17 +110,16 @@ class TraceRecorder:
         self.queued(env, actor or "dead letters", kind)  # ignored for a hop already queued
         self.ended(env, kind, f"{_DEAD}{reason}")
 
-    def finished(self, correlation: str) -> None:
-        """The correlation has nothing left in flight: hand its trace to ``on_finished``, as
-        recorded (the hops are put together when it is read, by ``hops_of``, not on every
-        request's path)."""
+    def finished(self, correlation: str, *, keep: bool = False) -> Any:
+        """The correlation has nothing left in flight. With ``keep``, its trace to keep (in
+        the journal), JSON-ready and as recorded: the hops are put together when it is
+        read (``hops_of``), not on every request's path. None when nothing was recorded."""
         if self.spans is not None:
             self.spans.finished(correlation)
-        if self.on_finished is None:
-            return
+        if not keep:
+            return None
         events = self._traces.get(correlation)
-        if events:
-            self.on_finished(correlation, {"events": list(events)})
+        return {"events": list(events)} if events else None
 
     def trace(self, correlation: str) -> list[dict[str, Any]]:
         """The hops of ``correlation`` in causal order: each after the one that caused it,
