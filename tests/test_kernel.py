@@ -432,3 +432,24 @@ def test_work_held_and_waited_on_twice_is_taken_up_once_after_a_crash() -> None:
         assert HoldsAndWaits.handled == [1, 1]  # once more, not once per task and hold
         # Three claims on it (a hold, two calls) are still one message in flight.
         assert rt.inflight.count(ping.correlation_id) == 3
+
+
+def test_what_start_built_is_set_aside_from_the_garbage_collector() -> None:
+    """A daemon freezes its startup heap (``autoresponse run``), so a full collection walks
+    only what was made since: collected garbage first, nothing freed twice."""
+    import gc
+    import weakref
+
+    from autoresponse.actors.kernel import freeze_startup_heap
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    garbage = weakref.ref(Cycle())  # garbage before the freeze: collected, not frozen for ever
+    try:
+        frozen = freeze_startup_heap()
+        assert frozen == gc.get_freeze_count() > 0
+        assert garbage() is None
+    finally:
+        gc.unfreeze()
