@@ -142,6 +142,66 @@ def test_a_finished_item_keeps_its_trace_and_an_older_journal_learns_to(tmp_path
         journal.close()
 
 
+def test_a_bad_write_fails_alone_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """A write SQLite refuses (or that cannot even be bound) fails its own waiter only: the
+    rest of its batch is committed, and a waiter that gave up does not stop the writer."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        def mixed() -> list[Future[bool]]:
+            accepted = journal.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm")
+            refused = journal.record_dead_letter({"id": 1, "time": time.time(), "reason": None})
+            unbindable = journal.record_dead_letter({"id": 2**70, "time": time.time(), "reason": "x"})
+            journal.finish("c1")
+            abandoned = journal.mark_sent("c1:chat#0")
+            abandoned.cancel()  # its sender was stopped while it waited
+            return [accepted, refused, unbindable]
+        with journal._db_lock:
+            busy = journal._write("SELECT 1", ())
+            while journal._pending:
+                time.sleep(0.001)
+            accepted, refused, unbindable = mixed()
+        assert accepted.result(5) is True
+        with pytest.raises(sqlite3.IntegrityError):
+            refused.result(5)
+        with pytest.raises(OverflowError):
+            unbindable.result(5)
+        assert busy.result(5) is False
+        assert journal.mark_sent("later").result(5) is True  # the writer is alive
+        assert journal.unfinished() == [] and journal.was_sent("c1:chat#0")
+    finally:
+        journal.close()
+
+
+def test_an_outside_reader_does_not_hold_the_writes_at_a_compaction(tmp_path: Path) -> None:
+    """A backup or a shell reading the journal keeps the write-ahead log from being
+    restarted; the compaction's checkpoint gives up on it at once and writes go on."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3", retention_seconds=0.0, compact_every=0.0)
+    reader = sqlite3.connect(tmp_path / "j.sqlite3")
+    try:
+        journal.mark_sent("before").result(5)
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM sent").fetchone()  # a read transaction left open
+        for n in range(5):  # each batch compacts, and checkpoints, after it is written
+            assert journal.mark_sent(f"k{n}").result(2) is True  # not the 5 s busy timeout
+    finally:
+        reader.close()
+        journal.close()
+
+
+def test_a_replayed_dead_letter_is_traced_anew(tmp_path: Path) -> None:
+    """The trace kept is the newest: an item's, or that of its dead letter replayed later."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        journal.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm")
+        journal.finish("c1", "dead", trace={"events": ["the run that died"]})
+        journal.mark_sent("flush").result(5)
+        assert journal.trace("c1") == {"events": ["the run that died"]}
+        journal.record_trace("c1", {"events": ["its replay"]}).result(5)
+        assert journal.trace("c1") == {"events": ["its replay"]}
+    finally:
+        journal.close()
+
+
 def test_writes_are_group_committed(tmp_path: Path) -> None:
     journal = SqliteJournal(tmp_path / "j.sqlite3")
     try:

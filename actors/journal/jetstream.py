@@ -233,6 +233,16 @@ class Lease:
             self._revision = None
 
 
+def _tell(published: concurrent.futures.Future[bool], then: Written) -> None:
+    """Tell ``then`` how a publish ended (cancelled when the journal closed under it)."""
+    if published.cancelled():
+        then(False, RuntimeError("the journal closed before the item was published"))
+    elif (error := published.exception()) is not None:
+        then(False, error)
+    else:
+        then(published.result(), None)
+
+
 class JetStreamJournal:
     """The delivery journal and the cluster's coordination on one NATS connection.
 
@@ -367,8 +377,7 @@ class JetStreamJournal:
         published = self._submit(self._publish(chat_subject(envelope, actor), data, headers))
         if then is None:
             return published
-        published.add_done_callback(lambda done: then(False, done.exception()) if done.exception()
-                                    else then(done.result(), None))
+        published.add_done_callback(lambda done: _tell(done, then))
         return None
 
     async def _publish(self, subject: str, data: bytes, headers: dict[str, str]) -> bool:

@@ -149,6 +149,10 @@ _RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES 
 #: The writes of every delivery, each sent to SQLite once per batch (``executemany``). Their rows
 #: commute with every other write but one: a finish before the accept of its own correlation.
 _GROUPED = (_FINISH, _MARK_SENT, _RECORD_TRACE)
+#: How long a connection waits for another's lock (sqlite3's default, made explicit).
+BUSY_TIMEOUT_MS = 5000
+#: How long the compaction's checkpoint waits for readers of the write-ahead log to finish.
+CHECKPOINT_WAIT_MS = 50
 #: Correlations looked up at once when a batch's accepts are checked for ones already known.
 _LOOKUP_CHUNK = 500
 #: Rows ``compact`` deletes per transaction. One DELETE of a whole compaction interval's rows
@@ -167,14 +171,14 @@ class SqliteJournal:
                  compact_every: float = JOURNAL_COMPACT_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                   timeout=BUSY_TIMEOUT_MS / 1000)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
             self._db.executescript(_SCHEMA)
-            if "trace" not in {row[1] for row in self._db.execute("PRAGMA table_info(items)")}:
-                self._db.execute("ALTER TABLE items ADD COLUMN trace TEXT")  # a journal from before it
+            self._add_trace_column()
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
@@ -194,6 +198,19 @@ class SqliteJournal:
         self.commits = 0  # batches written, for the benchmark
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._writer.start()
+
+    def _add_trace_column(self) -> None:
+        """A journal from before items kept their traces gains the column (another process
+        opening the same old journal may add it first: that is no error)."""
+        def has_it() -> bool:
+            return "trace" in {row[1] for row in self._db.execute("PRAGMA table_info(items)")}
+        if has_it():
+            return
+        try:
+            self._db.execute("ALTER TABLE items ADD COLUMN trace TEXT")
+        except sqlite3.OperationalError:
+            if not has_it():
+                raise
 
     # ---------------------------------------------------------------- writes
 
@@ -231,21 +248,16 @@ class SqliteJournal:
             try:
                 with self._db_lock:
                     self._db.execute("BEGIN")
-                    changed = self._apply(batch)
+                    outcomes: list[tuple[bool, BaseException | None]] = [
+                        (did, None) for did in self._apply(batch)]
                     self._db.execute("COMMIT")
                 self.commits += 1
-            except sqlite3.Error as exc:
-                log.error("journal write failed: %s", exc)
-                with self._db_lock:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                self._settled(batch)
-                for _, _, done, _ in batch:
-                    _tell(done, False, exc)
-                continue
+            except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
+                log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
+                outcomes = self._one_by_one(batch)
             self._settled(batch)
-            for (_, _, done, _), did in zip(batch, changed, strict=True):
-                _tell(done, did, None)
+            for (_, _, done, _), (did, error) in zip(batch, outcomes, strict=True):
+                _tell(done, did, error)
             if self.retention_seconds is not None and time.monotonic() - self._compacted >= self.compact_every:
                 self._compacted = time.monotonic()
                 try:
@@ -255,10 +267,16 @@ class SqliteJournal:
                     # The write-ahead log is copied back and reused from its start, at the size
                     # it has (at most journal_size_limit): truncating it only had it grow again,
                     # and the file's size swing by a WAL's worth at every compaction. RESTART,
-                    # not PASSIVE: it waits for a ``was_sent`` read that started before it (a
-                    # point lookup) instead of leaving the log to grow on past its end.
+                    # not PASSIVE: it waits (briefly) for a ``was_sent`` read that started before
+                    # it (a point lookup) instead of leaving the log to grow on past its end.
                     with self._db_lock:
-                        self._db.execute("PRAGMA wal_checkpoint(RESTART)")
+                        # Bounded: another connection's long read (a backup, a shell) must
+                        # not hold every write for the 5 s busy timeout; it is tried again.
+                        self._db.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+                        try:
+                            self._db.execute("PRAGMA wal_checkpoint(RESTART)")
+                        finally:
+                            self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
@@ -297,6 +315,37 @@ class SqliteJournal:
             if sql is not _ACCEPT and sql not in _GROUPED:
                 changed[n] = self._db.execute(sql, args).rowcount > 0
         return changed
+
+    def _one_by_one(self, batch: list[_Op]) -> list[tuple[bool, BaseException | None]]:
+        """Write ``batch`` in order, each write in a savepoint of its own: one that fails
+        fails alone (its waiter is told why), and the rest are committed with it."""
+        outcomes: list[tuple[bool, BaseException | None]] = []
+        try:
+            with self._db_lock:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._db.execute("BEGIN")
+                for sql, args, _, _ in batch:
+                    self._db.execute("SAVEPOINT op")
+                    try:
+                        outcomes.append((self._db.execute(sql, args).rowcount > 0, None))
+                    except Exception as exc:
+                        log.error("journal write failed: %s", exc)
+                        self._db.execute("ROLLBACK TO op")
+                        outcomes.append((False, exc))
+                    self._db.execute("RELEASE op")
+                self._db.execute("COMMIT")
+            self.commits += 1
+            return outcomes
+        except Exception as exc:  # the database itself refuses (closed, full, gone)
+            log.error("journal write failed: %s", exc)
+            try:
+                with self._db_lock:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+            except Exception:
+                pass
+            return [(False, exc)] * len(batch)
 
     def _known(self, correlations: list[str]) -> set[str]:
         """Which of ``correlations`` the journal holds already."""
@@ -365,11 +414,16 @@ class SqliteJournal:
         return self._write(_RECORD_TRACE, (correlation, time.time(), json.dumps(trace)))
 
     def trace(self, correlation: str) -> Any:
+        """The kept trace of ``correlation``: its item's, or the table's, whichever is newer
+        (a dead letter replayed after its item closed is traced in the table)."""
         with self._db_lock:
-            row = self._db.execute("SELECT trace FROM items WHERE correlation = ? AND trace IS NOT NULL",
-                                   (correlation,)).fetchone() \
-                or self._db.execute("SELECT hops FROM traces WHERE correlation = ?", (correlation,)).fetchone()
-        return None if row is None else json.loads(row[0])
+            kept = self._db.execute("SELECT finished, trace FROM items WHERE correlation = ? AND trace IS NOT NULL",
+                                    (correlation,)).fetchall()
+            kept += self._db.execute("SELECT time, hops FROM traces WHERE correlation = ?",
+                                     (correlation,)).fetchall()
+        if not kept:
+            return None
+        return json.loads(max(kept, key=lambda row: row[0] or 0.0)[1])
 
     def dead_letters(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` dead letters, oldest first."""
@@ -479,10 +533,13 @@ def _tell(done: concurrent.futures.Future[bool] | Written | None, changed: bool,
           error: BaseException | None) -> None:
     """Resolve a write's future, or call its callback (whose failure must not stop the writer)."""
     if isinstance(done, concurrent.futures.Future):
-        if error is None:
-            done.set_result(changed)
-        else:
-            done.set_exception(error)
+        try:
+            if error is None:
+                done.set_result(changed)
+            else:
+                done.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # its waiter gave up on it (a delivery task cancelled at a restart)
     elif done is not None:
         try:
             done(changed, error)

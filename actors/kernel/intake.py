@@ -212,6 +212,9 @@ class Intake:
         except ValueError as exc:  # pydantic cannot write it as JSON: refused, its place freed
             self._unreserve()
             accepted.set_exception(Unstorable(f"the message cannot be stored: {exc}"))
+        except Exception as exc:  # the journal is closed (a stop): not taken, its place freed
+            self._unreserve()
+            accepted.set_exception(exc)
         return accepted
 
     def _unreserve(self) -> None:
