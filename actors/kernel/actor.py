@@ -361,7 +361,7 @@ class TypedActor(pykka.ThreadingActor):
         tracer = runtime.tracer
         if tracer is not None:
             kind = type(body).__name__
-            tracer.started(env, kind)
+            hop = tracer.started(env, kind)
         try:
             if runtime.fault is not None:
                 runtime.fault(self.name, env)
@@ -369,12 +369,12 @@ class TypedActor(pykka.ThreadingActor):
         except BaseException:
             self._failing = env  # on_failure reports it; it stays in flight until then
             if tracer is not None:
-                tracer.ended(env, kind, "crash")
+                tracer.handled(hop, env, kind, "crash")
             raise
         finally:
             current_correlation.reset(token)
         if tracer is not None:
-            tracer.ended(env, kind, "handled")
+            tracer.handled(hop, env, kind, "handled")
         self.cell.processed += 1
         runtime.inflight.done(env.correlation_id)
 

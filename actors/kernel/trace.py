@@ -9,7 +9,8 @@ trace is also kept there (with the work's item, when it has one)::
     >>> runtime.tracer.trace("c-42")                                   # doctest: +SKIP
     [{'actor': 'conversations', 'type': 'UserRequest', 'queued': ..., ...}, ...]
 
-Recording appends one tuple per event, with no lock; ``Runtime(trace=False)``
+Recording appends one event per step, with no lock (a hop being handled is one list,
+closed in place when it ends); ``Runtime(trace=False)``
 turns it off (the benchmark measures its cost). ``spans``, when set (OpenTelemetry: see
 ``autoresponse.otel``), hears every event too; unset, it costs one attribute check.
 """
@@ -45,7 +46,7 @@ class HopSpans(Protocol):
 class TraceRecorder:
     """Thread-safe without a lock, bounded in correlations and in events per correlation.
 
-    Recording is on every hop's path, so it only appends: a tuple to the correlation's
+    Recording is on every hop's path, so it only appends: an event to the correlation's
     list (atomic under the GIL), and the hops are put together when a trace is read.
     """
 
@@ -55,7 +56,7 @@ class TraceRecorder:
         self._traces: dict[str, list[tuple[Any, ...]]] = {}
         self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
         self._keep = keep
-        self._max_events = 3 * max_hops  # queued, started, ended
+        self._max_events = 3 * max_hops  # a hop's queued and handled, with room for notes and ends
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
@@ -80,12 +81,25 @@ class TraceRecorder:
         if self.spans is not None:
             self.spans.queued(env, actor, kind)
 
-    def started(self, env: Envelope, kind: str) -> None:
+    def started(self, env: Envelope, kind: str) -> list[Any] | None:
+        """``env`` (of type ``kind``) is being handled: its hop, for ``handled`` to close.
+        One event for both ends, filled in when it ends: half the appends of two."""
+        hop: list[Any] | None = None
         events = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
-            events.append((_STARTED, env.message_id, env.attempt, kind, self._now()))
+            hop = [_HANDLED, env.message_id, env.attempt, kind, self._now(), None, None]
+            events.append(hop)
         if self.spans is not None:
             self.spans.started(env, kind)
+        return hop
+
+    def handled(self, hop: list[Any] | None, env: Envelope, kind: str, outcome: str) -> None:
+        """The handling ``started`` recorded has ended (``handled``, or a ``crash``)."""
+        if hop is not None:
+            hop[6] = outcome  # before the time: a reader takes a hop with a time as ended
+            hop[5] = self._now()
+        if self.spans is not None:
+            self.spans.ended(env, kind, outcome)
 
     def ended(self, env: Envelope, kind: str, outcome: str) -> None:
         events = self._traces.get(env.correlation_id)
@@ -131,7 +145,9 @@ class TraceRecorder:
         return [c for c in list(self._order) if c in self._traces]
 
 
-_QUEUED, _STARTED, _ENDED, _NOTE = "queued", "started", "ended", "note"
+_QUEUED, _ENDED, _NOTE = "queued", "ended", "note"
+#: Started, and ended once its last two fields are set (``started`` / ``handled``).
+_HANDLED = "handled"
 _DEAD = "dead letter: "
 
 
@@ -154,8 +170,10 @@ def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
             hops.setdefault(key, dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt,
                                                         at, None, None, None), strict=True)))
         elif (hop := hops.get(key)) is not None:
-            if what == _STARTED:
+            if what == _HANDLED:
                 hop["started"] = event[4]
+                if event[5] is not None and hop["ended"] is None:
+                    hop["ended"], hop["outcome"] = event[5], event[6]
             elif what == _NOTE:
                 hop.setdefault("notes", []).append(event[4])
             elif hop["ended"] is None:
