@@ -44,7 +44,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from autoresponse import __version__
-from autoresponse.actors.kernel import freeze_startup_heap
+from autoresponse.actors.kernel import tune_heap_for_serving
 from autoresponse.actors.journal import JournalCorrupt, check_journal
 from autoresponse.actors.memory import ConversationStore, StoreUnreadable
 from autoresponse.actors.routes import interface, sender
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             recorder.close()
     if recorder is not None:
         log.info("recording the session to %s", recorder.path)
-    frozen = freeze_startup_heap()  # full collections skip what start built: shorter pauses
+    frozen = tune_heap_for_serving()  # shorter and fewer collections: see actors.kernel.heap
     log.debug("%d objects built at start set aside from the garbage collector", frozen)
     log.info("autoresponse is running; SIGTERM or SIGINT stops it")
     # Only now: the whole tree is up, the journal's unfinished work resumed, the admin endpoint listens.

@@ -37,7 +37,7 @@ from typing import Any
 
 import pykka
 
-from autoresponse.actors.kernel import freeze_startup_heap
+from autoresponse.actors.kernel import tune_heap_for_serving
 from autoresponse.actors.kernel._loop import EventLoopThread
 from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.journal import SqliteJournal
@@ -71,7 +71,7 @@ from benchmarks.harness import (
 
 def _raw_run(first: Any, requests: int, finished: threading.Event, answered: dict[Any, float],
              message: Callable[[int], Any]) -> Run:
-    freeze_startup_heap()  # as the runtime's pipeline does (harness.pipeline): the same heap rules
+    tune_heap_for_serving()  # as the runtime's pipeline does (harness.pipeline): the same collector
     sent: dict[int, float] = {}
     cpu, started = time.process_time(), time.perf_counter()
     for n in range(requests):

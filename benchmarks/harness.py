@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import autoresponse.interfaces  # noqa: F401  (registers the platforms' actions)
-from autoresponse.actors.kernel import Runtime, TypedActor, freeze_startup_heap, handles
+from autoresponse.actors.kernel import Runtime, TypedActor, handles, tune_heap_for_serving
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SendLedger, SqliteJournal
@@ -112,15 +112,15 @@ def sized(one: Callable[[int], Run], *, seconds: float = MIN_SECONDS, probe: int
 def pipeline(engine: LLMEngine, tally: Tally, journal: SqliteJournal | None = None,
              capacity: int = 100_000, *, trace: bool = True) -> Runtime:
     """The delivery path of the runtime: LLM client, dispatcher, builder, a null sender
-    (every request traced hop by hop, as the daemon does, unless ``trace`` is off; what
-    start built set aside from the garbage collector, as the daemon does too)."""
+    (every request traced hop by hop, as the daemon does, unless ``trace`` is off; the
+    garbage collector set as the daemon sets it once started)."""
     runtime = Runtime(mailbox_capacity=capacity, max_open=1_000_000, trace=trace).start()
     runtime.journal = journal
     runtime.spawn(sender("console"), NullSender, tally, journal)
     runtime.spawn(DISPATCHER, ActionDispatcher)
     runtime.spawn(LLM, LLMClient, engine, 256)
     runtime.spawn(BUILDER, AutoResponseBuilder)
-    freeze_startup_heap()  # as the daemon does once started (autoresponse run)
+    tune_heap_for_serving()  # as the daemon does once started (autoresponse run)
     return runtime
 
 

@@ -434,22 +434,27 @@ def test_work_held_and_waited_on_twice_is_taken_up_once_after_a_crash() -> None:
         assert rt.inflight.count(ping.correlation_id) == 3
 
 
-def test_what_start_built_is_set_aside_from_the_garbage_collector() -> None:
-    """A daemon freezes its startup heap (``autoresponse run``), so a full collection walks
-    only what was made since: collected garbage first, nothing freed twice."""
+def test_a_serving_daemon_sets_its_garbage_collector() -> None:
+    """A daemon, once started (``autoresponse run``), freezes its startup heap, so a full
+    collection walks only what was made since (collected garbage first: nothing is frozen
+    for ever that was garbage already), and collects its young garbage less often."""
     import gc
     import weakref
 
-    from autoresponse.actors.kernel import freeze_startup_heap
+    from autoresponse.actors.kernel import tune_heap_for_serving
+    from autoresponse.actors.kernel.heap import YOUNG_COLLECTION_THRESHOLD
 
     class Cycle:
         def __init__(self) -> None:
             self.me = self
 
-    garbage = weakref.ref(Cycle())  # garbage before the freeze: collected, not frozen for ever
+    garbage = weakref.ref(Cycle())
+    before = gc.get_threshold()
     try:
-        frozen = freeze_startup_heap()
+        frozen = tune_heap_for_serving()
         assert frozen == gc.get_freeze_count() > 0
         assert garbage() is None
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*before)

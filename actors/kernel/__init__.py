@@ -17,7 +17,7 @@ from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.kernel.clock import Clock, ManualClock
 from autoresponse.actors.kernel.deadletters import DeadLetter, DeadLetterOffice
-from autoresponse.actors.kernel.heap import freeze_startup_heap
+from autoresponse.actors.kernel.heap import tune_heap_for_serving
 from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.actors.kernel.intake import Intake, IntakeFull, Unstorable
 from autoresponse.actors.kernel.probe import Probe, ProbeTimeout
@@ -42,7 +42,7 @@ __all__ = [
     "ProbeTimeout",
     "Runtime",
     "TypedActor",
-    "freeze_startup_heap",
     "handles",
     "restart_and_dead_letter",
+    "tune_heap_for_serving",
 ]

@@ -53,14 +53,14 @@ class TraceRecorder:
     def __init__(self, keep: int = TRACES_KEPT, max_hops: int = TRACE_HOPS_KEPT, *,
                  now: Callable[[], float] = time.time) -> None:
         self._now = now  # the runtime's clock (wall time); Clock().time is time.time itself
-        self._traces: dict[str, list[tuple[Any, ...]]] = {}
+        self._traces: dict[str, list[Sequence[Any]]] = {}
         self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
         self._keep = keep
         self._max_events = 3 * max_hops  # a hop's queued and handled, with room for notes and ends
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
-    def _events(self, correlation: str) -> list[tuple[Any, ...]]:
+    def _events(self, correlation: str) -> list[Sequence[Any]]:
         events = self._traces.get(correlation)
         if events is None:
             events = self._traces.setdefault(correlation, [])
