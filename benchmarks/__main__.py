@@ -78,12 +78,15 @@ def main() -> None:
     started = time.time()
     figures: dict[str, Any] = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "quick": quick}
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
+    # Redrawn between cases only: a bar refreshed by its own thread took the GIL from the
+    # cases ten times a second, and its CPU counted in theirs (case 1 read 30% higher).
+    with Progress(*columns, console=console, auto_refresh=False) as progress:
         task = progress.add_task("benchmarks", total=len(steps))
         for key, title, run in steps:
-            progress.update(task, description=f"case {title}")
+            progress.update(task, description=f"case {title}", refresh=True)
             figures[key] = run()
             progress.advance(task)
+            progress.refresh()
     figures["seconds"] = round(time.time() - started, 1)
 
     RESULTS.mkdir(exist_ok=True)
