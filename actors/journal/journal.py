@@ -291,13 +291,15 @@ class SqliteJournal:
         end differently that way, so it is written op by op, in order.
         """
         finished: set[str] = set()
-        for sql, args, _, _ in batch:
+        by_kind: dict[str, list[int]] = {}  # each statement's ops, in queue order
+        for n, (sql, args, _, _) in enumerate(batch):
             if sql is _FINISH:
                 finished.add(args[3])
             elif sql is _ACCEPT and args[0] in finished:
                 return [self._db.execute(sql, args).rowcount > 0 for sql, args, _, _ in batch]
+            by_kind.setdefault(sql, []).append(n)
         changed = [False] * len(batch)
-        accepts = [n for n, op in enumerate(batch) if op[0] is _ACCEPT]
+        accepts = by_kind.pop(_ACCEPT, [])
         if accepts:
             known = self._known([batch[n][1][0] for n in accepts])
             for n in accepts:
@@ -306,14 +308,13 @@ class SqliteJournal:
                 known.add(correlation)  # a second accept in the same batch is a retry
             self._db.executemany(_ACCEPT, [batch[n][1] for n in accepts])
         for grouped in _GROUPED:
-            ops = [n for n, op in enumerate(batch) if op[0] is grouped]
+            ops = by_kind.pop(grouped, [])
             if ops:
                 self._db.executemany(grouped, [batch[n][1] for n in ops])
                 for n in ops:
                     changed[n] = True
-        for n, (sql, args, _, _) in enumerate(batch):
-            if sql is not _ACCEPT and sql not in _GROUPED:
-                changed[n] = self._db.execute(sql, args).rowcount > 0
+        for n in sorted(n for ops in by_kind.values() for n in ops):  # the rest, in order
+            changed[n] = self._db.execute(batch[n][0], batch[n][1]).rowcount > 0
         return changed
 
     def _one_by_one(self, batch: list[_Op]) -> list[tuple[bool, BaseException | None]]:

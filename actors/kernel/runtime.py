@@ -412,10 +412,12 @@ class Runtime:
             self._watches.setdefault(correlation_id, []).append((to, message))
 
     def _finished(self, correlation_id: str) -> None:
-        journal = self.intake.journal
+        journal = self.journal
+        # A trace to keep only with a journal: with the item's finish, else on its own
+        # (work sent, not accepted, has no item).
         trace = self.tracer.finished(correlation_id, keep=journal is not None) if self.tracer is not None else None
-        if not self.intake.finished(correlation_id, trace) and trace is not None and journal is not None:
-            journal.record_trace(correlation_id, trace)  # work without an item (sent, not accepted)
+        if not self.intake.finished(correlation_id, trace) and journal is not None and trace is not None:
+            journal.record_trace(correlation_id, trace)
         if self._watches:
             with self._lock:
                 watchers = self._watches.pop(correlation_id, ())
