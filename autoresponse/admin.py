@@ -344,11 +344,16 @@ class AdminServer:
             body["reason"] = status.problem()
         return web.json_response(body)
 
+    # The readers below may wait (for a NATS server that is away, up to its timeout; for
+    # the journal's disk): in a worker thread, so the event loop, which carries every
+    # delivery's I/O and /healthz, never waits with them.
+
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(snapshot(self.runtime).model_dump(mode="json"))
+        status = await asyncio.to_thread(snapshot, self.runtime)
+        return web.json_response(status.model_dump(mode="json"))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self._registry),
+        return web.Response(body=await asyncio.to_thread(generate_latest, self._registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _deadletters(self, request: web.Request) -> web.Response:
@@ -356,13 +361,13 @@ class AdminServer:
             limit = int(request.query.get("limit", "100"))
         except ValueError:
             return _error(400, "limit must be a whole number")
-        letters = self.runtime.dead_letters.letters()[-limit:] if limit > 0 else []
+        letters = (await asyncio.to_thread(self.runtime.dead_letters.letters))[-limit:] if limit > 0 else []
         return web.json_response({"counts": self.runtime.dead_letters.counts(),
                                   "letters": [d.summary() for d in letters]})
 
     async def _trace(self, request: web.Request) -> web.Response:
         correlation = request.match_info["correlation"]
-        hops = self.runtime.trace(correlation)
+        hops = await asyncio.to_thread(self.runtime.trace, correlation)
         if not hops:
             return _error(404, f"no trace of {correlation!r}: unknown, or older than what is kept")
         return web.json_response({"correlation_id": correlation, "hops": hops})

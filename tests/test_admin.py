@@ -292,3 +292,35 @@ def test_credentials_in_a_configured_url_never_show(make_app: MakeApp, caplog: p
     assert "pa55w0rd-xyz" not in text
     assert "pa55w0rd-xyz" not in call(f"{admin_url(app)}/status")[1]
     assert "pa55w0rd-xyz" in app.settings.secrets()  # it is known as a secret, so logs redact it too
+
+
+def test_a_status_that_waits_holds_up_neither_health_nor_deliveries(make_app: MakeApp) -> None:
+    """/status may wait on what it reports (the cluster's figures from a NATS server that is
+    away, up to its timeout): it waits in a thread of its own, so /healthz answers and a
+    request is delivered meanwhile, on the event loop that /status would otherwise hold."""
+    import threading
+
+    app = make_app(admin=ADMIN)
+    url = admin_url(app)
+    asked, answer = threading.Event(), threading.Event()
+
+    def slow_report() -> dict[str, str]:
+        asked.set()
+        assert answer.wait(30)
+        return {"state": "slow"}
+
+    app.runtime.reports["slow"] = slow_report
+    status: list[tuple[int, str]] = []
+    reader = threading.Thread(target=lambda: status.append(call(f"{url}/status")))
+    reader.start()
+    try:
+        assert asked.wait(10)
+        assert call(f"{url}/healthz")[0] == 200
+        ask(app, "run echo delivered-meanwhile")
+        assert "delivered-meanwhile" in console_text(app)
+        assert not status  # still waiting for its report
+    finally:
+        answer.set()
+        reader.join(10)
+    [(code, body)] = status
+    assert code == 200 and json.loads(body)["reports"]["slow"] == {"state": "slow"}

@@ -458,3 +458,32 @@ def test_a_serving_daemon_sets_its_garbage_collector() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class AsksItsStatusOnRestart(TypedActor):
+    """Its setup after a crash asks the event loop for the status, as /healthz reads it
+    there (a Telegram poller's setup needs the loop for its first call)."""
+
+    seen: ClassVar[list[bool]] = []
+
+    def setup(self) -> None:
+        if self.cell.restarts:
+            from autoresponse.supervisors.status import snapshot
+
+            async def status() -> bool:
+                return snapshot(self.runtime, details=False).find(self.name) is not None
+
+            AsksItsStatusOnRestart.seen.append(self.runtime.io.run(status(), timeout=20))
+
+
+def test_the_status_answers_while_a_restarted_actor_sets_up_on_the_event_loop() -> None:
+    """A restart waits for the new incarnation's setup without holding the cell: the
+    status read on the event loop (``/healthz``) while that setup needs the loop does not
+    wait for it, and the setup does not wait for the status (they hung each other 30s)."""
+    from autoresponse.messages import Crash
+
+    AsksItsStatusOnRestart.seen = []
+    with running(("asker", AsksItsStatusOnRestart)) as rt:
+        rt.send("asker", Crash(reason="drill"))
+        wait_until(lambda: AsksItsStatusOnRestart.seen == [True], timeout=20)  # hung 30s before
+        wait_until(lambda: rt.cell("asker").alive)

@@ -105,14 +105,9 @@ class Cell:
         Returns once its ``setup`` has finished (or failed), as OTP's start_link
         does, so a supervisor's children start one after the other, in order.
         """
-        with self._lock, adopting(self):
-            self.stop_requested = False
-            self.ready = threading.Event()
-            self._ref = self.actor_class.start(*self.args, **self.kwargs)
-            self.state = "running"
-            ready = self.ready
-        if not ready.wait(wait):
-            log.warning("actor %s is still setting up after %.0fs", self.name, wait)
+        with self._lock:
+            ready = self._spawn()
+        self._await_setup(ready, wait)
 
     def restart(self) -> None:
         """Start a fresh incarnation on the same mailbox, counted as a restart."""
@@ -120,7 +115,23 @@ class Cell:
             if self.mailbox.closed:
                 return
             self.restarts += 1
-            self.start()
+            ready = self._spawn()
+        self._await_setup(ready, START_SECONDS)
+
+    def _spawn(self) -> threading.Event:
+        """Start an incarnation (the caller holds ``_lock``); the event its setup sets."""
+        with adopting(self):
+            self.stop_requested = False
+            self.ready = threading.Event()
+            self._ref = self.actor_class.start(*self.args, **self.kwargs)
+            self.state = "running"
+            return self.ready
+
+    def _await_setup(self, ready: threading.Event, wait: float) -> None:
+        # Never under ``_lock``: a setup may need the event loop, and the loop may be
+        # reading this cell's status (``alive``) for /healthz at that moment.
+        if not ready.wait(wait):
+            log.warning("actor %s is still setting up after %.0fs", self.name, wait)
 
     def crashed(self, envelope: Envelope | None, error: BaseException) -> None:
         """Called by a dying incarnation, in its own thread, with what it was handling."""
