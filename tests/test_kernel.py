@@ -487,3 +487,78 @@ def test_the_status_answers_while_a_restarted_actor_sets_up_on_the_event_loop() 
         rt.send("asker", Crash(reason="drill"))
         wait_until(lambda: AsksItsStatusOnRestart.seen == [True], timeout=20)  # hung 30s before
         wait_until(lambda: rt.cell("asker").alive)
+
+
+class SendsThenWaits(TypedActor):
+    """Asks to hear when its work finishes, sends two Pongs, then waits on a gate."""
+
+    def __init__(self, entered: threading.Event, gate: threading.Event) -> None:
+        super().__init__()
+        self.entered, self.gate = entered, gate
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.runtime.when_finished(env.correlation_id, "finished", Pong(n=ping.n))
+        self.send("sink", Pong(n=1), cause=env)
+        self.send("sink", Pong(n=2), cause=env)
+        self.entered.set()
+        assert self.gate.wait(10)
+        if ping.n < 0:
+            raise ValueError("negative")
+
+
+@pytest.mark.parametrize("n", [7, -7], ids=["returns", "crashes"])
+def test_a_handlers_sends_go_out_when_it_returns_and_its_work_finishes_once_after(n: int) -> None:
+    """What a handler sends leaves, in order, when it returns (or fails: nothing it sent
+    is lost); the work is not finished while the handler runs, even where what it sent
+    would be handled at once, and it finishes exactly once."""
+    entered, gate = threading.Event(), threading.Event()
+    with running(("sender", SendsThenWaits, entered, gate), ("sink", Recorder), ("finished", Recorder)) as rt:
+        with rt.probe("sink") as sink, rt.probe("finished") as finished:
+            env = rt.send("sender", Ping(n=n))
+            assert env is not None and entered.wait(10)
+            assert not rt.wait_idle(env.correlation_id, timeout=0.2)  # its handler still runs
+            assert sink.bodies(Pong) == [] and finished.bodies(Pong) == []
+            gate.set()
+            assert rt.wait_idle(env.correlation_id, timeout=10)
+            assert [p.n for p in sink.bodies(Pong)] == [1, 2]
+            wait_until(lambda: finished.bodies(Pong) != [])
+            assert rt.wait_idle(timeout=10)
+            assert [p.n for p in finished.bodies(Pong)] == [n]
+        assert [d.reason for d in rt.dead_letters.letters()] == ([] if n > 0 else ["crash"])
+
+
+class CallsOffItsCall(TypedActor):
+    """Starts a long call for a Ping, calls it off in the same handler, sends a Pong."""
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.runtime.when_finished(env.correlation_id, "finished", Pong(n=ping.n))
+        task = self.run_io(asyncio.sleep(3600), cause=env)
+        self.cancel(task)
+        self.send("sink", Pong(n=ping.n), cause=env)
+
+
+class GatedSink(TypedActor):
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        assert self.gate.wait(10)
+
+
+def test_a_call_called_off_in_its_handler_leaves_the_work_in_flight_until_what_it_sent_is_handled() -> None:
+    gate = threading.Event()
+    with running(("caller", CallsOffItsCall), ("sink", GatedSink, gate), ("finished", Recorder)) as rt:
+        with rt.probe("sink") as sink, rt.probe("finished") as finished:
+            env = rt.send("caller", Ping(n=3))
+            assert env is not None
+            wait_until(lambda: sink.bodies(Pong) != [])
+            assert rt.inflight.count(env.correlation_id) == 1  # the Pong, held up by the gate
+            assert finished.bodies(Pong) == []  # (it would be here already, had the call-off ended the work)
+            gate.set()
+            assert rt.wait_idle(env.correlation_id, timeout=10)
+            wait_until(lambda: finished.bodies(Pong) != [])
+            assert rt.wait_idle(timeout=10) and rt.dead_letters.letters() == []

@@ -176,12 +176,27 @@ class TypedActor(pykka.ThreadingActor):
         self._running_io = 0  # run_io tasks not yet handled as IoDone (actor thread only)
         self._held: dict[str, Envelope] = {}  # message id → envelope put aside with hold()
         self._released = False
+        # The message whose handler runs now, what it sends (they go out when it returns),
+        # and whether it still holds its own in-flight count (see ``_handle``).
+        self._handling: Envelope | None = None
+        self._outbox: list[tuple[str, Envelope]] = []
+        self._holds_count = False
 
     # ---------------------------------------------------------------- sending
 
-    def send(self, to: str, body: Any, *, cause: Envelope) -> Envelope | None:
-        """Send ``body`` to the actor named ``to``, as a consequence of ``cause``."""
-        return self.runtime.deliver(to, cause.child(body))
+    def send(self, to: str, body: Any, *, cause: Envelope) -> Envelope:
+        """Send ``body`` to the actor named ``to``, as a consequence of ``cause``.
+
+        Sent while handling ``cause``, it goes out when the handler returns (in the order
+        sent): the first such message carries on the in-flight count of ``cause`` instead
+        of taking one of its own, so a hop costs the runtime's bookkeeping nothing. A
+        message that cannot be delivered is a dead letter, as always."""
+        child = cause.child(body)
+        if cause is self._handling:
+            self._outbox.append((to, child))
+        else:
+            self.runtime.deliver(to, child)
+        return child
 
     def run_io(self, coro: Coroutine[Any, Any, Any], *, cause: Envelope) -> IoTask | None:
         """Run ``coro`` on the runtime's event loop, owned by this incarnation.
@@ -191,7 +206,10 @@ class TypedActor(pykka.ThreadingActor):
         raises, this actor crashes while handling ``cause``. If this incarnation
         ends first, the task is cancelled and ``cause`` is handled again by the next.
         """
-        self.runtime.inflight.add(cause.correlation_id)
+        if cause is self._handling and self._holds_count:
+            self._holds_count = False  # its outcome is handled here, after this handler: it carries the count
+        else:
+            self.runtime.inflight.add(cause.correlation_id)
         self._running_io += 1
         return self._own(coro, cause)
 
@@ -222,7 +240,10 @@ class TypedActor(pykka.ThreadingActor):
         task.cancel()
         if isinstance(owner, Envelope):
             self._running_io -= 1
-            self.runtime.inflight.done(owner.correlation_id)
+            if owner is self._handling and not self._holds_count:
+                self._holds_count = True  # back to the handler, which ends or passes it on
+            else:
+                self.runtime.inflight.done(owner.correlation_id)
 
     def start_task(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         """Run ``coro`` on the loop for as long as this incarnation lives (a polling loop).
@@ -362,12 +383,16 @@ class TypedActor(pykka.ThreadingActor):
         if tracer is not None:
             kind = type(body).__name__
             hop = tracer.started(env, kind)
+        self._handling, self._holds_count = env, True
         try:
             if runtime.fault is not None:
                 runtime.fault(self.name, env)
             handler(self, body, env)
         except BaseException:
             self._failing = env  # on_failure reports it; it stays in flight until then
+            if not self._holds_count:
+                runtime.inflight.add(env.correlation_id)  # a task carries its count: it needs its own again
+            self._send_outbox(env, holds_count=False)  # what it sent before it failed still goes
             if tracer is not None:
                 tracer.handled(hop, env, kind, "crash")
             raise
@@ -376,7 +401,21 @@ class TypedActor(pykka.ThreadingActor):
         if tracer is not None:
             tracer.handled(hop, env, kind, "handled")
         self.cell.processed += 1
-        runtime.inflight.done(env.correlation_id)
+        self._send_outbox(env, holds_count=self._holds_count)
+
+    def _send_outbox(self, env: Envelope, *, holds_count: bool) -> None:
+        """Deliver what the handler of ``env`` sent; its in-flight count goes with the first
+        message (one lock taken the fewer per hop each way), or ends here when it sent none."""
+        self._handling = None
+        outbox = self._outbox
+        if outbox:
+            self._outbox = []
+            deliver = self.runtime.deliver
+            for to, child in outbox:
+                deliver(to, child, counted=holds_count)
+                holds_count = False
+        if holds_count:
+            self.runtime.inflight.done(env.correlation_id)
 
     def _io_done(self, done: IoDone) -> None:
         self._running_io -= 1

@@ -243,17 +243,20 @@ class Runtime:
                                     now=None if timeout is None else self.clock.time())
         return self.deliver(to, envelope)
 
-    def deliver(self, to: str, envelope: Envelope) -> Envelope | None:
-        """Put an envelope in the named actor's mailbox, or dead-letter it with the reason."""
+    def deliver(self, to: str, envelope: Envelope, *, counted: bool = False) -> Envelope | None:
+        """Put an envelope in the named actor's mailbox, or dead-letter it with the reason.
+        ``counted``: it carries on an in-flight count its correlation holds already (the
+        message whose handler sent it), instead of taking one."""
         if envelope.hops > self.max_hops:
-            self.dead_letters.post(envelope, "hop limit", actor=to,
-                                   detail=f"more than {self.max_hops} hops in one chain")
+            self._undeliverable(envelope, counted, "hop limit", actor=to,
+                                detail=f"more than {self.max_hops} hops in one chain")
             return None
         cell = self._cells.get(to)
         if cell is None:
-            self.dead_letters.post(envelope, "no such actor", actor=to)
+            self._undeliverable(envelope, counted, "no such actor", actor=to)
             return None
-        self.inflight.add(envelope.correlation_id)
+        if not counted:
+            self.inflight.add(envelope.correlation_id)
         try:
             # Never block the event loop thread: every actor's I/O completes there.
             cell.mailbox.put(Letter(envelope), may_block=not self.io.in_loop_thread())
@@ -267,6 +270,11 @@ class Runtime:
             for probe in taps:
                 probe.offer(envelope)
         return envelope
+
+    def _undeliverable(self, envelope: Envelope, counted: bool, reason: str, **why: Any) -> None:
+        self.dead_letters.post(envelope, reason, **why)
+        if counted:  # the count it carried ends with it (the correlation may finish)
+            self.inflight.done(envelope.correlation_id)
 
     def signal(self, to: str, body: Any) -> None:
         """Deliver a control message ahead of all queued work (exit signals, restarts)."""
