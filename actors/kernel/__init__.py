@@ -11,7 +11,7 @@ Everything here is generic: no platform, no LLM, no prompt. The pipeline's actor
 ...         self.send("sink", Pong(n=envelope.body.n))           # doctest: +SKIP
 """
 
-from autoresponse.actors.kernel._loop import IoTask
+from autoresponse.actors.kernel._loop import IoTask, new_event_loop
 from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
@@ -43,6 +43,7 @@ __all__ = [
     "Runtime",
     "TypedActor",
     "handles",
+    "new_event_loop",
     "restart_and_dead_letter",
     "tune_heap_for_serving",
 ]

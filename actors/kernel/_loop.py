@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -65,6 +66,24 @@ class IoTask:
             self._task.cancel()
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The runtime's kind of event loop: uvloop's where it is installed (every platform
+    but Windows), else asyncio's own. The loop thread carries every delivery's I/O and
+    every hand-off from the actors' threads; on uvloop it spends about a third less CPU
+    doing so (benchmarks, case 2). ``AUTORESPONSE_EVENT_LOOP=asyncio`` asks for asyncio's.
+
+    >>> loop = new_event_loop(); loop.run_until_complete(asyncio.sleep(0)); loop.close()
+    """
+    if os.environ.get("AUTORESPONSE_EVENT_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # Windows, or a build without it: asyncio's loop does the same work
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class EventLoopThread:
     """Start it, hand it coroutines from any thread, stop it; nothing outlives ``stop``.
 
@@ -103,7 +122,7 @@ class EventLoopThread:
         if self._thread is not None:
             raise RuntimeError("the event loop thread was already started")
         ready = threading.Event()
-        loop = self._loop = asyncio.new_event_loop()
+        loop = self._loop = new_event_loop()
 
         def run() -> None:
             asyncio.set_event_loop(loop)
