@@ -164,6 +164,7 @@ class Application:
             message_attempts=settings.supervision.message_attempts,
             max_open=settings.runtime.max_open,
             clock=clock if clock is not None else Clock(),
+            event_loop=settings.runtime.event_loop,
         )
         self.engine = engine or make_engine(settings.llm, self.runtime.clock)
         #: Tokens used, per model, turn kind and chat (and each chat's daily budget).

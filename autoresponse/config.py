@@ -224,6 +224,9 @@ class RuntimeSettings(BaseModel):
     #: Command actions a turn the bot starts on its own may use (a reminder, a public
     #: mention), e.g. ["terminal"]; by default such a turn may only reply, or stay silent.
     autonomous_actions: list[str] = Field(default_factory=list)
+    #: The event loop that carries all I/O: uvloop's (where installed; asyncio's on
+    #: Windows), or "asyncio" for asyncio's own.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
 
 class MemorySettings(BaseModel):

@@ -564,18 +564,21 @@ def test_a_call_called_off_in_its_handler_leaves_the_work_in_flight_until_what_i
             assert rt.wait_idle(timeout=10) and rt.dead_letters.letters() == []
 
 
-def test_the_runtime_runs_its_io_on_uvloop_unless_told_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runtime_runs_its_io_on_uvloop_unless_told_asyncio() -> None:
     """uvloop's loop where installed (a dependency everywhere but Windows): the loop thread
-    carries every delivery's I/O; ``AUTORESPONSE_EVENT_LOOP=asyncio`` asks for asyncio's."""
+    carries every delivery's I/O; ``event_loop="asyncio"`` (the setting
+    ``AUTORESPONSE_RUNTIME__EVENT_LOOP``) asks for asyncio's."""
+    from autoresponse.config import Settings
+
     uvloop = pytest.importorskip("uvloop")
+    assert Settings().runtime.event_loop == "uvloop"
     with running(("sleeper", Sleeper), ("sink", Recorder)) as rt:
         assert isinstance(rt.io.loop, uvloop.Loop)
         with rt.probe("sink") as sink:
             rt.send("sleeper", Ping(n=4))
             assert sink.expect(Pong).body.n == 1004  # its I/O ran there and came back
-    monkeypatch.setenv("AUTORESPONSE_EVENT_LOOP", "asyncio")
-    with running(("sleeper", Sleeper), ("sink", Recorder)) as rt:
-        assert type(rt.io.loop) is asyncio.new_event_loop().__class__
+    with running(("sleeper", Sleeper), ("sink", Recorder), runtime=Runtime(event_loop="asyncio")) as rt:
+        assert isinstance(rt.io.loop, asyncio.SelectorEventLoop) and not isinstance(rt.io.loop, uvloop.Loop)
         with rt.probe("sink") as sink:
             rt.send("sleeper", Ping(n=5))
             assert sink.expect(Pong).body.n == 1005

@@ -82,6 +82,18 @@ def test_the_reply_goes_to_the_original_chat_as_a_reply(make_app: MakeApp, fake_
     assert "↳#1 │ The answer is 42." in console_text(app)
 
 
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_a_reply_comes_back_on_either_event_loop(make_app: MakeApp, fake_llm: FakeLLMServer,
+                                                  event_loop: str) -> None:
+    """The setting ``runtime.event_loop`` chooses the loop all I/O runs on (a real LLM call,
+    a real subprocess here), and the whole path works on either."""
+    fake_llm.script(actions(terminal("echo 42")), actions(reply("The answer is 42.")))
+    app = make_app(base_url=fake_llm.base_url, runtime={"event_loop": event_loop})
+    assert (type(app.runtime.io.loop).__module__.split(".")[0] == "uvloop") is (event_loop == "uvloop")
+    ask(app, "what is the answer?")
+    assert "↳#1 │ The answer is 42." in console_text(app)
+
+
 def test_a_delivery_may_name_its_own_chat_but_no_other(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
     fake_llm.script(actions(terminal("echo 1")), actions(reply("here", target="console")),
                     actions(terminal("echo 2")), actions(reply("leak", target="elsewhere")))

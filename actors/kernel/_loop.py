@@ -10,10 +10,9 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 log = logging.getLogger("autoresponse.loop")
 T = TypeVar("T")
@@ -66,15 +65,19 @@ class IoTask:
             self._task.cancel()
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """The runtime's kind of event loop: uvloop's where it is installed (every platform
-    but Windows), else asyncio's own. The loop thread carries every delivery's I/O and
-    every hand-off from the actors' threads; on uvloop it spends about a third less CPU
-    doing so (benchmarks, case 2). ``AUTORESPONSE_EVENT_LOOP=asyncio`` asks for asyncio's.
+#: The kinds of event loop the runtime can run (``RuntimeSettings.event_loop``).
+EventLoopKind = Literal["uvloop", "asyncio"]
 
-    >>> loop = new_event_loop(); loop.run_until_complete(asyncio.sleep(0)); loop.close()
+
+def new_event_loop(kind: EventLoopKind = "uvloop") -> asyncio.AbstractEventLoop:
+    """An event loop of ``kind``: uvloop's by default, where it is installed (every
+    platform but Windows), else asyncio's own. The runtime's loop thread carries every
+    delivery's I/O and every hand-off from the actors' threads; on uvloop it spends
+    close to a third less CPU doing so (benchmarks, case 2).
+
+    >>> loop = new_event_loop("asyncio"); loop.run_until_complete(asyncio.sleep(0)); loop.close()
     """
-    if os.environ.get("AUTORESPONSE_EVENT_LOOP", "uvloop") != "asyncio":
+    if kind == "uvloop":
         try:
             import uvloop
         except ImportError:  # Windows, or a build without it: asyncio's loop does the same work
@@ -95,8 +98,9 @@ class EventLoopThread:
     >>> loop.stop()
     """
 
-    def __init__(self, name: str = "autoresponse-io") -> None:
+    def __init__(self, name: str = "autoresponse-io", kind: EventLoopKind = "uvloop") -> None:
         self._name = name
+        self._kind: EventLoopKind = kind
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ident: int | None = None
@@ -122,7 +126,7 @@ class EventLoopThread:
         if self._thread is not None:
             raise RuntimeError("the event loop thread was already started")
         ready = threading.Event()
-        loop = self._loop = new_event_loop()
+        loop = self._loop = new_event_loop(self._kind)
 
         def run() -> None:
             asyncio.set_event_loop(loop)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pykka
 
-from autoresponse.actors.kernel._loop import EventLoopThread
+from autoresponse.actors.kernel._loop import EventLoopKind, EventLoopThread
 from autoresponse.actors.kernel._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
@@ -77,6 +77,7 @@ class Runtime:
         max_open: int = MAX_OPEN_ITEMS,
         trace: bool = True,
         clock: Clock | None = None,
+        event_loop: EventLoopKind = "uvloop",
     ) -> None:
         #: What time it is, and the timers' sleep: every actor reads ``self.runtime.clock``.
         self.clock: Clock = clock if clock is not None else Clock()
@@ -88,7 +89,7 @@ class Runtime:
         self.tracer: TraceRecorder | None = TraceRecorder(now=self.clock.time) if trace else None
         if self.tracer is not None:
             self.dead_letters.observer = self.tracer.dead_letter
-        self.io = EventLoopThread()
+        self.io = EventLoopThread(kind=event_loop)
         self.inflight = InFlight()
         self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
             restart_and_dead_letter
