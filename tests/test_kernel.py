@@ -582,3 +582,83 @@ def test_the_runtime_runs_its_io_on_uvloop_unless_told_asyncio() -> None:
         with rt.probe("sink") as sink:
             rt.send("sleeper", Ping(n=5))
             assert sink.expect(Pong).body.n == 1005
+
+
+class SendsToNobodyThenOn(TypedActor):
+    """Sends to an actor that does not exist, then to the sink."""
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.runtime.when_finished(env.correlation_id, "finished", Pong(n=ping.n))
+        self.send("nobody", Pong(n=0), cause=env)
+        self.send("sink", Pong(n=ping.n), cause=env)
+
+
+def test_a_dead_lettered_send_does_not_end_the_work_that_goes_on() -> None:
+    """The first of two messages a handler sent cannot be delivered (a dead letter): the
+    work goes on with the second, and finishes once, when the second has been handled."""
+    gate = threading.Event()
+    with running(("sender", SendsToNobodyThenOn), ("sink", GatedSink, gate), ("finished", Recorder)) as rt:
+        with rt.probe("sink") as sink, rt.probe("finished") as finished:
+            env = rt.send("sender", Ping(n=8))
+            assert env is not None
+            wait_until(lambda: sink.bodies(Pong) != [])
+            assert rt.inflight.count(env.correlation_id) == 1 and finished.bodies(Pong) == []
+            gate.set()
+            assert rt.wait_idle(timeout=10)
+            assert [p.n for p in finished.bodies(Pong)] == [8]
+        assert [d.reason for d in rt.dead_letters.letters()] == ["no such actor"]
+
+
+class SendsFromItsCoroutine(TypedActor):
+    """Its handler starts a coroutine that sends for the same work, and waits until the
+    sink has that message before it returns."""
+
+    def __init__(self, arrived: threading.Event) -> None:
+        super().__init__()
+        self.arrived = arrived
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.run_io(self._send_soon(env), cause=env)
+        assert self.arrived.wait(10), "a send from the loop waited for the handler"
+
+    async def _send_soon(self, env: Envelope) -> None:
+        self.send("sink", Pong(n=1), cause=env)
+
+
+def test_a_coroutine_sends_at_once_even_while_its_handler_runs() -> None:
+    """Only the handler's own thread holds its sends back: a coroutine of the same work
+    sends from the loop at once, with a count of its own."""
+    arrived = threading.Event()
+    with running(("sender", SendsFromItsCoroutine, arrived), ("sink", Recorder)) as rt:
+        stop = rt.watch("sink", lambda env: arrived.set())
+        try:
+            env = rt.send("sender", Ping(n=1))
+            assert env is not None and rt.wait_idle(env.correlation_id, timeout=15)
+            assert arrived.is_set() and rt.dead_letters.letters() == [] and rt.inflight.count() == 0
+        finally:
+            stop()
+
+
+class Forwarder(TypedActor):
+    @handles
+    def on_anything(self, message: Pong, env: Envelope) -> None:
+        self.send("sink", Pong(n=message.n), cause=env)
+
+
+class SendsThenReports(TypedActor):
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.send("sink", Pong(n=1), cause=env)
+        self.report_error(Pong(n=2), cause=env)
+        time.sleep(0.2)  # room for an error sent at once to overtake the reply
+
+
+def test_an_error_a_handler_reports_goes_out_after_what_it_sent_before() -> None:
+    with running(("sender", SendsThenReports), ("router", Forwarder), ("sink", Recorder)) as rt:
+        rt.error_route = "router"
+        with rt.probe("sink") as sink:
+            rt.send("sender", Ping(n=1))
+            assert rt.wait_idle(timeout=10)
+            assert [p.n for p in sink.bodies(Pong)] == [1, 2]

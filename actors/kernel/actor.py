@@ -181,22 +181,31 @@ class TypedActor(pykka.ThreadingActor):
         self._handling: Envelope | None = None
         self._outbox: list[tuple[str, Envelope]] = []
         self._holds_count = False
+        self._handler_thread: int | None = None  # the actor's thread (the only one that defers)
 
     # ---------------------------------------------------------------- sending
 
     def send(self, to: str, body: Any, *, cause: Envelope) -> Envelope:
         """Send ``body`` to the actor named ``to``, as a consequence of ``cause``.
 
-        Sent while handling ``cause``, it goes out when the handler returns (in the order
-        sent): the first such message carries on the in-flight count of ``cause`` instead
-        of taking one of its own, so a hop costs the runtime's bookkeeping nothing. A
-        message that cannot be delivered is a dead letter, as always."""
+        Sent by the handler of ``cause``, it goes out when the handler returns (in the
+        order sent): the last such message carries on the in-flight count of ``cause``
+        instead of taking one of its own, so a hop costs the runtime's bookkeeping
+        nothing. A message that cannot be delivered is a dead letter, as always."""
         child = cause.child(body)
-        if cause is self._handling:
+        self._post(to, child, cause)
+        return child
+
+    def _post(self, to: str, child: Envelope, cause: Envelope) -> None:
+        if self._defers(cause):
             self._outbox.append((to, child))
         else:
             self.runtime.deliver(to, child)
-        return child
+
+    def _defers(self, cause: Envelope) -> bool:
+        """``cause`` is being handled, and this is its handler's thread (a coroutine of the
+        same work, on the loop, sends at once and takes its own count)."""
+        return cause is self._handling and threading.get_ident() == self._handler_thread
 
     def run_io(self, coro: Coroutine[Any, Any, Any], *, cause: Envelope) -> IoTask | None:
         """Run ``coro`` on the runtime's event loop, owned by this incarnation.
@@ -206,7 +215,7 @@ class TypedActor(pykka.ThreadingActor):
         raises, this actor crashes while handling ``cause``. If this incarnation
         ends first, the task is cancelled and ``cause`` is handled again by the next.
         """
-        if cause is self._handling and self._holds_count:
+        if self._holds_count and self._defers(cause):
             self._holds_count = False  # its outcome is handled here, after this handler: it carries the count
         else:
             self.runtime.inflight.add(cause.correlation_id)
@@ -240,7 +249,7 @@ class TypedActor(pykka.ThreadingActor):
         task.cancel()
         if isinstance(owner, Envelope):
             self._running_io -= 1
-            if owner is self._handling and not self._holds_count:
+            if not self._holds_count and self._defers(owner):
                 self._holds_count = True  # back to the handler, which ends or passes it on
             else:
                 self.runtime.inflight.done(owner.correlation_id)
@@ -330,7 +339,8 @@ class TypedActor(pykka.ThreadingActor):
     def report_error(self, error: Any, *, cause: Envelope, detail: str = "") -> None:
         """Hand an error (an LLM rejection) to the runtime's error route: the supervision
         tree's retry actors, or the dead-letter office (with ``detail``) when there are none."""
-        self.runtime.route_error(error, cause=cause, actor=self.name, detail=detail)
+        self.runtime.route_error(error, cause=cause, actor=self.name, detail=detail,
+                                 deliver=lambda to, child: self._post(to, child, cause))
 
     def report_health(self, ok: bool, reason: str = "", *, concern: str = "") -> None:
         """Say whether the world outside this actor works for it: ``ok=False`` with a reason
@@ -404,18 +414,21 @@ class TypedActor(pykka.ThreadingActor):
         self._send_outbox(env, holds_count=self._holds_count)
 
     def _send_outbox(self, env: Envelope, *, holds_count: bool) -> None:
-        """Deliver what the handler of ``env`` sent; its in-flight count goes with the first
-        message (one lock taken the fewer per hop each way), or ends here when it sent none."""
+        """Deliver what the handler of ``env`` sent; its in-flight count goes with the last
+        message (one lock taken the fewer per hop each way), or ends here when it sent none.
+        The last, not the first: until then the count still covers the work, so neither a
+        first message dead-lettered nor one handled at once can finish it early."""
         self._handling = None
         outbox = self._outbox
-        if outbox:
-            self._outbox = []
-            deliver = self.runtime.deliver
-            for to, child in outbox:
-                deliver(to, child, counted=holds_count)
-                holds_count = False
-        if holds_count:
-            self.runtime.inflight.done(env.correlation_id)
+        if not outbox:
+            if holds_count:
+                self.runtime.inflight.done(env.correlation_id)
+            return
+        self._outbox = []
+        deliver = self.runtime.deliver
+        for to, child in outbox[:-1]:
+            deliver(to, child)
+        deliver(*outbox[-1], counted=holds_count)
 
     def _io_done(self, done: IoDone) -> None:
         self._running_io -= 1
@@ -454,6 +467,7 @@ class TypedActor(pykka.ThreadingActor):
         """Override: runs in the actor's thread when it stops normally."""
 
     def on_start(self) -> None:
+        self._handler_thread = threading.get_ident()
         try:
             self.setup()
         except Exception as exc:

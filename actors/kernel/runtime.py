@@ -258,14 +258,14 @@ class Runtime:
             return None
         if not counted:
             self.inflight.add(envelope.correlation_id)
+        if self.tracer is not None:  # before it can be handled, and its work finish
+            self.tracer.queued(envelope, to)
         try:
             # Never block the event loop thread: every actor's I/O completes there.
             cell.mailbox.put(Letter(envelope), may_block=not self.io.in_loop_thread())
         except MailboxClosed:
             self.cut_short(envelope, actor=to, detail="its actor has stopped")
             return None
-        if self.tracer is not None:
-            self.tracer.queued(envelope, to)
         taps = self._taps.get(to)
         if taps:
             for probe in taps:
@@ -374,12 +374,13 @@ class Runtime:
         self.intake.interrupted(envelope.correlation_id)
         self.inflight.done(envelope.correlation_id)
 
-    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None,
-                    detail: str = "") -> None:
-        """Send an error to ``error_route`` (the retry pool); without one it is a dead
-        letter, with ``detail`` saying what was wrong."""
+    def route_error(self, error: Any, *, cause: Envelope, actor: str | None = None, detail: str = "",
+                    deliver: Callable[[str, Envelope], Any] | None = None) -> None:
+        """Send an error to ``error_route`` (the retry pool), through ``deliver`` when given
+        (an actor's, which keeps it in order with what its handler sent); without a route
+        it is a dead letter, with ``detail`` saying what was wrong."""
         if self.error_route is not None and self.has(self.error_route):
-            self.deliver(self.error_route, cause.child(error))
+            (deliver or self.deliver)(self.error_route, cause.child(error))
             return
         self.dead_letters.post(cause.child(error), "llm output rejected", actor=actor, detail=detail)
 
