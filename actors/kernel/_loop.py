@@ -200,3 +200,5 @@ class EventLoopThread:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.loop.shutdown_asyncgens()
+        # The worker threads of run_in_executor / to_thread (the admin's readers) end here too.
+        await self.loop.shutdown_default_executor()
