@@ -211,6 +211,10 @@ def _untraced(requests: int) -> Run:
     return runtime_offline(requests, trace=False)
 
 
+#: Latency at half the peak is measured over this many windows; the median is kept.
+LATENCY_WINDOWS = 3
+
+
 def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
     """Case 1 and case 5, each variant sized to last ``seconds`` and run ``repeats`` times,
     interleaved; the median of each is kept. Then latency at half the runtime's peak."""
@@ -228,15 +232,23 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
             runs[name].append(one(sizes[name]))
     best = {name: median_run(r) for name, r in runs.items()}
 
-    def at_half_peak(peak: float, journal: SqliteJournal | None) -> dict[str, float]:
-        tally = Tally(expected=int(peak * 0.5 * 3))
-        runtime = pipeline(OfflineEngine(), tally, journal)
-        try:
-            latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
-        finally:
-            runtime.stop(drain=5)
-        return {"per_second": round(peak * 0.5, 1), "p50_ms": round(latency.percentile(0.5) * 1000, 2),
-                "p99_ms": round(latency.percentile(0.99) * 1000, 2)}
+    def at_half_peak(peak: float, journal: SqliteJournal | None) -> dict[str, Any]:
+        """Three 3-second windows, each on a fresh pipeline; the median window's figures.
+        One window's p99 rests on its slowest 1% (about 60 deliveries here): on this VM it
+        moved between 3 and 10 ms from one window to the next at the same rate."""
+        windows = []
+        for _ in range(LATENCY_WINDOWS):
+            tally = Tally(expected=int(peak * 0.5 * 3))
+            runtime = pipeline(OfflineEngine(), tally, journal)
+            try:
+                latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
+            finally:
+                runtime.stop(drain=5)
+            windows.append((round(latency.percentile(0.99) * 1000, 2), round(latency.percentile(0.5) * 1000, 2)))
+        windows.sort()
+        p99, p50 = windows[len(windows) // 2]
+        return {"per_second": round(peak * 0.5, 1), "p50_ms": p50, "p99_ms": p99,
+                "p99_ms_windows": [w[0] for w in windows]}
 
     with tempfile.TemporaryDirectory() as tmp:  # what a daemon pays: its journal is always on
         journal = SqliteJournal(Path(tmp) / "journal.sqlite3")

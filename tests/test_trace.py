@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import ask, environment
+from conftest import ask, environment, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
@@ -89,3 +89,23 @@ def test_a_trace_shows_where_a_request_died(
     [letter] = app.runtime.dead_letters.letters(envelope.correlation_id)
     [dead] = [h for h in hops if h["outcome"] == f"dead letter: {letter.reason}"]
     assert dead["message_id"] == letter.record["message_id"] and dead["type"] == letter.record["body_type"]
+
+
+def test_a_finished_trace_costs_the_garbage_collector_nothing(make_app: Callable[..., Application]) -> None:
+    """The traces kept for /trace (thousands) stay out of the collector's walks once their
+    request has finished, or every collection walks them (they were the pipeline's p99),
+    and they read back the same."""
+    import gc
+
+    app = make_app()
+    envelope = ask(app, "run date")
+    assert app.runtime.wait_idle(envelope.correlation_id, timeout=10)
+    tracer = app.runtime.tracer
+    assert tracer is not None
+    events = tracer._traces[envelope.correlation_id]
+    wait_for(lambda: all(type(event) is tuple for event in events))  # finished just after idle
+    before = tracer.trace(envelope.correlation_id)
+    gc.collect()
+    assert events and not any(gc.is_tracked(event) for event in events)
+    assert tracer.trace(envelope.correlation_id) == before
+    assert all(hop["ended"] is not None for hop in before)
