@@ -241,7 +241,7 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
             tally = Tally(expected=int(peak * 0.5 * 3))
             runtime = pipeline(OfflineEngine(), tally, journal)
             try:
-                latency = offered(runtime, tally, rate=peak * 0.5, seconds=3)
+                latency = offered(runtime, tally, rate=peak * 0.5, seconds=3, journaled=journal is not None)
             finally:
                 runtime.stop(drain=5)
             windows.append((round(latency.percentile(0.99) * 1000, 2), round(latency.percentile(0.5) * 1000, 2)))

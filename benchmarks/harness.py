@@ -175,9 +175,10 @@ def drive(runtime: Runtime, tally: Tally, chats: int, per_chat: int, *, journale
     return Run(len(sent_at), elapsed, latencies, cpu, in_order)
 
 
-def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float) -> Run:
+def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, journaled: bool = False) -> Run:
     """Latency at a fixed offered load: ``rate`` requests a second, evenly spaced, for
-    ``seconds``; each one's time from its send to its reply (not a burst's queue)."""
+    ``seconds``; each one's time from its send to its reply (not a burst's queue).
+    ``journaled``: each is accepted as an interface does, journaled before it is handled."""
     count = int(rate * seconds)
     sent_at: dict[str, float] = {}
     gap = 1.0 / rate
@@ -186,9 +187,15 @@ def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float) -> Run:
         due = started + n * gap
         while (now := time.perf_counter()) < due:
             time.sleep(min(due - now, 0.001))
-        envelope = runtime.send(LLM, request(n, 1))
-        assert envelope is not None
-        sent_at[envelope.correlation_id] = time.perf_counter()
+        at = time.perf_counter()
+        if journaled:
+            correlation = f"offered-{n}-{at}"
+            runtime.accept(LLM, request(n, 1), correlation_id=correlation)
+        else:
+            envelope = runtime.send(LLM, request(n, 1))
+            assert envelope is not None
+            correlation = envelope.correlation_id
+        sent_at[correlation] = at
     if not tally.done.wait(60):
         raise SystemExit(f"offered load: only {len(tally.answered)} of {count} answered")
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu

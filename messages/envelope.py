@@ -10,6 +10,7 @@ W3C trace context (``traceparent``); see ``autoresponse.otel``.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import os
 import time
@@ -21,6 +22,12 @@ from pydantic import BaseModel
 # cheaper than a uuid4 on every hop.
 _PREFIX = os.urandom(4).hex()
 _counter = itertools.count(1)
+
+
+#: The correlation of the message being handled in this thread (and in the I/O it started):
+#: the runtime sets it around each handler; log lines and the journal's send ledger read it.
+current_correlation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "current_correlation", default=None)
 
 
 def new_id() -> str:

@@ -19,9 +19,12 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from conftest import Daemon
+from conftest import Daemon, console_text
 
+from autoresponse import Application
 from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.routes import interface
+from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.testing.fake_telegram import FakeTelegramServer
@@ -391,3 +394,51 @@ def test_a_clean_stop_is_a_pause_and_loses_nothing(tmp_path: Path) -> None:
     log = daemon.log()
     assert "did not finish; they stay open and resume on the next start" in log
     assert "resumed" in log
+
+
+def test_work_accepted_as_new_is_answered_from_memory_and_an_earlier_runs_sends_from_disk(
+        tmp_path: Path) -> None:
+    """A delivery asks whether its reply went out already. For a correlation this journal
+    accepted as new nothing can have, so the answer needs no read of SQLite (a read on every
+    delivery was its longest wait under load); once it finishes, or in a later run, the
+    database answers, and a send confirmed before a restart is never made again."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    reads: list[str] = []
+    journal._reader.set_trace_callback(reads.append)
+    key, other = "c1:chat:0:0123456789ab:0#0", "c2:chat:0:0123456789ab:0#0"
+    try:
+        assert journal.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm").result(5)
+        assert journal.mark_sent(other).result(5)  # c2 was never accepted here: its key is on disk
+        assert not journal.was_sent(key, "c1")
+        marked = journal.mark_sent(key, "c1")
+        assert journal.was_sent(key, "c1")  # queued, not yet committed: sent all the same
+        marked.result(5)
+        assert journal.was_sent(key, "c1") and not journal.was_sent(key.replace("#0", "#1"), "c1")
+        assert reads == []
+        assert journal.was_sent(other, "c1")  # not c1's key: the database answers
+        assert len(reads) == 1
+        journal.finish("c1")
+        assert journal.was_sent(key, "c1") and len(reads) == 2  # over: the database's to answer
+    finally:
+        journal.close()
+    again = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        # A client retries c1 after a restart: known, so not new, and its send stands.
+        assert again.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm").result(5) is False
+        assert again.was_sent(key, "c1") and not again.was_sent(key.replace("#0", "#1"), "c1")
+    finally:
+        again.close()
+
+
+def test_the_replies_to_new_work_read_nothing_from_the_journal(make_app: Callable[..., Application]) -> None:
+    """The daemon's path: a command, its output, and the reply about it, each sent once,
+    and no delivery of new work waits on a read of SQLite."""
+    app = make_app()
+    assert isinstance(app.journal, SqliteJournal)
+    reads: list[str] = []
+    app.journal._reader.set_trace_callback(reads.append)
+    envelope = app.runtime.accept(interface("console"), ConsoleInput(text="run uname -s")).result(5)
+    assert app.runtime.wait_idle(envelope.correlation_id, 15)
+    text = console_text(app)
+    assert text.count("`uname -s` finished") == 1 and "Linux" in text
+    assert reads == []

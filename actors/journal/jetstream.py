@@ -483,7 +483,9 @@ class JetStreamJournal:
         """Nothing to resume by hand: unacked items come back to some worker by themselves."""
         return []
 
-    def was_sent(self, key: str) -> bool:
+    def was_sent(self, key: str, correlation: str | None = None) -> bool:
+        """Asked of the cluster every time: any daemon may have sent it (a work item moves to
+        another daemon when its own dies), so ``correlation`` tells nothing here."""
         from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
         async def get() -> bool:
@@ -494,7 +496,7 @@ class JetStreamJournal:
             return True
         return self.run(get())
 
-    def mark_sent(self, key: str) -> concurrent.futures.Future[bool]:
+    def mark_sent(self, key: str, correlation: str | None = None) -> concurrent.futures.Future[bool]:
         async def put() -> bool:
             await self._sent.put(kv_key(key), b"1")
             return True

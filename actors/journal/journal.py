@@ -6,7 +6,8 @@
   failure (``dead``). An item interrupted by a stop is never finished: it stays
   open and is resumed on the next start;
 * ``was_sent`` / ``mark_sent``: idempotency keys of outbound chunks, so a
-  resumed item does not resend what was already confirmed;
+  resumed item does not resend what was already confirmed (a correlation this
+  journal accepted as new is answered from memory: nothing of it was sent before);
 * ``record_dead_letter`` and friends: dead letters, durable and replayable;
 * ``unfinished``: what to resume on start; ``compact``: forget old finished work;
 * ``record_approval`` and friends: actions waiting for approval, and their decisions
@@ -38,6 +39,7 @@ from autoresponse.actors.limits import (
     JOURNAL_COMPACT_SECONDS,
 )
 from autoresponse.messages import Envelope, OutboundMessage
+from autoresponse.messages.envelope import current_correlation
 
 log = logging.getLogger("autoresponse.actors.journal")
 
@@ -121,8 +123,8 @@ class DeliveryJournal(Protocol):
     def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
                ) -> concurrent.futures.Future[bool] | None: ...
     def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None: ...
-    def was_sent(self, key: str) -> bool: ...
-    def mark_sent(self, key: str) -> concurrent.futures.Future[bool]: ...
+    def was_sent(self, key: str, correlation: str | None = None) -> bool: ...
+    def mark_sent(self, key: str, correlation: str | None = None) -> concurrent.futures.Future[bool]: ...
     def unfinished(self) -> list[JournalItem]: ...
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]: ...
     def dead_letters(self, limit: int) -> list[dict[str, Any]]: ...
@@ -189,6 +191,11 @@ class SqliteJournal:
         self._reader_lock = threading.Lock()
         #: Keys queued by ``mark_sent`` and not yet committed: sent, though not yet readable.
         self._marking: set[str] = set()
+        #: The correlations this journal accepted as new, until they finish, with the keys
+        #: marked sent for them: nothing of theirs was sent before this run, so ``was_sent``
+        #: answers them here, and a delivery reads no SQLite (a read hands the GIL away and
+        #: waits to get it back: under load, the longest wait of a delivery).
+        self._fresh: dict[str, set[str]] = {}
         self.retention_seconds = retention_seconds
         self.compact_every = compact_every
         self._compacted = time.monotonic()
@@ -214,22 +221,29 @@ class SqliteJournal:
 
     # ---------------------------------------------------------------- writes
 
-    def _queue(self, op: _Op) -> bool:
-        """Queue ``op`` for the next group commit; False once the journal is closed."""
+    def _queue(self, op: _Op, correlation: str | None = None) -> bool:
+        """Queue ``op`` for the next group commit; False once the journal is closed.
+        A key it marks is sent from now on, for ``correlation`` too (in the same lock: no
+        reader sees it between the two)."""
         with self._cond:
             if self._closed:
                 return False
             self._pending.append(op)
-            if op[3] is not None:
-                self._marking.add(op[3])
+            key = op[3]
+            if key is not None:
+                self._marking.add(key)
+                fresh = self._fresh.get(correlation) if correlation is not None else None
+                if fresh is not None:
+                    fresh.add(key)
             self._cond.notify()
         return True
 
-    def _write(self, sql: str, args: Sequence[Any], marks: str | None = None) -> concurrent.futures.Future[bool]:
+    def _write(self, sql: str, args: Sequence[Any], marks: str | None = None,
+               correlation: str | None = None) -> concurrent.futures.Future[bool]:
         """Queue a write for the next group commit; resolves with whether it changed a row.
         ``marks``: the sent key it records, readable through ``was_sent`` from now on."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        if not self._queue((sql, args, done, marks)):
+        if not self._queue((sql, args, done, marks), correlation):
             done.set_exception(RuntimeError("the journal is closed"))
         return done
 
@@ -255,7 +269,7 @@ class SqliteJournal:
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
                 log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
                 outcomes = self._one_by_one(batch)
-            self._settled(batch)
+            self._settled(batch, outcomes)
             for (_, _, done, _), (did, error) in zip(batch, outcomes, strict=True):
                 _tell(done, did, error)
             if self.retention_seconds is not None and time.monotonic() - self._compacted >= self.compact_every:
@@ -358,12 +372,18 @@ class SqliteJournal:
                 f"SELECT correlation FROM items WHERE correlation IN ({marks})", chunk))
         return known
 
-    def _settled(self, batch: list[_Op]) -> None:
-        """The keys of a written (or failed) batch are the database's to answer for now."""
+    def _settled(self, batch: list[_Op], outcomes: list[tuple[bool, BaseException | None]]) -> None:
+        """The keys of a written (or failed) batch are the database's to answer for now; the
+        correlations it accepted as new are fresh (before anyone is told: their work starts then)."""
         marked = [key for _, _, _, key in batch if key is not None]
-        if marked:
+        finished = {args[3] for sql, args, _, _ in batch if sql is _FINISH}  # over before it began here
+        fresh = [args[0] for (sql, args, _, _), (did, error) in zip(batch, outcomes, strict=True)
+                 if sql is _ACCEPT and did and error is None and args[0] not in finished]
+        if marked or fresh:
             with self._cond:
                 self._marking.difference_update(marked)
+                for correlation in fresh:
+                    self._fresh.setdefault(correlation, set())
 
     def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
                ) -> concurrent.futures.Future[bool] | None:
@@ -383,21 +403,30 @@ class SqliteJournal:
         ``trace`` (JSON-ready) with it, in the same row: one write where there were two."""
         self._write_unwatched(_FINISH, (state, time.time(), None if trace is None else json.dumps(trace),
                                         correlation))
+        with self._cond:  # its keys are the database's now (queued before this finish: committed first)
+            self._fresh.pop(correlation, None)
 
     def record_dead_letter(self, summary: dict[str, Any]) -> concurrent.futures.Future[bool]:
         return self._write("INSERT OR REPLACE INTO dead_letters (id, time, reason, summary) VALUES (?, ?, ?, ?)",
                            (summary["id"], summary["time"], summary["reason"],
                             json.dumps(summary, default=str)))
 
-    def mark_sent(self, key: str) -> concurrent.futures.Future[bool]:
-        return self._write(_MARK_SENT, (key, time.time()), marks=key)
+    def mark_sent(self, key: str, correlation: str | None = None) -> concurrent.futures.Future[bool]:
+        """Record ``key`` as sent (``correlation``: the one whose turn made it)."""
+        return self._write(_MARK_SENT, (key, time.time()), marks=key, correlation=correlation)
 
     # ---------------------------------------------------------------- reads
 
-    def was_sent(self, key: str) -> bool:
+    def was_sent(self, key: str, correlation: str | None = None) -> bool:
+        """Whether ``key`` was marked sent, by this run or an earlier one. ``correlation``
+        (the one whose turn made the key): if this journal accepted it as new, the answer
+        needs no read."""
         with self._cond:
             if key in self._marking:
                 return True
+            fresh = self._fresh.get(correlation) if correlation is not None else None
+            if fresh is not None and key.startswith(f"{correlation}:"):  # a turn's key names its correlation
+                return key in fresh
         with self._reader_lock:
             return self._reader.execute("SELECT 1 FROM sent WHERE key = ?", (key,)).fetchone() is not None
 
@@ -560,6 +589,9 @@ class SendLedger:
     def __init__(self, journal: DeliveryJournal | None) -> None:
         self.journal = journal
 
+    # The correlation asked about is the one being handled (the sender's message's, also in
+    # the delivery task it started): the one whose turn made the key.
+
     def _key(self, message: OutboundMessage, chunk: int) -> str | None:
         if self.journal is None or message.key is None:
             return None  # notices and unjournaled replies carry no key
@@ -567,7 +599,7 @@ class SendLedger:
 
     def already_sent(self, message: OutboundMessage, chunk: int) -> bool:
         key = self._key(message, chunk)
-        return key is not None and self.journal.was_sent(key)  # type: ignore[union-attr]
+        return key is not None and self.journal.was_sent(key, current_correlation.get())  # type: ignore[union-attr]
 
     def confirm(self, message: OutboundMessage, chunk: int) -> concurrent.futures.Future[bool]:
         """Record the chunk as sent; the future resolves once that is durable.
@@ -580,4 +612,4 @@ class SendLedger:
             done: concurrent.futures.Future[bool] = concurrent.futures.Future()
             done.set_result(False)
             return done
-        return self.journal.mark_sent(key)  # type: ignore[union-attr]
+        return self.journal.mark_sent(key, current_correlation.get())  # type: ignore[union-attr]

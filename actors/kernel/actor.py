@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import threading
 import types
 import typing
@@ -36,7 +35,7 @@ import pykka
 from autoresponse.actors.kernel._loop import IoTask
 from autoresponse.actors.kernel._mailbox import InboxView, Letter, MailboxClosed
 from autoresponse.messages.control import Crash
-from autoresponse.messages.envelope import Envelope
+from autoresponse.messages.envelope import Envelope, current_correlation
 
 if TYPE_CHECKING:
     from autoresponse.actors.kernel.cell import Cell
@@ -46,10 +45,6 @@ if TYPE_CHECKING:
 Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()
 
-#: The correlation of the message being handled in this thread (and in the I/O it started),
-#: for log lines: ``logging`` filters read it (see ``autoresponse.logs``).
-current_correlation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "current_correlation", default=None)
 
 
 def handles(fn: Handler) -> Handler:
