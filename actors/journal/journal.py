@@ -376,9 +376,10 @@ class SqliteJournal:
         """The keys of a written (or failed) batch are the database's to answer for now; the
         correlations it accepted as new are fresh (before anyone is told: their work starts then)."""
         marked = [key for _, _, _, key in batch if key is not None]
-        finished = {args[3] for sql, args, _, _ in batch if sql is _FINISH}  # over before it began here
-        fresh = [args[0] for (sql, args, _, _), (did, error) in zip(batch, outcomes, strict=True)
-                 if sql is _ACCEPT and did and error is None and args[0] not in finished]
+        fresh = {args[0] for (sql, args, _, _), (did, error) in zip(batch, outcomes, strict=True)
+                 if sql is _ACCEPT and did and error is None}
+        if fresh:  # one finished in the same batch was over before its work began here
+            fresh.difference_update(args[3] for sql, args, _, _ in batch if sql is _FINISH)
         if marked or fresh:
             with self._cond:
                 self._marking.difference_update(marked)
@@ -579,7 +580,9 @@ def _tell(done: concurrent.futures.Future[bool] | Written | None, changed: bool,
 
 class SendLedger:
     """What a sender asks of the journal: was this chunk of this reply sent already,
-    and record that it now was. Without a journal nothing was ever sent before.
+    and record that it now was. Without a journal nothing was ever sent before. The
+    correlation it names to the journal is the one being handled (``current_correlation``,
+    also in the delivery task the handler started): the one whose turn made the key.
 
     >>> ledger = SendLedger(None)
     >>> ledger.already_sent(message, 0)                            # doctest: +SKIP
@@ -588,9 +591,6 @@ class SendLedger:
 
     def __init__(self, journal: DeliveryJournal | None) -> None:
         self.journal = journal
-
-    # The correlation asked about is the one being handled (the sender's message's, also in
-    # the delivery task it started): the one whose turn made the key.
 
     def _key(self, message: OutboundMessage, chunk: int) -> str | None:
         if self.journal is None or message.key is None:

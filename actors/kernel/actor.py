@@ -46,7 +46,6 @@ Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()
 
 
-
 def handles(fn: Handler) -> Handler:
     """Mark ``fn`` as the handler of the message class its first parameter names.
 
