@@ -16,6 +16,7 @@ from conftest import system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.approvals import NOTHING_TO_CANCEL
+from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
@@ -91,6 +92,23 @@ def test_the_full_loop_through_python_telegram_bot(
     assert delivery["original_context"]["interface_name"] == "telegram"
     assert "Filesystem" in delivery["outputs"][0]["output"]
     assert "message_telegram_bot" in delivery["full_json_instructions"]
+
+
+def test_a_reply_to_a_new_update_is_sent_once_without_reading_the_journal(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    """The sender asks whether a chunk went out already from its delivery task on the event
+    loop; for an update the journal accepted as new the answer is in memory, and the loop,
+    which carries every chat's I/O, never waits on a read of SQLite for it."""
+    assert isinstance(bot.journal, SqliteJournal)
+    reads: list[str] = []
+    bot.journal._reader.set_trace_callback(reads.append)
+    fake_llm.script(actions({"type": "message_telegram_bot", "payload": {"text": "Hello there."}}))
+    fake_telegram.push_text("hi", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram, timeout=10)
+    assert sent.params["text"] == "Hello there." and len(fake_telegram.sent()) == 1
+    assert reads == []
 
 
 def test_a_long_reply_arrives_as_ordered_chunks(bot: Application, fake_telegram: FakeTelegramServer) -> None:
