@@ -176,8 +176,8 @@ def test_a_stranger_and_a_forged_callback_are_refused_and_logged(
     prompt = ask_for(fake_telegram, "print guarded")
     fake_telegram.press(prompt, "Approve", user_id=STRANGER)
     approval_id = prompt.params["reply_markup"]["inline_keyboard"][0][0]["callback_data"].split(":", 1)[1]
-    fake_telegram.push_callback(f"approve:{approval_id[:-1]}x", user_id=OWNER, chat_id=CHAT,
-                                message_id=prompt.message_id)  # a tampered id
+    tampered = approval_id[:-1] + ("y" if approval_id.endswith("x") else "x")  # one in 62 ids ends in x
+    fake_telegram.push_callback(f"approve:{tampered}", user_id=OWNER, chat_id=CHAT, message_id=prompt.message_id)
     fake_telegram.push_callback("run:rm -rf /", user_id=OWNER, chat_id=CHAT, message_id=prompt.message_id)
     refused = wait_for(lambda: len(answers(fake_telegram)) == 3 and answers(fake_telegram))
     assert [(a["text"], a["show_alert"]) for a in refused] == [
