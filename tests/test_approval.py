@@ -190,7 +190,8 @@ def test_a_stranger_and_a_forged_callback_are_refused_and_logged(
 
     fake_telegram.press(prompt, "Approve", user_id=OWNER)  # the one who asked still may
     wait_for(lambda: len(answers(fake_telegram)) == 4)
-    wait_for(lambda: outputs(fake_llm) == ["guarded\n"])
+    until(fake_telegram, lambda: "Done." in texts(fake_telegram))  # paced after the prompt
+    assert outputs(fake_llm) == ["guarded\n"]
 
 
 def test_a_restart_while_waiting_still_waits_then_approve_works(
