@@ -158,11 +158,15 @@ def test_an_approval_expires_on_the_clock_with_a_notice(
     assert 1.0 in [round(left, 6) for left in manual_clock.pending()]  # the expiry: a second to go
     assert not any("in time" in t for t in texts(fake_telegram))
     manual_clock.advance(1)
-    notice = wait_for(lambda: [t for t in texts(fake_telegram) if "in time" in t])
+    # Paced after the prompt: when the bot heard the prompt's answer only after the clock
+    # had moved on (a slow machine), the notice waits a second of that clock.
+    notice = until(fake_telegram, lambda: [t for t in texts(fake_telegram) if "in time" in t])
     assert notice == ["Nobody approved `echo too-late` in time, so it did not run."]
     fake_telegram.press(prompt, "Approve", user_id=OWNER)
     [answer] = wait_for(lambda: answers(fake_telegram))
     assert answer["text"] == "Too late: `echo too-late` was already expired." and answer["show_alert"] is True
+    [edit] = wait_for(lambda: fake_telegram.calls_to("editMessageReplyMarkup"))  # the stale buttons go
+    assert edit.params["message_id"] == prompt.message_id
     assert outputs(fake_llm) == [] and len(fake_llm.requests) == 1
 
 
@@ -180,8 +184,9 @@ def test_a_stranger_and_a_forged_callback_are_refused_and_logged(
     fake_telegram.push_callback(f"approve:{tampered}", user_id=OWNER, chat_id=CHAT, message_id=prompt.message_id)
     fake_telegram.push_callback("run:rm -rf /", user_id=OWNER, chat_id=CHAT, message_id=prompt.message_id)
     refused = wait_for(lambda: len(answers(fake_telegram)) == 3 and answers(fake_telegram))
-    assert [(a["text"], a["show_alert"]) for a in refused] == [
-        (NOT_AN_APPROVER, True), (FORGED, True), (FORGED, True)]
+    # Each press is answered by a request of its own, so the three may arrive in any order.
+    assert sorted((a["text"], a["show_alert"]) for a in refused) == sorted([
+        (NOT_AN_APPROVER, True), (FORGED, True), (FORGED, True)])
     assert fake_telegram.calls_to("editMessageReplyMarkup") == []  # still waiting, buttons and all
     assert outputs(fake_llm) == []
     log = caplog.text

@@ -41,7 +41,10 @@ def test_status_of_a_running_daemon_lists_every_actor_and_counts_injected_crashe
                 assert done.returncode == 0, done.stderr
         done = d.cli("inject", "interface.console", '{"text": "run echo after the drill"}')
         assert done.returncode == 0, done.stderr
-        time.sleep(0.5)
+        until = time.monotonic() + 20  # the request goes through the whole pipeline first
+        while actors(d.status())["sender.console"]["processed"] < 1:
+            assert time.monotonic() < until, "the injected request was not delivered"
+            time.sleep(0.1)
         after = actors(d.status())
         assert after["llm"]["restarts"] == 2 and after["dispatcher"]["restarts"] == 1
         assert after["llm"]["last_failure"]["message"] == "operator drill"

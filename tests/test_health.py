@@ -269,6 +269,9 @@ def test_a_dead_webhook_and_a_revoked_token_show_in_webhook_mode(
     manual_clock.advance(WEBHOOK_CHECK_SECONDS)
     wait_for(lambda: failing() is None)
     assert get(f"{url}/healthz")[0] == 200
+    assert manual_clock.advance_until(lambda: fake_telegram.sent(42))  # and what it carried is answered
+    [reply] = fake_telegram.sent(42)
+    assert reply.params["reply_parameters"]["message_id"] == update["message"]["message_id"]
 
     fake_telegram.revoke(TOKEN)  # nobody would notice otherwise: Telegram simply stops calling
     checks = len(fake_telegram.calls_to("getWebhookInfo"))

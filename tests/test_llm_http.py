@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoresponse.actors.limits import LLM_MAX_TOKENS
-from conftest import ask
+from conftest import ask, free_port
 
 from autoresponse import Application, Settings
 from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
@@ -115,12 +115,6 @@ async def test_a_malformed_response_is_a_clear_error(fake_llm: FakeLLMServer) ->
 
 
 # --- Hostile servers: every one ends in an LLMError, never another exception. ---
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_a_body_that_is_not_utf8_is_an_llm_error(fake_llm: FakeLLMServer) -> None:
