@@ -1,5 +1,6 @@
-"""JSON that comes from outside in a body (the admin endpoint, Telegram's webhook calls):
-UTF-8, JSON, and nested no deeper than a limit, or ``MalformedJson`` saying which.
+"""JSON in bodies. Read from outside (the admin endpoint, Telegram's webhook calls): UTF-8,
+JSON, and nested no deeper than a limit, or ``MalformedJson`` saying which. Written
+(an LLM request, a Bot API call, a journaled trace): compact UTF-8, by ``dump_json``.
 
 Depth is bounded because everything after the parse walks the value (validation, the
 journal, a log line), and a walk that recurses would overflow on ``[[[[...``.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from pydantic_core import PydanticSerializationError, to_json
 
 from autoresponse.actors.limits import JSON_BODY_MAX_DEPTH
 
@@ -62,3 +65,20 @@ def read_json_body(body: bytes, max_depth: int = JSON_BODY_MAX_DEPTH) -> Any:
     if nests_deeper_than(value, max_depth):
         raise MalformedJson(too_deep, text)
     return value
+
+
+def dump_json(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON, by pydantic-core's encoder: on every delivery's path
+    (a trace, a request body), where it costs a fifth to a half of ``json.dumps``'s time.
+    What it refuses and ``json.dumps`` takes (a lone surrogate, which UTF-8 cannot carry,
+    or nesting past its depth) is encoded by ``json.dumps``, surrogates escaped.
+
+    >>> dump_json({"text": "héllo", "n": [1, 2.5]})
+    b'{"text":"h\\xc3\\xa9llo","n":[1,2.5]}'
+    >>> dump_json("\\ud800")
+    b'"\\\\ud800"'
+    """
+    try:
+        return to_json(value)
+    except PydanticSerializationError:
+        return json.dumps(value, separators=(",", ":")).encode()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ask, console_text
+from conftest import ask, console_text, system_messages
 
 from autoresponse import Application, request_llm_delivery
 from autoresponse.actors.kernel import ManualClock
@@ -298,3 +298,17 @@ def test_a_reply_with_a_thousand_commands_runs_none_and_is_re_asked(
         assert [m.text for m in out.bodies(OutboundMessage)] == ["Just one, then."]
     errors = json.loads(fake_llm.requests[1].messages[-1]["content"])["system_message"]["errors"]
     assert errors == ["your reply has 1000 actions; at most 10 are allowed per reply"]
+
+
+def test_a_reply_naming_a_lone_surrogate_is_re_asked_and_answered(make_app: MakeApp,
+                                                                   fake_llm: FakeLLMServer) -> None:
+    # Valid JSON, but its "\ud800" escape is a character no UTF-8 can carry: the re-ask
+    # quotes it back to the model (escaped again), and the user gets the answer to that.
+    fake_llm.script(FakeResponse(content='{"type": "tele\\ud800port", "payload": {}}'),
+                    actions(reply("Teleporting is not something I do.")))
+    app = make_app(base_url=fake_llm.base_url)
+    ask(app, "teleport me")
+    assert "Teleporting is not something I do." in console_text(app)
+    [error] = system_messages(fake_llm, "error")
+    assert [p["type"] for p in error["positions"]] == ["tele\ud800port"]
+    assert "unknown action type 'tele\\ud800port'" in error["errors"][0]

@@ -42,6 +42,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from autoresponse.actors.journal.journal import JournalItem, Written
+from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTERS_KEPT,
     JOURNAL_RETENTION_SECONDS,
@@ -366,9 +367,8 @@ class JetStreamJournal:
         """Publish the item; resolves with False when the cluster already had it (with
         ``then``, that callback is told instead, and nothing is returned)."""
         body = envelope.body
-        item = json.dumps({"correlation": envelope.correlation_id, "actor": actor,
-                           "type": type(body).__name__, "payload": body.model_dump_json()})
-        data = item.encode()
+        data = dump_json({"correlation": envelope.correlation_id, "actor": actor,
+                          "type": type(body).__name__, "payload": body.model_dump_json()})
         if len(data) > self._nc.max_payload:  # refused at the door, like what SQLite cannot store
             raise ValueError(f"it is larger than the NATS server takes ({self._nc.max_payload} bytes)")
         headers = {"Nats-Msg-Id": envelope.correlation_id}
@@ -506,7 +506,7 @@ class JetStreamJournal:
 
     def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]:
         async def put() -> bool:
-            await self._traces.put(kv_key(correlation), json.dumps(trace).encode())
+            await self._traces.put(kv_key(correlation), dump_json(trace))
             return True
         return self._submit(put())
 

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTER_RETENTION_SECONDS,
     DEAD_LETTERS_KEPT,
@@ -402,7 +403,7 @@ class SqliteJournal:
     def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None:
         """Close an open item: ``done`` (delivered) or ``dead`` (a real failure); keep its
         ``trace`` (JSON-ready) with it, in the same row: one write where there were two."""
-        self._write_unwatched(_FINISH, (state, time.time(), None if trace is None else json.dumps(trace),
+        self._write_unwatched(_FINISH, (state, time.time(), None if trace is None else dump_json(trace).decode(),
                                         correlation))
         with self._cond:  # its keys are the database's now (queued before this finish: committed first)
             self._fresh.pop(correlation, None)
@@ -442,7 +443,7 @@ class SqliteJournal:
         """Keep the trace of finished work that had no item (``finish`` keeps an item's),
         JSON-ready as the runtime's recorder hands it over (replaced if the work ran
         again); ``trace`` gives it back."""
-        return self._write(_RECORD_TRACE, (correlation, time.time(), json.dumps(trace)))
+        return self._write(_RECORD_TRACE, (correlation, time.time(), dump_json(trace).decode()))
 
     def trace(self, correlation: str) -> Any:
         """The kept trace of ``correlation``: its item's, or the table's, whichever is newer

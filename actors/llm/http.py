@@ -43,6 +43,7 @@ import aiohttp
 from pydantic import SecretStr
 from yarl import URL
 
+from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.kernel.backoff import BackoffPolicy
 from autoresponse.actors.limits import (
     LLM_CONNECT_TIMEOUT_SECONDS,
@@ -470,7 +471,7 @@ class HttpEngine:
                 sent["stream"] = True
                 if "stream_options" not in self.refused:
                     sent["stream_options"] = {"include_usage": True}
-            payload = json.dumps(sent, ensure_ascii=False).encode()
+            payload = dump_json(sent)
             if encoded:  # spliced in before the closing brace: ``sent`` is never empty
                 payload = b"%s,%s}" % (payload[:-1], encoded)
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,7 @@ from telegram._utils.defaultvalue import DefaultValue
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
+from autoresponse.actors.jsonbody import dump_json
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
 
 #: Seconds to connect, and to wait for a response or to send a request, unless PTB says.
@@ -95,7 +95,7 @@ def _body(request_data: RequestData | None) -> Any:
     if request_data is None:
         return None
     if not request_data.contains_files:
-        return aiohttp.payload.BytesPayload(json.dumps(request_data.parameters).encode(),
+        return aiohttp.payload.BytesPayload(dump_json(request_data.parameters),
                                             content_type="application/json")
     form = aiohttp.FormData()
     for name, value in request_data.json_parameters.items():
