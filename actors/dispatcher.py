@@ -217,7 +217,7 @@ class ActionDispatcher(TypedActor):
         ctx = prompt.original_context
         # What became of each place: made into ``Position``s only for a re-ask (they are its).
         positions: list[tuple[Slot, bool, str]] = []
-        kept: list[tuple[int, Slot]] = []  # (place in the reply, slot) of what goes out
+        kept: list[tuple[int, Slot, str]] = []  # (place in the reply, slot, its key) of what goes out
         valid = [slot for slot in found.slots if slot.action is not None]
         may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
             "message" if v.action.kind == "message" else "command" for v in valid]), strict=True)) \
@@ -239,10 +239,11 @@ class ActionDispatcher(TypedActor):
             if not may_go.get(id(slot), True):
                 self._dropped(env, slot, "answers a place already carried out")
                 continue
-            fitted = action.fitted(ctx)
+            fitted, fitted_key = action.fitted(ctx), key
             if fitted is not action:
                 self._noted(env, f"action {slot.index} ({slot.type}): dropped what cannot apply in this chat")
                 action, slot = fitted, replace(slot, action=fitted)
+                fitted_key = action_key(action)
             preflight = self.preflight.get(action.type)
             problem = action.check(ctx) or (preflight(action) if preflight is not None else "")
             if problem:
@@ -250,12 +251,12 @@ class ActionDispatcher(TypedActor):
                 errors.append(problem)
                 seen[key] = problem
                 continue
-            kept.append((index, slot))
-        commands = tuple(describe(s.action) for _, s in kept  # type: ignore[union-attr]
+            kept.append((index, slot, fitted_key))
+        commands = tuple(describe(s.action) for _, s, _ in kept  # type: ignore[union-attr]
                          if s.action.kind != "message" and not self._gated(s.action))  # type: ignore[union-attr]
         run = 0  # commands sent so far: each one's place in the batch
         replaced_preview = False
-        for index, slot in kept:
+        for index, slot, key in kept:
             action = slot.action
             assert action is not None
             problem = ""
@@ -272,7 +273,7 @@ class ActionDispatcher(TypedActor):
             if problem:
                 errors.append(problem)
             else:
-                carried_out.append(action_key(action))
+                carried_out.append(key)
         if reply.previewed and not replaced_preview:
             self._withdraw(ctx, turn, env)
         if errors:
