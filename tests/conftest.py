@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -138,6 +140,31 @@ def free_port() -> int:
             _HANDED_OUT.add(port)
             return port
     raise RuntimeError("no fresh port in 100 tries")
+
+
+class Gate:
+    """A command that runs until the test lets it end: `cat FIFO` blocks until a writer
+    opens the FIFO. A `sleep N` would end on its own, before the test is done with it on a
+    loaded machine."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.command = f"cat {shlex.quote(str(path))}"
+
+    def open(self) -> None:
+        """Let the command end: write a line to it, then end of file."""
+        fd = wait_for(self._writer)  # `cat` may not have opened the FIFO yet
+        with os.fdopen(fd, "w") as fifo:
+            fifo.write("let through\n")
+
+    def _writer(self) -> int | None:
+        try:  # non-blocking: never a hang, ENXIO until a reader has it open
+            return os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            return None
 
 
 def environment(**extra: str) -> dict[str, str]:

@@ -2,8 +2,9 @@
 correlation finishes, the chat keeps answering.
 
 The batch's wait is a timer on the runtime's clock, a ManualClock here: the test ends the
-wait by advancing it. The commands are real processes; `sleep 3` is still running when the
-wait ends, whatever the machine's load, because the wait ends only when the test says."""
+wait by advancing it. The commands are real processes; the slow one (`cat` of a FIFO) is
+still running when the wait ends, whatever the machine's load, because both the wait and
+that command end only when the test says."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ask, console_text, system_messages, wait_for
+from conftest import Gate, ask, console_text, system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
@@ -25,8 +27,7 @@ from autoresponse.messages import ActionOutput, Crash, Envelope, OutboundMessage
 
 MakeApp = Callable[..., Application]
 
-WAIT = 30.0  # batch_wait, on the manual clock: `echo two` is in before it, `sleep 3` after it
-COMMANDS = ("echo one", "echo two", "sleep 3")
+WAIT = 30.0  # batch_wait, on the manual clock: `echo two` is in before it, the gated `cat` after it
 
 
 class Arrivals:
@@ -46,9 +47,9 @@ class Arrivals:
             return len(self.times)
 
 
-def run_batch(app: Application, fake_llm: FakeLLMServer) -> Envelope:
+def run_batch(app: Application, fake_llm: FakeLLMServer, commands: list[str]) -> Envelope:
     fake_llm.script(FakeResponse(content=json.dumps(
-        {"actions": [{"type": "terminal", "payload": {"command": c}} for c in COMMANDS]})))
+        {"actions": [{"type": "terminal", "payload": {"command": c}} for c in commands]})))
     envelope = app.runtime.send(interface("console"), ConsoleInput(text="run the three"))
     assert envelope is not None
     return envelope
@@ -61,21 +62,25 @@ def outputs(fake_llm: FakeLLMServer) -> list[list[Any]]:
 
 @pytest.mark.parametrize("when", ["while gathering", "after the wait ran out"])
 def test_a_builder_crash_mid_batch_loses_nothing_and_repeats_nothing(
-    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, when: str
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, when: str,
 ) -> None:
-    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": WAIT},
-                   supervision={"backoff_min": 1, "backoff_max": 1, "backoff_jitter": 0}, clock=manual_clock)
+    gate = Gate(tmp_path / "gate")
+    # The command timeout is real time: generous, so a slow machine never kills the gated `cat`.
+    monkeypatch.setenv("AUTORESPONSE_TERMINAL__TIMEOUT", "300")
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "cat"],
+                   runtime={"batch_wait": WAIT}, supervision={"backoff_min": 1, "backoff_max": 1, "backoff_jitter": 0}, clock=manual_clock)
     arrivals = Arrivals()
     unwatch = app.runtime.watch(BUILDER, arrivals)
     try:
         with app.runtime.probe(sender("console")) as out:
-            started = run_batch(app, fake_llm)
+            started = run_batch(app, fake_llm, ["echo one", "echo two", gate.command])
             wait_for(lambda: len(arrivals) == 2)  # `echo one` and `echo two` are in
             assert manual_clock.wait_for_sleepers(1)  # the wait for the rest, from the first output
             manual_clock.advance(10)
             if when == "after the wait ran out":
                 manual_clock.advance(WAIT - 10)
-                wait_for(lambda: outputs(fake_llm))  # delivered; `sleep 3` still running
+                wait_for(lambda: outputs(fake_llm))  # delivered; the gated `cat` still running
             app.runtime.send(BUILDER, Crash(reason="mid batch"))
             wait_for(lambda: manual_clock.pending() == [1.0])  # the restart's backoff, and nothing else
             manual_clock.advance(1)
@@ -84,15 +89,18 @@ def test_a_builder_crash_mid_batch_loses_nothing_and_repeats_nothing(
                 # The new incarnation gathers the outputs again, and waits only what was left.
                 wait_for(lambda: manual_clock.pending() == [WAIT - 11])
                 manual_clock.advance(WAIT - 11)
+            wait_for(lambda: outputs(fake_llm))  # what was done at the wait went out, without it
+            gate.open()  # only now may the slow command end, and its output come on its own
             assert app.runtime.wait_idle(started.correlation_id, 15), "the batch never finished"
             replies = out.bodies(OutboundMessage)
         assert app.runtime.cell(BUILDER).restarts == 1
     finally:
         unwatch()
     # What was done at the wait went out together, the rest on its own: each once.
-    assert outputs(fake_llm) == [["echo one", "echo two", None], ["sleep 3"]]
-    first = system_messages(fake_llm, "output")[0]
-    assert "still running after 30s: `sleep 3`" in first["outputs"][2]["output"]
+    assert outputs(fake_llm) == [["echo one", "echo two", None], [gate.command]]
+    first, late = system_messages(fake_llm, "output")
+    assert f"still running after 30s: `{gate.command}`" in first["outputs"][2]["output"]
+    assert "let through" in late["outputs"][0]["output"]
     assert len(replies) == 2
     assert len(arrivals) == 3  # each output came once (the crash put held ones back, not anew)
     assert app.runtime.dead_letters.letters() == []

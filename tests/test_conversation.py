@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ask, console_text, system_message, system_messages, wait_for
+from conftest import Gate, ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import ManualClock
@@ -99,25 +99,33 @@ def test_two_commands_of_one_reply_come_back_in_one_delivery_turn_and_one_reply(
 
 
 def test_a_command_still_running_at_the_wait_is_named_and_follows_on_its_own(
-    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The batch's wait is a timer on the runtime's (manual) clock; `sleep 2` is a real process."""
+    """The batch's wait is a timer on the runtime's (manual) clock; the slow command is a
+    real process that ends only when the test opens its gate."""
+    gate = Gate(tmp_path / "gate")
     fake_llm.script(actions({"type": "terminal", "payload": {"command": "echo quick"}},
-                            {"type": "terminal", "payload": {"command": "sleep 2"}}))
-    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "sleep"], runtime={"batch_wait": 30},
+                            {"type": "terminal", "payload": {"command": gate.command}}))
+    # The command timeout is real time: generous, so a slow machine never kills the gated `cat`.
+    monkeypatch.setenv("AUTORESPONSE_TERMINAL__TIMEOUT", "300")
+    app = make_app(base_url=fake_llm.base_url, allowed=["echo", "cat"], runtime={"batch_wait": 30},
                    clock=manual_clock)
     with app.runtime.probe(sender("console")) as out:
         envelope = app.runtime.send("interface.console", ConsoleInput(text="run both"))
         assert envelope is not None
         assert manual_clock.wait_for_sleepers(1)  # `echo quick` is in: the wait for the rest began
         assert manual_clock.pending() == [30.0]
-        manual_clock.advance(30)  # the wait is over while `sleep 2` still runs
+        manual_clock.advance(30)  # the wait is over while the gated `cat` still runs
+        wait_for(lambda: system_messages(fake_llm, "output"))  # what was done went out, without it
+        gate.open()
         assert app.runtime.wait_idle(envelope.correlation_id, timeout=15)
         replies = out.bodies(OutboundMessage)
     first, late = system_messages(fake_llm, "output")
     assert [o.get("command") for o in first["outputs"]] == ["echo quick", None]
-    assert "still running after 30s: `sleep 2`" in first["outputs"][1]["output"]
-    assert [o["command"] for o in late["outputs"]] == ["sleep 2"]
+    assert f"still running after 30s: `{gate.command}`" in first["outputs"][1]["output"]
+    assert [o["command"] for o in late["outputs"]] == [gate.command]
+    assert "let through" in late["outputs"][0]["output"]
     assert len(replies) == 2
 
 

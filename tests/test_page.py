@@ -118,7 +118,7 @@ def open_live(page: Page, url: str) -> None:
 # ---------------------------------------------------------------- in the browser
 
 
-def test_an_injected_crash_shows_as_a_restart_within_two_seconds(make_app: MakeApp, page: Page) -> None:
+def test_an_injected_crash_shows_as_a_restart_on_the_open_page(make_app: MakeApp, page: Page) -> None:
     app = make_app(admin=ADMIN)
     url = admin_url(app)
     fetched: list[str] = []
@@ -127,15 +127,17 @@ def test_an_injected_crash_shows_as_a_restart_within_two_seconds(make_app: MakeA
     llm = 'tr[data-actor="llm"]'
     assert page.inner_text(f"{llm} .restarts") == "0"
     assert page.inner_text(f"{llm} .state") == "running"
+    # A mark on this document: a reload would wipe it, so it still being there proves the
+    # restart reached the page that was already open.
+    page.evaluate("() => { window.openedBeforeTheCrash = true; }")
 
-    injected = time.monotonic()
     status, _, body = call(f"{url}/inject/llm?type=Crash", "POST", body={"reason": "drill"})
     assert status == 202, body
-    # The page updates by itself (no reload, no click). A generous wait; a strict assertion.
+    # The page updates by itself (no reload, no click). A generous wait, so a loaded machine
+    # is only slower; how fast SSE and the browser redraw are is not what this proves.
     page.wait_for_function(f"() => document.querySelector('{llm} .restarts').textContent === '1'",
                            timeout=15_000)
-    shown_after = time.monotonic() - injected
-    assert shown_after < 2.0, f"the restart took {shown_after:.2f} s to show"
+    assert page.evaluate("() => window.openedBeforeTheCrash === true")
     assert "CrashRequested: drill" in page.inner_text(f"{llm} .failure")
     page.goto(f"{url}/#trace/{json.loads(body)['correlation_id']}")
     assert page.inner_text("#waterfall .hop.bad").startswith("llm · Crash")

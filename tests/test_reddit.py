@@ -10,12 +10,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncprawcore.rate_limit import RateLimiter
 from conftest import Daemon, system_messages, wait_for
 
 import autoresponse.interfaces
@@ -154,16 +155,29 @@ def test_a_ratelimit_error_parks_only_that_reply(bot: Application, fake_reddit: 
 
 
 def test_a_spent_rate_limit_budget_holds_back_the_next_request(
-    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Real time: asyncprawcore honours X-Ratelimit-Reset by sleeping on its own clock, which
     the runtime's does not drive; so the bot and the fake run on real time here."""
+    # The reply must be due only once the client has read the spent budget: told to send
+    # earlier, it would rightly go out at once. The fake recording the answer is not enough
+    # (the client reads it later, on its own loop), so watch the client's rate limiter.
+    read_spent = threading.Event()
+    update = RateLimiter.update
+
+    def watched_update(limiter: RateLimiter, *, response_headers: Any) -> None:
+        update(limiter, response_headers=response_headers)
+        if limiter.remaining == 0:
+            read_spent.set()
+
+    monkeypatch.setattr(RateLimiter, "update", watched_update)
     fake_reddit.clock = Clock()
     bot = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, poll_interval=0.1))
     wait_for(lambda: polls(fake_reddit) >= 2)
     fake_reddit.spend_budget(reset=2)  # the next answer says: nothing left for 2 seconds
     spent = wait_for(lambda: [c for c in fake_reddit.calls if c.remaining == 0])[0]
-    time.sleep(0.3)  # let the client read that answer before the reply is due
+    assert read_spent.wait(timeout=15), "the client never read the spent budget"
     tell(bot, "a reply while the budget is spent", "t1_a")
     [reply] = wait_for(lambda: fake_reddit.replies("t1_a"))
     calls = list(fake_reddit.calls)

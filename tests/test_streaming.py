@@ -1,7 +1,7 @@
 """Streamed replies: a slow answer is shown as it grows, then becomes the final reply.
 
-Real time: the fake LLM streams in real time and the LLM client spaces its previews by its
-own monotonic clock (not the runtime's yet), so the previews' pacing is real here too."""
+Real time: the fake LLM streams in real time and the LLM client spaces its previews by the
+runtime's clock, real here too, but for the quick reply's test, whose clock stands still."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from conftest import console_text, wait_for
 
 from autoresponse import Application
+from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.llm.engine import LLMError
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.llm.http import HttpEngine
@@ -62,12 +63,14 @@ def telegram() -> Iterator[FakeTelegramServer]:
         yield server
 
 
+def telegram_settings(telegram: FakeTelegramServer) -> dict[str, object]:
+    return {"token": "123456:TEST-TOKEN", "base_url": telegram.base_url,
+            "allowed_users": [ALLOWED], "poll_timeout": 1}
+
+
 @pytest.fixture
 def bot(fake_llm: FakeLLMServer, telegram: FakeTelegramServer, make_app: Callable[..., Application]) -> Application:
-    return make_app(base_url=fake_llm.base_url, telegram={
-        "token": "123456:TEST-TOKEN", "base_url": telegram.base_url,
-        "allowed_users": [ALLOWED], "poll_timeout": 1,
-    })
+    return make_app(base_url=fake_llm.base_url, telegram=telegram_settings(telegram))
 
 
 def shown(telegram: FakeTelegramServer) -> tuple[Call, list[Call]]:
@@ -96,8 +99,15 @@ def test_a_slow_reply_grows_in_one_telegram_message_and_ends_as_the_final_text(
     assert not telegram.calls_to("deleteMessage")
 
 
-def test_a_quick_reply_is_just_sent(bot: Application, fake_llm: FakeLLMServer, telegram: FakeTelegramServer) -> None:
-    fake_llm.script(FakeResponse(content=slowly(ANSWER).content))  # streamed, all at once
+def test_a_quick_reply_is_just_sent(
+    fake_llm: FakeLLMServer, telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    manual_clock: ManualClock,
+) -> None:
+    # Previews are paced by the runtime's clock. Standing still, it makes this answer quick
+    # however long the real round trip takes on a loaded machine; the pieces still come over
+    # real time, so the previewer does see the text grow (it is looked at every 0.1 s).
+    bot = make_app(base_url=fake_llm.base_url, telegram=telegram_settings(telegram), clock=manual_clock)
+    fake_llm.script(FakeResponse(content=slowly(ANSWER).content, piece=6, every=0.02))
     telegram.push_text("how are my disks?", chat_id=CHAT, user_id=ALLOWED)
     wait_for(lambda: telegram.sent(CHAT))
     assert bot.runtime.wait_idle(timeout=10)
