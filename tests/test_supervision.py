@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -151,10 +150,7 @@ def test_transient_children_are_restarted_only_after_a_crash(
     assert rt.cell("w").restarts == 1
     rt.send("w", Quit())
     wait_for(lambda: journal.of("stop").count("w") == 2)
-    if after_quit:  # restarted: wait for it, however slow the machine
-        wait_for(lambda: rt.cell("w").restarts == 2 and rt.cell("w").alive)
-    else:  # not restarted: a restart, had one been due, would have begun within this
-        time.sleep(0.1)
+    time.sleep(0.1)
     assert rt.cell("w").restarts == 1 + after_quit
     assert rt.cell("w").alive is bool(after_quit)
 
@@ -276,33 +272,6 @@ def test_children_stop_in_reverse_order_with_the_runtime(journal: Journal) -> No
     wait_for(lambda: len(journal.of("start")) == 3)
     rt.stop(drain=2)
     assert journal.of("stop") == ["c", "b", "a"]
-
-
-class Door(TypedActor):
-    """An interface answering a press: its I/O is under way when the stop comes."""
-
-    def __init__(self, journal: Journal) -> None:
-        super().__init__()
-        self.journal = journal
-
-    @handles
-    def on_note(self, note: Note, env: Envelope) -> None:
-        self.run_io(asyncio.sleep(600), cause=env)
-        self.journal.add(f"answering:{note.text}")
-
-
-def test_a_stop_interrupts_what_a_stopped_interface_was_doing_and_waits_for_nothing(journal: Journal) -> None:
-    rt = Runtime().start()
-    rt.spawn("interfaces", Supervisor, SupervisorSpec("interfaces", Strategy.ONE_FOR_ONE,
-                                                      (ChildSpec("door", Door, (journal,)),)))
-    rt.accept("door", Note(text="press")).result(5)
-    wait_for(lambda: journal.of("answering") == ["press"])
-    # The door stops first; its press goes back to its mailbox, where no one takes it now.
-    # It is interrupted at once (it resumes on the next start), not waited for until the
-    # drain ends: the stop reports everything drained.
-    assert rt.stop(drain=60, first=("interfaces",)) is True
-    assert rt.intake.unfinished_here() == 1
-    assert rt.dead_letters.letters() == []
 
 
 def test_a_supervisor_refuses_work_it_cannot_route(supervise: Callable[..., Runtime], journal: Journal) -> None:

@@ -111,9 +111,6 @@ class Runtime:
         self._taps: dict[str, list[Probe | _Tap]] = {}
         self._lock = threading.Lock()
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
-        #: A stop has begun (its drain included): work that cannot be handled now is
-        #: interrupted, to resume on the next start, not dead-lettered.
-        self._pausing = False
 
     # ---------------------------------------------------------------- lifetime
 
@@ -171,15 +168,9 @@ class Runtime:
         """
         if self._state != "running":
             return True
-        self._pausing = True
         for name in first:
             if name in self._cells:
                 self._cells[name].stop(timeout=drain)
-        # What those actors were doing (a button press being answered) went back to their
-        # mailboxes as they stopped, where no one will take it now: interrupted at once,
-        # rather than waited for until the drain ends.
-        for cell in [c for c in self._cells.values() if self._within(c, first)]:
-            self.close(cell)
         until = time.monotonic() + drain
         drained = self.inflight.wait(timeout=0)
         while not drained and not self._hurry.is_set() and time.monotonic() < until:
@@ -198,17 +189,6 @@ class Runtime:
         if Runtime._current is self:
             Runtime._current = None
         return drained
-
-    def _within(self, cell: Cell, names: tuple[str, ...]) -> bool:
-        """Whether ``cell`` is one of ``names`` or supervised, at any depth, by one of them."""
-        seen: Cell | None = cell
-        for _ in range(len(self._cells)):  # a supervision tree has no cycles; bounded anyway
-            if seen is None:
-                return False
-            if seen.name in names:
-                return True
-            seen = self._cells.get(seen.supervisor) if seen.supervisor is not None else None
-        return False
 
     def hurry(self) -> None:
         """End a drain under way at once (an operator's second signal); nothing is lost."""
@@ -309,7 +289,7 @@ class Runtime:
             cell.mailbox.put_priority(Letter(envelope))
         except MailboxClosed:
             self.inflight.done(envelope.correlation_id)
-            if not self._pausing:
+            if not self.stopping:
                 log.warning("%s is stopped; dropped control message %r", to, body)
 
     def requeue(self, cell: Cell, envelope: Envelope) -> None:
@@ -385,7 +365,7 @@ class Runtime:
         """An in-flight envelope could not be handled because actors are stopping. At a stop
         that is an interruption (the item stays open and resumes); otherwise the actor
         stopped for good, which is a real failure (a dead letter)."""
-        if not self._pausing:
+        if not self.stopping:
             self.dead_letter(envelope, "actor stopped", actor=actor, detail=detail)
             return
         log.debug("interrupted %s at %s: %s", envelope.correlation_id, actor or "-", detail)
