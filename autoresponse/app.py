@@ -32,7 +32,7 @@ from autoresponse.actors.approvals import APPROVALS, ApprovalDesk
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
-from autoresponse.actors.journal import DeliveryJournal, SqliteJournal
+from autoresponse.actors.journal import DeliveryJournal, JournalInUse, SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
 from autoresponse.actors.llm import EngineChain, HttpEngine, LLMClient, LLMEngine, NoticeEngine, OfflineEngine, UsageMeter
 from autoresponse.actors.llm.media import MediaReader
@@ -289,7 +289,10 @@ class Application:
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
         elif s.journal.enabled:
-            self.journal = SqliteJournal(s.journal_path, retention_seconds=s.journal.retention_seconds)
+            try:
+                self.journal = SqliteJournal(s.journal_path, retention_seconds=s.journal.retention_seconds)
+            except JournalInUse as exc:
+                raise StartError(str(exc)) from None
             self._closers.append(self.journal.close)
             self.runtime.journal = self.journal
             now = self.runtime.clock.time()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Daemon, actors, free_port
 
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
@@ -119,3 +120,22 @@ def test_a_telegram_daemon_logs_no_bot_token_even_at_debug(tmp_path: Path, fake_
     assert "getUpdates" in log or "sendMessage" in log or "polling Telegram" in log  # it did log its work
     for secret in (BOT_TOKEN, API_KEY, TOKEN):
         assert secret not in log and secret not in status
+
+
+def test_a_second_daemon_on_the_same_data_directory_exits_with_one_line(
+    tmp_path: Path, fake_llm: FakeLLMServer
+) -> None:
+    # It would resume the first one's unfinished work as its own, and answer it twice.
+    (tmp_path / "second").mkdir()
+    with daemon(tmp_path, fake_llm.base_url) as first:
+        second = daemon(tmp_path / "second", fake_llm.base_url, AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+        with pytest.raises(AssertionError):
+            second.start()
+        assert second.wait(30) == 1
+        [line] = [line for line in second.log().splitlines() if line.strip()]
+        assert f"process {first.proc.pid} has the journal {tmp_path / 'data' / 'journal.sqlite3'} open" in line
+        assert "AUTORESPONSE_DATA_DIR" in line
+        done = first.cli("inject", "interface.console", '{"text": "run echo still here"}')
+        assert done.returncode == 0, done.stderr  # the first serves on
+        assert first.stop() == 0
+    assert second.start().stop() == 0  # once the first has stopped, the directory is free

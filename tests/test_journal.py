@@ -10,6 +10,8 @@ import json
 import random
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -22,7 +24,7 @@ import pytest
 from conftest import Daemon, console_text
 
 from autoresponse import Application
-from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.journal import JournalInUse, SqliteJournal
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
@@ -35,6 +37,29 @@ CTX = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")
 
 def request(n: int) -> UserRequest:
     return UserRequest(text=f"hello {n}", context=CTX)
+
+
+def test_one_process_at_a_time_has_a_journal_and_a_killed_one_lets_go(tmp_path: Path) -> None:
+    path = tmp_path / "j.sqlite3"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from autoresponse.actors.journal import SqliteJournal; "
+         "SqliteJournal(Path(sys.argv[1])); print('open', flush=True); time.sleep(600)", str(path)],
+        stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"open\n"
+        with pytest.raises(JournalInUse, match=f"process {holder.pid} has the journal {path} open"):
+            SqliteJournal(path)
+    finally:
+        holder.kill()  # kill -9: no stale lock is left behind
+        holder.wait(10)
+    mine = SqliteJournal(path)
+    try:
+        with pytest.raises(JournalInUse):  # nor a second one in this process
+            SqliteJournal(path)
+    finally:
+        mine.close()
+    SqliteJournal(path).close()  # closed, it lets go
 
 
 def test_accepted_work_stays_open_until_finished_and_then_compacts(tmp_path: Path) -> None:

@@ -9,10 +9,12 @@ False
 from autoresponse.actors.journal.journal import (
     DeliveryJournal,
     JournalCorrupt,
+    JournalInUse,
     JournalItem,
     SendLedger,
     SqliteJournal,
     check_journal,
 )
 
-__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalItem", "SendLedger", "SqliteJournal", "check_journal"]
+__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "SendLedger", "SqliteJournal",
+           "check_journal"]

@@ -24,12 +24,18 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; one process per journal is then the operator's to keep
+    fcntl = None  # type: ignore[assignment]
 
 from pydantic import BaseModel
 
@@ -90,6 +96,34 @@ CREATE INDEX IF NOT EXISTS approvals_state ON approvals (state, decided);
 
 class JournalCorrupt(Exception):
     """The journal file exists but is not a readable journal. It is never replaced silently."""
+
+
+class JournalInUse(Exception):
+    """Another process has this journal open. Two would each resume the other's unfinished
+    work as their own on starting, and answer it twice."""
+
+
+def _hold(lock_path: Path) -> IO[str] | None:
+    """An exclusive lock on ``lock_path`` for as long as the file stays open, which holds the
+    process's id; JournalInUse naming the holder's when another process has it. The kernel
+    drops the lock when its holder dies, however it dies: no stale lock to clean up."""
+    if fcntl is None:
+        return None
+    handle = open(lock_path, "a+", encoding="ascii")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read(20).strip()
+        handle.close()
+        by = f"process {holder}" if holder.isdigit() else "another process"
+        raise JournalInUse(f"{by} has the journal {lock_path.with_suffix('')} open (a daemon on the same data "
+                           "directory): stop it first, or give each daemon a data directory of its own "
+                           "(AUTORESPONSE_DATA_DIR)") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
 
 
 def check_journal(path: Path) -> list[str]:
@@ -174,8 +208,13 @@ class SqliteJournal:
                  compact_every: float = JOURNAL_COMPACT_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                   timeout=BUSY_TIMEOUT_MS / 1000)
+        self._lock = _hold(path.with_name(f"{path.name}.lock"))
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                       timeout=BUSY_TIMEOUT_MS / 1000)
+        except BaseException:
+            self._release()
+            raise
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -184,6 +223,7 @@ class SqliteJournal:
             self._add_trace_column()
         except sqlite3.DatabaseError as exc:
             self._db.close()
+            self._release()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
         # A second connection answers ``was_sent``, on every delivery: under WAL it reads the
@@ -559,6 +599,13 @@ class SqliteJournal:
             self._reader.close()
         with self._db_lock:
             self._db.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Let another process open the journal (closing the lock's file drops the lock)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def _tell(done: concurrent.futures.Future[bool] | Written | None, changed: bool,
