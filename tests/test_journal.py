@@ -122,6 +122,43 @@ def test_a_batch_is_written_as_if_in_the_order_it_was_queued(tmp_path: Path) -> 
         journal.close()
 
 
+def test_a_batch_of_many_writes_of_each_kind_ends_as_they_would_one_by_one(tmp_path: Path) -> None:
+    """A batch's writes of a kind go to SQLite as statements of many rows (more rows than
+    one statement holds, here), and end as they would one by one: a second finish of an
+    item leaves it as the first closed it, with the last trace given."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    count = 150
+    try:
+        earlier = [journal.accept(Envelope.new(request(n), correlation_id=f"old-{n}"), actor="llm")
+                   for n in range(count)]
+        assert all(f.result(5) for f in earlier)
+
+        def many() -> list[Future[bool]]:
+            written = [journal.accept(Envelope.new(request(n), correlation_id=f"new-{n}"), actor="llm")
+                       for n in range(count)]
+            written += [journal.mark_sent(f"old-{n}:chat#0") for n in range(count)]
+            for n in range(count):
+                journal.finish(f"old-{n}", "done", {"events": [["first", n]]} if n % 2 else None)
+                journal.finish(f"old-{n}", "dead", {"events": [["second", n]]} if n % 3 else None)
+            return written
+        assert _one_batch(journal, many) == [True] * (2 * count)
+        assert sorted(i.correlation for i in journal.unfinished()) == sorted(f"new-{n}" for n in range(count))
+        assert all(journal.was_sent(f"old-{n}:chat#0") for n in range(count))
+        db = sqlite3.connect(tmp_path / "j.sqlite3")
+        try:
+            rows = dict(((c, (s, t)) for c, s, t in db.execute(
+                "SELECT correlation, state, trace FROM items WHERE correlation LIKE 'old-%'")))
+        finally:
+            db.close()
+        for n in range(count):
+            last = "second" if n % 3 else "first" if n % 2 else None
+            state, trace = rows[f"old-{n}"]
+            assert state == "done"  # the first finish closed it; the second found it closed
+            assert (json.loads(trace)["events"][0][0] if trace else None) == last
+    finally:
+        journal.close()
+
+
 def test_compaction_forgets_everything_old_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compaction deletes a chunk at a time (so the write-ahead log never holds a whole
     interval's deletions at once), until nothing old is left; what is open stays."""

@@ -22,6 +22,7 @@ killed at any moment (not a power cut).
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import logging
 import os
@@ -183,9 +184,27 @@ _FINISH = ("UPDATE items SET state = CASE state WHEN 'open' THEN ? ELSE state EN
            "WHERE correlation = ?")
 _MARK_SENT = "INSERT OR IGNORE INTO sent (key, time) VALUES (?, ?)"
 _RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES (?, ?, ?)"
-#: The writes of every delivery, each sent to SQLite once per batch (``executemany``). Their rows
-#: commute with every other write but one: a finish before the accept of its own correlation.
+#: The writes of every delivery, each sent to SQLite as one statement per batch (``_rows``). Their
+#: rows commute with every other write but one: a finish before the accept of its own correlation.
 _GROUPED = (_FINISH, _MARK_SENT, _RECORD_TRACE)
+#: Each grouped write as one statement of many rows: its head, and the placeholders of a row.
+#: A finish joins its rows as a table of values (``column1``..``column4``: state, finished,
+#: trace, correlation), with the same effect on each item as its single-row form.
+_MANY_ROWS: dict[str, tuple[str, str]] = {
+    _ACCEPT: (_ACCEPT.split(" VALUES ")[0] + " VALUES ", "(?, ?, ?, ?, ?)"),
+    _MARK_SENT: ("INSERT OR IGNORE INTO sent (key, time) VALUES ", "(?, ?)"),
+    _RECORD_TRACE: ("INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES ", "(?, ?, ?)"),
+    _FINISH: ("UPDATE items SET state = CASE items.state WHEN 'open' THEN v.column1 ELSE items.state END, "
+              "finished = CASE items.state WHEN 'open' THEN v.column2 ELSE items.finished END, "
+              "trace = COALESCE(v.column3, items.trace) FROM (VALUES {rows}) AS v "
+              "WHERE items.correlation = v.column4", "(?, ?, ?, ?)"),
+}
+#: The SQLite that first joins a table in an UPDATE (the multi-row finish).
+_UPDATE_FROM = (3, 33, 0)
+#: Rows per multi-row statement; each size is a statement SQLite prepares once and keeps.
+_ROWS_PER_STATEMENT = 64
+#: Statements each connection keeps prepared: the multi-row ones of every size, and the rest.
+_CACHED_STATEMENTS = len(_MANY_ROWS) * _ROWS_PER_STATEMENT + 128
 #: How long a connection waits for another's lock (sqlite3's default, made explicit).
 BUSY_TIMEOUT_MS = 5000
 #: How long the compaction's checkpoint waits for readers of the write-ahead log to finish.
@@ -197,6 +216,27 @@ _LOOKUP_CHUNK = 500
 #: to the largest interval it had held); chunks commit one by one, and SQLite checkpoints the
 #: log every 1,000 pages between them, so the log stays near 4.5 MiB at any rate and retention.
 _COMPACT_CHUNK = 500
+
+
+@functools.cache
+def _many_rows(sql: str, count: int) -> str:
+    """The statement writing ``count`` rows of the grouped write ``sql`` at once."""
+    head, row = _MANY_ROWS[sql]
+    rows = ", ".join([row] * count)
+    return head.format(rows=rows) if "{rows}" in head else head + rows
+
+
+def _merged_finishes(rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
+    """One finish per correlation, with the effect of all of them in order: the first closes
+    the item (the later ones find it closed), and the last trace given is the one kept."""
+    merged: dict[str, list[Any]] = {}
+    for state, finished, trace, correlation in rows:
+        first = merged.get(correlation)
+        if first is None:
+            merged[correlation] = [state, finished, trace, correlation]
+        elif trace is not None:
+            first[2] = trace
+    return list(merged.values())
 
 
 class SqliteJournal:
@@ -211,7 +251,7 @@ class SqliteJournal:
         self._lock = _hold(path.with_name(f"{path.name}.lock"))
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                       timeout=BUSY_TIMEOUT_MS / 1000)
+                                       timeout=BUSY_TIMEOUT_MS / 1000, cached_statements=_CACHED_STATEMENTS)
         except BaseException:
             self._release()
             raise
@@ -338,11 +378,12 @@ class SqliteJournal:
     def _apply(self, batch: list[_Op]) -> list[bool]:
         """Write ``batch`` inside the open transaction; whether each op changed a row.
 
-        A statement per kind, not per op: each call into SQLite hands the GIL to other
-        threads and back, and a batch holds hundreds of deliveries' writes. The accepts go
-        first (which of them are new is read in one query), then each grouped statement as
-        one ``executemany`` (its ops resolve True: they are durable), then the rest in
-        order. A batch where a finish comes before the accept of its own correlation would
+        A statement per kind, not per op or per row: each step of a statement hands the GIL
+        to other threads and waits to get it back (up to the interpreter's switch interval,
+        5 ms, behind a busy thread), and a batch holds hundreds of deliveries' writes. The
+        accepts go first (which of them are new is read in one query), then each grouped
+        write as one statement of many rows (``_rows``; its ops resolve True: they are
+        durable), then the rest in order. A batch where a finish comes before the accept of its own correlation would
         end differently that way, so it is written op by op, in order.
         """
         finished: set[str] = set()
@@ -361,16 +402,26 @@ class SqliteJournal:
                 correlation = batch[n][1][0]
                 changed[n] = correlation not in known
                 known.add(correlation)  # a second accept in the same batch is a retry
-            self._db.executemany(_ACCEPT, [batch[n][1] for n in accepts])
+            self._rows(_ACCEPT, [batch[n][1] for n in accepts])
         for grouped in _GROUPED:
             ops = by_kind.pop(grouped, [])
             if ops:
-                self._db.executemany(grouped, [batch[n][1] for n in ops])
+                rows = [batch[n][1] for n in ops]
+                self._rows(grouped, _merged_finishes(rows) if grouped is _FINISH else rows)
                 for n in ops:
                     changed[n] = True
         for n in sorted(n for ops in by_kind.values() for n in ops):  # the rest, in order
             changed[n] = self._db.execute(batch[n][0], batch[n][1]).rowcount > 0
         return changed
+
+    def _rows(self, sql: str, rows: list[Sequence[Any]]) -> None:
+        """Write ``rows`` of the grouped write ``sql`` in as few statements as it takes."""
+        if sql is _FINISH and sqlite3.sqlite_version_info < _UPDATE_FROM:
+            self._db.executemany(sql, rows)
+            return
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[start:start + _ROWS_PER_STATEMENT]
+            self._db.execute(_many_rows(sql, len(chunk)), [value for row in chunk for value in row])
 
     def _one_by_one(self, batch: list[_Op]) -> list[tuple[bool, BaseException | None]]:
         """Write ``batch`` in order, each write in a savepoint of its own: one that fails
@@ -657,7 +708,11 @@ class SendLedger:
         """
         key = self._key(message, chunk)
         if key is None:
-            done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-            done.set_result(False)
-            return done
+            return _NOTHING_RECORDED
         return self.journal.mark_sent(key, current_correlation.get())  # type: ignore[union-attr]
+
+
+#: What ``confirm`` answers when there is nothing to record: one future, resolved once
+#: (a resolved future is never changed again; making one per delivery cost a lock's worth).
+_NOTHING_RECORDED: concurrent.futures.Future[bool] = concurrent.futures.Future()
+_NOTHING_RECORDED.set_result(False)
