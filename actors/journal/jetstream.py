@@ -357,6 +357,29 @@ class JetStreamJournal:
         except BucketNotFoundError:
             return await self._js.create_key_value(KeyValueConfig(bucket=name, ttl=ttl or None))
 
+    async def entries(self, bucket: Any, name: str) -> list[tuple[str, bytes]]:
+        """Every live key of the key-value bucket ``name`` (``bucket``) with its value, on
+        the journal's loop.
+
+        Listed from the bucket's stream in one request, not with ``KeyValue.keys()``: its
+        watcher may say "no more" before handling what it has already received, and then
+        answers no keys (nats-io/nats.py#842; a chat looked up by name was not found). At
+        most the server's 100,000 subjects per answer.
+        """
+        from nats.js.errors import KeyNotFoundError
+
+        prefix = f"$KV.{name}."
+        info = await self._js.stream_info(f"KV_{name}", subjects_filter=f"{prefix}>")
+        found = []
+        for subject in sorted(info.state.subjects or {}):
+            key = subject[len(prefix):]
+            try:
+                entry = await bucket.get(key)
+            except KeyNotFoundError:  # deleted or purged since (KeyDeletedError is one)
+                continue
+            found.append((key, entry.value or b""))
+        return found
+
     async def _nats_error(self, exc: Exception) -> None:
         log.warning("NATS: %s", exc)
 
@@ -601,13 +624,7 @@ class JetStreamJournal:
         """The cluster as this daemon sees it: who holds which lease, and the work stream."""
         async def read() -> dict[str, Any]:
             info = await self._js.consumer_info(WORK_STREAM, WORKERS)
-            leases: dict[str, str] = {}
-            try:
-                for key in await self._leases.keys():
-                    entry = await self._leases.get(key)
-                    leases[key] = (entry.value or b"").decode()
-            except Exception:  # no keys
-                pass
+            leases = {key: value.decode() for key, value in await self.entries(self._leases, LEASES_BUCKET)}
             return {"node": self.node, "leases": leases, "pending": info.num_pending,
                     "in_progress": info.num_ack_pending, "redelivered": info.num_redelivered,
                     "held_here": len(self._held), "redelivered_here": self._redelivered}

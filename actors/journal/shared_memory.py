@@ -106,16 +106,9 @@ class SharedConversationStore:
 
     def chats_with_memory(self) -> list[tuple[str, int]]:
         async def listing() -> list[tuple[str, int]]:
-            from nats.js.errors import NoKeysError
-
-            try:
-                keys = await self._memory.keys()
-            except NoKeysError:
-                return []
             out = []
-            for key in keys:
-                entry = await self._memory.get(key)
-                value = json.loads(entry.value or b"{}")
+            for _, data in await self._journal.entries(self._memory, MEMORY_BUCKET):
+                value = json.loads(data or b"{}")
                 if value.get("entries"):
                     out.append((value["chat"], len(value["entries"])))
             return sorted(out)
@@ -143,13 +136,8 @@ class SharedConversationStore:
     def find_chats(self, interface: str, name: str) -> list[KnownChat]:
         """As ``ConversationStore.find_chats`` (every known chat is read: names are rare)."""
         async def everything() -> list[KnownChat]:
-            from nats.js.errors import NoKeysError
-
-            try:
-                keys = await self._chats.keys()
-            except NoKeysError:
-                return []
-            return [KnownChat.model_validate_json((await self._chats.get(k)).value or b"{}") for k in keys]
+            return [KnownChat.model_validate_json(data or b"{}")
+                    for _, data in await self._journal.entries(self._chats, CHATS_BUCKET)]
         known = [c for c in self._journal.run(everything(), timeout=60) if c.interface == interface]
         return matching_chats(known, name)
 
