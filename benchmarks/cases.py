@@ -39,7 +39,11 @@ import pykka
 
 from autoresponse.actors.kernel import new_event_loop, tune_heap_for_serving
 from autoresponse.actors.kernel._loop import EventLoopThread
+from autoresponse.actors.dispatcher import echoes_runtime, message_key, turn_key
 from autoresponse.actors.extractor import extract_actions
+from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
+from autoresponse.actors.llm.client import chat_key
+from autoresponse.actors.llm.usage import UsageMeter, turn_kind
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
@@ -48,6 +52,7 @@ from autoresponse.messages import (
     LLMReply,
     OriginalContext,
     OutboundMessage,
+    PromptRequest,
     UserRequest,
     action_key,
 )
@@ -58,6 +63,7 @@ from benchmarks.harness import (
     drive,
     median_run,
     offered,
+    pace,
     pipeline,
     request,
     rss_kib,
@@ -70,11 +76,14 @@ from benchmarks.harness import (
 
 
 def _raw_run(first: Any, requests: int, finished: threading.Event, answered: dict[Any, float],
-             message: Callable[[int], Any]) -> Run:
+             message: Callable[[int], Any], rate: float | None = None) -> Run:
+    """All at once, or ``rate`` a second evenly spaced (as ``harness.offered`` paces the runtime)."""
     tune_heap_for_serving()  # as the runtime's pipeline does (harness.pipeline): the same collector
     sent: dict[int, float] = {}
     cpu, started = time.process_time(), time.perf_counter()
     for n in range(requests):
+        if rate is not None:
+            pace(started + n / rate)
         sent[n] = time.perf_counter()
         first.tell(message(n))
     if not finished.wait(300):
@@ -125,25 +134,40 @@ def raw_pykka_tuples(requests: int) -> Run:
 
 
 class _LlmHop(pykka.ThreadingActor):
-    """Raw pykka doing the LLM client's work: the prompt, the engine on the loop."""
+    """Raw pykka doing the LLM client's work: the chat's budget, the prompt, the engine on
+    the loop, the reply and its usage counted (``LLMClient.on_user_request``, ``_complete``
+    and ``on_llm_reply``, less what asks the runtime: cancellations, the senders there are)."""
 
     def __init__(self, dispatcher: Any, loop: EventLoopThread) -> None:
         super().__init__()
-        self.dispatcher, self.loop, self.engine = dispatcher, loop, OfflineEngine()
+        self.dispatcher, self.loop, self.engine, self.meter = dispatcher, loop, OfflineEngine(), UsageMeter()
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, UserRequest):
-            prompt = build_chat_request(message.text, message.context, allowed_actions=("message_console",))
+            ctx = message.context
+            if self.meter.over_budget(chat_key(ctx)):
+                return
+            prompt = build_chat_request(message.text, ctx, allowed_actions=("message_console",), turns=message.turns,
+                                        now=time.time())
             me = self.actor_ref
-            self.loop.submit(self.engine.complete(render_openai_messages(prompt)),
-                             lambda task: me.tell(("reply", prompt, task.outcome())))
+            self.loop.submit(self._complete(prompt), lambda task: me.tell(task.outcome()))
         else:
-            _, prompt, text = message
-            self.dispatcher.tell(LLMReply(prompt=prompt, text=text))
+            reply: LLMReply = message
+            self.meter.add(chat_key(reply.prompt.original_context), kind=turn_kind(reply.prompt),
+                           model=reply.model or "?", engine=reply.engine or "main", usage=reply.usage)
+            self.dispatcher.tell(reply)
+
+    async def _complete(self, prompt: PromptRequest) -> LLMReply:
+        answer = await self.engine.answer(prompt)
+        return LLMReply(prompt=prompt, text=answer.text, tool_calls=answer.tool_calls, usage=answer.usage,
+                        engine=answer.engine, model=answer.model, finish_reason=answer.finish_reason,
+                        protocol=answer.protocol)
 
 
 class _DispatchHop(pykka.ThreadingActor):
-    """Raw pykka doing the dispatcher's work: extract, validate, key, build the message."""
+    """Raw pykka doing the dispatcher's work for the actions of a reply: extract them,
+    skip repeats, fit each to its chat and check it, key it by its turn, build the message
+    (``ActionDispatcher.on_reply``, for a reply of message actions to its own chat)."""
 
     def __init__(self, sender: Any) -> None:
         super().__init__()
@@ -151,10 +175,27 @@ class _DispatchHop(pykka.ThreadingActor):
 
     def on_receive(self, reply: LLMReply) -> None:
         prompt = reply.prompt
-        found = extract_actions(reply.text, prompt.allowed_actions)
-        for index, action in enumerate(found.actions):
-            key = f"{action_key(action)}:{index}"
-            self.sender.tell(OutboundMessage.reply(prompt.original_context, action.payload.text, key=key))
+        ctx = prompt.original_context
+        found = extract_actions(reply.text, prompt.allowed_actions, max_actions=MAX_ACTIONS_PER_REPLY,
+                                may_stay_silent=prompt.may_stay_silent)
+        turn = turn_key(str(ctx.message_id), prompt)
+        carried_out, seen, sent = list(prompt.carried_out), set(), list(prompt.sent)
+        for index, slot in enumerate(found.slots):
+            action = slot.action
+            if action is None:
+                continue
+            key = action_key(action)
+            if key in carried_out or key in seen:
+                continue
+            seen.add(key)
+            fitted = action.fitted(ctx)
+            if fitted is not action:
+                action, key = fitted, action_key(fitted)
+            if action.check(ctx) or echoes_runtime(action.payload.text):
+                continue
+            self.sender.tell(OutboundMessage.reply(ctx, action.payload.text, key=message_key(turn, index)))
+            sent.append((str(ctx.chat_id), action.payload.text))
+            carried_out.append(key)
 
 
 class _SendHop(pykka.ThreadingActor):
@@ -166,10 +207,10 @@ class _SendHop(pykka.ThreadingActor):
         self.done(message)
 
 
-def raw_pykka_same_work(requests: int) -> Run:
+def raw_pykka_same_work(requests: int, rate: float | None = None) -> Run:
     """The same hops with the same pydantic messages and the same work as the runtime
     (prompt, offline engine, JSON, extraction, validation), written on bare pykka: what
-    the runtime's kernel adds or saves, and nothing else."""
+    the runtime's kernel adds or saves, and nothing else. ``rate``: offered at that rate."""
     loop = EventLoopThread()
     loop.start()
     finished, answered = threading.Event(), {}
@@ -183,7 +224,7 @@ def raw_pykka_same_work(requests: int) -> Run:
     dispatch = _DispatchHop.start(send)
     first = _LlmHop.start(dispatch, loop)
     try:
-        return _raw_run(first, requests, finished, answered, lambda n: request(n, n))
+        return _raw_run(first, requests, finished, answered, lambda n: request(n, n), rate)
     finally:
         for ref in (first, dispatch, send):
             ref.stop()
@@ -213,6 +254,8 @@ def _untraced(requests: int) -> Run:
 
 #: Latency at half the peak is measured over this many windows; the median is kept.
 LATENCY_WINDOWS = 3
+#: Each latency window lasts this long.
+LATENCY_SECONDS = 3.0
 
 
 def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
@@ -233,22 +276,14 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
     best = {name: median_run(r) for name, r in runs.items()}
 
     def at_half_peak(peak: float, journal: SqliteJournal | None) -> dict[str, Any]:
-        """Three 3-second windows, each on a fresh pipeline; the median window's figures.
-        One window's p99 rests on its slowest 1% (about 60 deliveries here): on this VM it
-        moved between 3 and 10 ms from one window to the next at the same rate."""
-        windows = []
-        for _ in range(LATENCY_WINDOWS):
-            tally = Tally(expected=int(peak * 0.5 * 3))
+        def window(rate: float) -> Run:
+            tally = Tally(expected=int(rate * LATENCY_SECONDS))
             runtime = pipeline(OfflineEngine(), tally, journal)
             try:
-                latency = offered(runtime, tally, rate=peak * 0.5, seconds=3, journaled=journal is not None)
+                return offered(runtime, tally, rate=rate, seconds=LATENCY_SECONDS, journaled=journal is not None)
             finally:
                 runtime.stop(drain=5)
-            windows.append((round(latency.percentile(0.99) * 1000, 2), round(latency.percentile(0.5) * 1000, 2)))
-        windows.sort()
-        p99, p50 = windows[len(windows) // 2]
-        return {"per_second": round(peak * 0.5, 1), "p50_ms": p50, "p99_ms": p99,
-                "p99_ms_windows": [w[0] for w in windows]}
+        return latency_at(peak * 0.5, window)
 
     with tempfile.TemporaryDirectory() as tmp:  # what a daemon pays: its journal is always on
         journal = SqliteJournal(Path(tmp) / "journal.sqlite3")
@@ -256,6 +291,10 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
             journaled_load = at_half_peak(best["runtime + journal"].rate, journal)
         finally:
             journal.close()
+    unjournaled_load = at_half_peak(best["runtime"].rate, None)
+    # The floor beside it: bare pykka doing the same work at the same rate (no journal).
+    raw_load = latency_at(journaled_load["per_second"],
+                          lambda rate: raw_pykka_same_work(int(rate * LATENCY_SECONDS), rate))
     return {
         "runs": {name: {**run.summary(), "spread_per_second": spread(runs[name])} for name, run in best.items()},
         "runtime_vs_same_work": best["runtime"].rate / best["raw pykka, same work"].rate,
@@ -265,9 +304,23 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         "trace_cost": 1 - best["runtime"].rate / best["runtime, no trace"].rate,
         "cpu_us_per_delivery": round(best["runtime"].cpu_us, 1),
         "journaled_cpu_us_per_delivery": round(best["runtime + journal"].cpu_us, 1),
-        "offered_load": at_half_peak(best["runtime"].rate, None),
+        "offered_load": unjournaled_load,
         "journaled_offered_load": journaled_load,
+        "raw_same_work_offered_load": raw_load,
     }
+
+
+def latency_at(rate: float, window: Callable[[float], Run]) -> dict[str, Any]:
+    """Latency at ``rate`` offered: ``LATENCY_WINDOWS`` windows, each a fresh ``window(rate)``;
+    the median window's figures. One window's p99 rests on its slowest 1% (a few dozen
+    deliveries): on a VM it moves between 3 and 10 ms from one window to the next."""
+    windows = []
+    for _ in range(LATENCY_WINDOWS):
+        run = window(rate)
+        windows.append((round(run.percentile(0.99) * 1000, 2), round(run.percentile(0.5) * 1000, 2)))
+    windows.sort()
+    p99, p50 = windows[len(windows) // 2]
+    return {"per_second": round(rate, 1), "p50_ms": p50, "p99_ms": p99, "p99_ms_windows": [w[0] for w in windows]}
 
 
 # ---------------------------------------------------------------- 3. bound by LLM latency

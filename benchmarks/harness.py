@@ -181,12 +181,9 @@ def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, jour
     ``journaled``: each is accepted as an interface does, journaled before it is handled."""
     count = int(rate * seconds)
     sent_at: dict[str, float] = {}
-    gap = 1.0 / rate
     cpu, started = time.process_time(), time.perf_counter()
     for n in range(count):
-        due = started + n * gap
-        while (now := time.perf_counter()) < due:
-            time.sleep(min(due - now, 0.001))
+        pace(started + n / rate)
         at = time.perf_counter()
         if journaled:
             correlation = f"offered-{n}-{at}"
@@ -200,6 +197,12 @@ def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, jour
         raise SystemExit(f"offered load: only {len(tally.answered)} of {count} answered")
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     return Run(count, elapsed, [tally.answered[c] - t for c, t in sent_at.items()], cpu)
+
+
+def pace(due: float) -> None:
+    """Wait until ``due`` (``time.perf_counter``), in steps of at most a millisecond."""
+    while (now := time.perf_counter()) < due:
+        time.sleep(min(due - now, 0.001))
 
 
 def rss_kib(pid: int | str = "self") -> int:
