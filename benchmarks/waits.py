@@ -57,7 +57,9 @@ def _ran(hop: dict[str, Any]) -> float:
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
     ordered = sorted(values)
-    at = lambda q: round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)  # noqa: E731
+
+    def at(q: float) -> float:
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
     return at(0.5), at(0.99)
 
 

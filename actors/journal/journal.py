@@ -383,8 +383,9 @@ class SqliteJournal:
         5 ms, behind a busy thread), and a batch holds hundreds of deliveries' writes. The
         accepts go first (which of them are new is read in one query), then each grouped
         write as one statement of many rows (``_rows``; its ops resolve True: they are
-        durable), then the rest in order. A batch where a finish comes before the accept of its own correlation would
-        end differently that way, so it is written op by op, in order.
+        durable), then the rest in order. A batch where a finish comes before the accept
+        of its own correlation would end differently that way, so it is written op by op,
+        in order.
         """
         finished: set[str] = set()
         by_kind: dict[str, list[int]] = {}  # each statement's ops, in queue order
