@@ -187,13 +187,13 @@ _RECORD_TRACE = "INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES 
 #: The writes of every delivery, each sent to SQLite as one statement per batch (``_rows``). Their
 #: rows commute with every other write but one: a finish before the accept of its own correlation.
 _GROUPED = (_FINISH, _MARK_SENT, _RECORD_TRACE)
-#: Each grouped write as one statement of many rows: its head, and the placeholders of a row.
-#: A finish joins its rows as a table of values (``column1``..``column4``: state, finished,
+#: Each grouped write as one statement of many rows: the statement with ``{rows}`` for its
+#: rows, and the placeholders of a row. An insert is its single-row form, its VALUES repeated;
+#: a finish joins its rows as a table of values (``column1``..``column4``: state, finished,
 #: trace, correlation), with the same effect on each item as its single-row form.
 _MANY_ROWS: dict[str, tuple[str, str]] = {
-    _ACCEPT: (_ACCEPT.split(" VALUES ")[0] + " VALUES ", "(?, ?, ?, ?, ?)"),
-    _MARK_SENT: ("INSERT OR IGNORE INTO sent (key, time) VALUES ", "(?, ?)"),
-    _RECORD_TRACE: ("INSERT OR REPLACE INTO traces (correlation, time, hops) VALUES ", "(?, ?, ?)"),
+    **{sql: (sql.split(" VALUES ")[0] + " VALUES {rows}", sql.split(" VALUES ")[1])
+       for sql in (_ACCEPT, _MARK_SENT, _RECORD_TRACE)},
     _FINISH: ("UPDATE items SET state = CASE items.state WHEN 'open' THEN v.column1 ELSE items.state END, "
               "finished = CASE items.state WHEN 'open' THEN v.column2 ELSE items.finished END, "
               "trace = COALESCE(v.column3, items.trace) FROM (VALUES {rows}) AS v "
@@ -221,9 +221,8 @@ _COMPACT_CHUNK = 500
 @functools.cache
 def _many_rows(sql: str, count: int) -> str:
     """The statement writing ``count`` rows of the grouped write ``sql`` at once."""
-    head, row = _MANY_ROWS[sql]
-    rows = ", ".join([row] * count)
-    return head.format(rows=rows) if "{rows}" in head else head + rows
+    statement, row = _MANY_ROWS[sql]
+    return statement.format(rows=", ".join([row] * count))
 
 
 def _merged_finishes(rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
