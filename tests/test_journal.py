@@ -253,6 +253,31 @@ def test_an_outside_reader_does_not_hold_the_writes_at_a_compaction(tmp_path: Pa
         journal.close()
 
 
+def test_the_write_ahead_log_is_copied_back_beside_the_writer_and_stays_small(tmp_path: Path) -> None:
+    """Commits leave the copying of the write-ahead log to the journal's checkpointer: the
+    log keeps being started over while the journal is written to without a pause, so it
+    stays a fraction of what was written; nothing written is lost, and the checkpointer
+    stops with the journal."""
+    path = tmp_path / "j.sqlite3"
+    journal = SqliteJournal(path)
+    text = "x" * 4000
+    largest, written = 0, 0
+    try:
+        for group in range(40):  # 8,000 items of 4 kB: 32 MB through the log
+            futures = [journal.accept(Envelope.new(UserRequest(text=text, context=CTX),
+                                                   correlation_id=f"c{group}-{n}"), actor="llm")
+                       for n in range(200)]
+            assert all(f.result(30) for f in futures)
+            written += 200 * len(text)
+            largest = max(largest, path.with_name("j.sqlite3-wal").stat().st_size)
+        assert largest < written / 2, f"the log grew to {largest:,} bytes of {written:,} written"
+        assert journal._checkpointer.resets > 0
+        assert len(journal.unfinished()) == 8000
+    finally:
+        journal.close()
+    assert not any(t.name == "journal-checkpointer" for t in threading.enumerate())
+
+
 def test_a_replayed_dead_letter_is_traced_anew(tmp_path: Path) -> None:
     """The trace kept is the newest: an item's, or that of its dead letter replayed later."""
     journal = SqliteJournal(tmp_path / "j.sqlite3")

@@ -31,7 +31,8 @@ ROOMS = {
 #: What the kernel stands on, in the actors folder: the table of limits, the SQLite
 #: journal it writes through, and the JSON it writes. None imports the pipeline.
 FOUNDATION = {"autoresponse.actors.limits", "autoresponse.actors.journal",
-              "autoresponse.actors.journal.journal", "autoresponse.actors.jsonbody"}
+              "autoresponse.actors.journal.journal", "autoresponse.actors.journal._checkpointer",
+              "autoresponse.actors.jsonbody"}
 #: Where each room's folder is, relative to the repository root (the kernel and the
 #: test doubles are found inside actors/ and autoresponse/).
 FOLDERS = {"messages": "messages", "actors": "actors", "supervisors": "supervisors",

@@ -40,6 +40,7 @@ except ImportError:  # Windows: no flock; one process per journal is then the op
 
 from pydantic import BaseModel
 
+from autoresponse.actors.journal._checkpointer import WAL_BACKSTOP_FRAMES, WalCheckpointer
 from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTER_RETENTION_SECONDS,
@@ -213,8 +214,8 @@ CHECKPOINT_WAIT_MS = 50
 _LOOKUP_CHUNK = 500
 #: Rows ``compact`` deletes per transaction. One DELETE of a whole compaction interval's rows
 #: was one transaction of thousands of pages, all in the write-ahead log at once (the log grew
-#: to the largest interval it had held); chunks commit one by one, and SQLite checkpoints the
-#: log every 1,000 pages between them, so the log stays near 4.5 MiB at any rate and retention.
+#: to the largest interval it had held); chunks commit one by one, and the checkpointer copies
+#: the log back between them, so it stays near its usual size at any rate and retention.
 _COMPACT_CHUNK = 500
 
 
@@ -258,6 +259,7 @@ class SqliteJournal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_FRAMES}")  # the checkpointer copies it first
             self._db.executescript(_SCHEMA)
             self._add_trace_column()
         except sqlite3.DatabaseError as exc:
@@ -265,6 +267,7 @@ class SqliteJournal:
             self._release()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
+        self._checkpointer = WalCheckpointer(path, self._db_lock)
         # A second connection answers ``was_sent``, on every delivery: under WAL it reads the
         # last commit while the writer holds ``_db_lock`` for a whole batch, where it waited.
         self._reader = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -346,6 +349,7 @@ class SqliteJournal:
                         (did, None) for did in self._apply(batch)]
                     self._db.execute("COMMIT")
                 self.commits += 1
+                self._checkpointer.written()
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
                 log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
                 outcomes = self._one_by_one(batch)
@@ -443,6 +447,7 @@ class SqliteJournal:
                     self._db.execute("RELEASE op")
                 self._db.execute("COMMIT")
             self.commits += 1
+            self._checkpointer.written()
             return outcomes
         except Exception as exc:  # the database itself refuses (closed, full, gone)
             log.error("journal write failed: %s", exc)
@@ -592,6 +597,7 @@ class SqliteJournal:
                     deleted = self._db.execute(
                         f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {where} LIMIT ?)",
                         (*args, _COMPACT_CHUNK)).rowcount
+                self._checkpointer.written()
                 if table == "items":
                     forgotten += deleted
                 if deleted < _COMPACT_CHUNK:
@@ -646,6 +652,7 @@ class SqliteJournal:
             self._closed = True
             self._cond.notify()
         self._writer.join(10)
+        self._checkpointer.close()
         with self._reader_lock:
             self._reader.close()
         with self._db_lock:
