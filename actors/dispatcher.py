@@ -342,7 +342,10 @@ class ActionDispatcher(TypedActor):
         text = action.payload.text
         if echoes_runtime(text):
             return f"{action.type}: the text quotes the runtime's instructions; write the answer for the user"
-        thread = getattr(action.payload, "message_thread_id", None)
+        # A topic's thread, on the platforms whose payloads have one (asked for an attribute
+        # it lacks, a pydantic model raises, slowly: on every reply).
+        payload = action.payload
+        thread = payload.message_thread_id if "message_thread_id" in type(payload).model_fields else None
         message = OutboundMessage.reply(ctx, text, chat_id=target, key=key)
         if thread is not None:
             message = message.model_copy(update={"thread_id": thread})

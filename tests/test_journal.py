@@ -118,6 +118,12 @@ def test_a_batch_is_written_as_if_in_the_order_it_was_queued(tmp_path: Path) -> 
             return [journal.accept(Envelope.new(request(2), correlation_id="c2"), actor="llm")]
         assert _one_batch(journal, finish_then_accept) == [True]
         assert [i.correlation for i in journal.unfinished()] == ["c2"]
+
+        def a_retry_among_new_work() -> list[Future[bool]]:
+            return [journal.accept(Envelope.new(request(n), correlation_id=f"c{n}"), actor="llm")
+                    for n in (3, 1, 4)] + [journal.mark_sent("c3:chat#0")]
+        assert _one_batch(journal, a_retry_among_new_work) == [True, False, True, True]  # c1: done before
+        assert [i.correlation for i in journal.unfinished()] == ["c2", "c3", "c4"]
     finally:
         journal.close()
 
