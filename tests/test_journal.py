@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import random
 import signal
 import sqlite3
@@ -282,6 +283,40 @@ def test_the_write_ahead_log_is_copied_back_beside_the_writer_and_stays_small(tm
     finally:
         journal.close()
     assert not any(t.name == "journal-checkpointer" for t in threading.enumerate())
+
+
+def test_a_failing_checkpoint_is_logged_once_and_so_is_its_recovery(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A disk that refuses the copy (full, failing) is one warning, not one every turn
+    while it lasts; writes go on meanwhile, and the log says when checkpoints work again."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    checkpointer = journal._checkpointer
+    copy = checkpointer._checkpoint
+    failed = threading.Semaphore(0)
+    broken = threading.Event()
+    broken.set()
+
+    def checkpoint() -> None:
+        if broken.is_set():
+            failed.release()
+            raise sqlite3.OperationalError("database or disk is full")
+        copy()
+    monkeypatch.setattr(checkpointer, "_checkpoint", checkpoint)
+    try:
+        with caplog.at_level(logging.INFO, logger="autoresponse.actors.journal"):
+            for n in range(4):  # each commit is followed by a turn of the checkpointer
+                assert journal.mark_sent(f"k{n}").result(5) is True
+                assert failed.acquire(timeout=10)
+            broken.clear()
+            journal.mark_sent("after").result(5)
+            until = time.monotonic() + 10
+            while "journal checkpoints work again" not in caplog.messages and time.monotonic() < until:
+                time.sleep(0.01)
+        assert [m for m in caplog.messages if "checkpoint" in m] == [
+            "journal checkpoint failed (tried again after each commit): database or disk is full",
+            "journal checkpoints work again"]
+    finally:
+        journal.close()
 
 
 def test_a_replayed_dead_letter_is_traced_anew(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ class WalCheckpointer:
         self._stopping = threading.Event()
         #: Checkpoints that left the log complete (it is written from its start next), for tests.
         self.resets = 0
+        self._failing = False
         self._thread = threading.Thread(target=self._run, name="journal-checkpointer", daemon=True)
         self._thread.start()
 
@@ -65,8 +66,14 @@ class WalCheckpointer:
             self._wrote.clear()
             try:
                 self._checkpoint()
-            except sqlite3.Error as exc:  # a full disk, a long reader: the next turn tries again
-                log.warning("journal checkpoint failed: %s", exc)
+            except sqlite3.Error as exc:  # a full disk: the next turn tries again
+                if not self._failing:  # said once, not every turn until it works again
+                    log.warning("journal checkpoint failed (tried again after each commit): %s", exc)
+                self._failing = True
+                continue
+            if self._failing:
+                log.info("journal checkpoints work again")
+                self._failing = False
 
     def _checkpoint(self) -> None:
         _, pages, _ = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
