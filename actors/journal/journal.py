@@ -40,7 +40,7 @@ except ImportError:  # Windows: no flock; one process per journal is then the op
 
 from pydantic import BaseModel
 
-from autoresponse.actors.journal._checkpointer import WAL_BACKSTOP_FRAMES, WalCheckpointer
+from autoresponse.actors.journal._checkpointer import WAL_RESET_FRAMES, WalCheckpointer
 from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTER_RETENTION_SECONDS,
@@ -259,7 +259,7 @@ class SqliteJournal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_FRAMES}")  # the checkpointer copies it first
+            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_RESET_FRAMES}")  # the checkpointer copies most first
             self._db.executescript(_SCHEMA)
             self._add_trace_column()
         except sqlite3.DatabaseError as exc:
@@ -267,7 +267,7 @@ class SqliteJournal:
             self._release()
             raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
         self._db_lock = threading.Lock()
-        self._checkpointer = WalCheckpointer(path, self._db_lock)
+        self._checkpointer = WalCheckpointer(path)
         # A second connection answers ``was_sent``, on every delivery: under WAL it reads the
         # last commit while the writer holds ``_db_lock`` for a whole batch, where it waited.
         self._reader = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
