@@ -68,6 +68,7 @@ class WalCheckpointer:
             if self._failing:
                 log.info("journal checkpoints work again")
                 self._failing = False
+            copied = max(copied, 0)  # -1: not a write-ahead log (a file system without one)
             self.copied += copied - done if copied >= done else copied  # fewer: the log started over
             done = copied
             # Close to the writer's own checkpoint, copy more often: it finds less left to copy.
