@@ -303,7 +303,7 @@ def test_a_failing_checkpoint_is_logged_once_and_so_is_its_recovery(
     broken = threading.Event()
     broken.set()
 
-    def checkpoint() -> tuple[int, int, int]:
+    def checkpoint() -> tuple[int, int]:
         if broken.is_set():
             failed.release()
             raise sqlite3.OperationalError("database or disk is full")

@@ -59,7 +59,7 @@ class WalCheckpointer:
                 return
             self._wrote.clear()
             try:
-                _, pages, copied = self._checkpoint()
+                pages, copied = self._checkpoint()
             except sqlite3.Error as exc:  # a full disk: the next turn tries again
                 if not self._failing:  # said once, not every turn until it works again
                     log.warning("journal checkpoint failed (tried again after each commit): %s", exc)
@@ -74,11 +74,11 @@ class WalCheckpointer:
             # Close to the writer's own checkpoint, copy more often: it finds less left to copy.
             pause = self.every if pages < _NEAR_RESET else self.every / 10
 
-    def _checkpoint(self) -> tuple[int, int, int]:
-        """One copy, PASSIVE: what no reader still needs, never waiting for a lock. Whether
-        it was held up, the pages in the log, and how many of them are back in the database."""
-        busy, pages, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        return busy, pages, copied
+    def _checkpoint(self) -> tuple[int, int]:
+        """One copy, PASSIVE: what no reader still needs, never waiting for a lock. The pages
+        in the log, and how many of them are back in the database."""
+        _, pages, copied = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return pages, copied
 
     def close(self) -> None:
         """Stop the thread (a copy under way ends first) and close its connection."""
