@@ -44,7 +44,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from autoresponse import __version__
-from autoresponse.actors.kernel import tune_heap_for_serving
+from autoresponse.actors.kernel import run_on_one_core, tune_heap_for_serving
 from autoresponse.actors.journal import JournalCorrupt, check_journal
 from autoresponse.actors.memory import ConversationStore, StoreUnreadable
 from autoresponse.actors.routes import interface, sender
@@ -121,6 +121,17 @@ def _unreadable(exc: Exception, path: Path, what: str, check: str | None = None)
     return f"{exc}. {how} start with an empty {what}, move it aside: {_move_aside(path)}"
 
 
+def _one_core(setting: int | str) -> int | None:
+    """The daemon's threads, all it starts from now on, on one core (see actors.kernel.cores);
+    a core it may not use is a ConfigError, before anything starts."""
+    if setting == "off":
+        return None
+    try:
+        return run_on_one_core(None if setting == "auto" else int(setting))
+    except ValueError as exc:
+        raise ConfigError(f"runtime.cpu_core (AUTORESPONSE_RUNTIME__CPU_CORE) is {setting}: {exc}") from None
+
+
 def _start(args: argparse.Namespace, settings: Settings,
            recorder: CassetteRecorder | None = None) -> Application:
     """Start the application; a journal, memory or reminder store that cannot be read is a
@@ -158,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
+    core = _one_core(settings.runtime.cpu_core)
     recorder = CassetteRecorder(args.cassette, settings) if getattr(args, "cassette", None) else None
     try:
         app = _start(args, settings, recorder)
@@ -173,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("recording the session to %s", recorder.path)
     frozen = tune_heap_for_serving()  # shorter and fewer collections: see actors.kernel.heap
     log.debug("%d objects built at start set aside from the garbage collector", frozen)
+    if core is not None:
+        log.info("running on core %d (runtime.cpu_core = \"off\" spreads the threads over every core)", core)
     log.info("autoresponse is running; SIGTERM or SIGINT stops it")
     # Only now: the whole tree is up, the journal's unfinished work resumed, the admin endpoint listens.
     notifier.ready(f"serving: {len(app.runtime.cells)} actors, platforms {','.join(app.mounts) or 'none'}"
@@ -244,8 +258,10 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     now = data["time"]
+    core = data.get("cpu_core")
     view = Tree(f"autoresponse  in flight {data['in_flight']}  dead letters {data['dead_letters_total']}"
-                + "".join(f"  {k}={v}" for k, v in sorted(data["dead_letters"].items())))
+                + "".join(f"  {k}={v}" for k, v in sorted(data["dead_letters"].items()))
+                + (f"  on core {core}" if core is not None else ""))
     for name, failing in (data.get("failing") or {}).items():  # what fails comes first, in red
         view.add(f"[bold red]{escape(name)} is failing {escape(_failing_since(failing, now))}: "
                  f"{escape(failing['reason'])}[/]")

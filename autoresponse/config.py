@@ -227,6 +227,10 @@ class RuntimeSettings(BaseModel):
     #: The event loop that carries all I/O: uvloop's (where installed; asyncio's on
     #: Windows), or "asyncio" for asyncio's own.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    #: The one CPU core a daemon's threads run on: "auto" (the least busy as it starts),
+    #: a core's number, or "off" (the scheduler spreads them over every core). Under the
+    #: GIL, hand-offs between cores cost more than a second core adds: see actors.kernel.cores.
+    cpu_core: Annotated[int, Field(ge=0)] | Literal["auto", "off"] = "auto"
 
 
 class MemorySettings(BaseModel):

@@ -14,16 +14,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import autoresponse.interfaces  # noqa: F401  (registers the platforms' actions)
-from autoresponse.actors.kernel import Runtime, TypedActor, handles, tune_heap_for_serving
+from autoresponse.actors.kernel import (
+    Runtime,
+    TypedActor,
+    handles,
+    run_on_all_cores,
+    run_on_one_core,
+    tune_heap_for_serving,
+)
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
 from autoresponse.actors.journal import SendLedger, SqliteJournal
 from autoresponse.actors.llm import LLMClient, LLMEngine
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, sender
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
+
+T = TypeVar("T")
 
 #: The shortest timed run; shorter ones measure noise.
 MIN_SECONDS = 2.0
@@ -112,6 +121,20 @@ def sized(one: Callable[[int], Run], *, seconds: float = MIN_SECONDS, probe: int
     """How many requests make ``one`` last at least ``seconds``: a short probe run first."""
     rate = one(probe).rate
     return max(probe, int(rate * seconds * 1.25))
+
+
+def on_one_core(one: Callable[..., T]) -> Callable[..., T]:
+    """``one``, its threads placed as ``autoresponse run`` places a daemon's
+    (``runtime.cpu_core = "auto"``: every thread on one core, see actors.kernel.cores);
+    the process has every core again after it."""
+    def placed(*args: Any, **kwargs: Any) -> T:
+        run_on_one_core()
+        try:
+            return one(*args, **kwargs)
+        finally:
+            run_on_all_cores()
+    placed.__name__ = f"{one.__name__}_on_one_core"
+    return placed
 
 
 def pipeline(engine: LLMEngine, tally: Tally, journal: SqliteJournal | None = None,

@@ -273,8 +273,9 @@ Runner = Callable[[int], Outcome]
 @contextmanager
 def case_runner(case: str) -> Iterator[tuple[Runner, int]]:
     """The work of ``case`` for n requests, and its probe size (what servers it needs live
-    for the whole block)."""
+    for the whole block). Each run on one core, as the benchmarks run it (and a daemon)."""
     from benchmarks import cases
+    from benchmarks.harness import on_one_core
 
     def outcome(run: Any) -> Outcome:
         return Outcome(run.requests, run.seconds, run.cpu_us)
@@ -283,11 +284,11 @@ def case_runner(case: str) -> Iterator[tuple[Runner, int]]:
         def journaled(n: int) -> Outcome:
             with tempfile.TemporaryDirectory() as tmp:
                 return outcome(cases.runtime_offline(n, journal_dir=Path(tmp)))
-        yield journaled, 500
+        yield on_one_core(journaled), 500
     elif case == "runtime":
-        yield (lambda n: outcome(cases.runtime_offline(n))), 500
+        yield on_one_core(lambda n: outcome(cases.runtime_offline(n))), 500
     elif case == "raw-pykka-same-work":
-        yield (lambda n: outcome(cases.raw_pykka_same_work(n))), 500
+        yield on_one_core(lambda n: outcome(cases.raw_pykka_same_work(n))), 500
     elif case == "loopback-http":
         llm, llm_port = cases._serve("autoresponse.testing.fake_llm")
         try:
@@ -297,7 +298,7 @@ def case_runner(case: str) -> Iterator[tuple[Runner, int]]:
             raise
         llm_url, telegram_url = f"http://127.0.0.1:{llm_port}/v1", f"http://127.0.0.1:{telegram_port}/bot"
         try:
-            yield (lambda n: outcome(cases._ours(n, 32, llm_url, telegram_url))), 200
+            yield on_one_core(lambda n: outcome(cases._ours(n, 32, llm_url, telegram_url))), 200
         finally:
             for proc in (llm, telegram):
                 proc.terminate()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.kernel import run_on_one_core
 from autoresponse.actors.llm import OfflineEngine
 from autoresponse.actors.routes import LLM
 from benchmarks import cases
@@ -105,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="how long each run offers load")
     args = parser.parse_args()
+    run_on_one_core()  # as a daemon runs, and case 1
     with tempfile.TemporaryDirectory() as tmp:
         journal = SqliteJournal(Path(tmp) / "journal.sqlite3")
         try:
@@ -118,8 +120,8 @@ def main() -> None:
     lines = [
         "# What a delivery waits on",
         "",
-        "Case 1's pipeline (offline engine, a sender that sends nothing) offered a steady half of its "
-        "peak with the journal, each delivery's time split by where it went, from the runtime's own "
+        "Case 1's pipeline (offline engine, a sender that sends nothing; every thread on one core, "
+        "as a daemon runs) offered a steady half of its peak with the journal, each delivery's time split by where it went, from the runtime's own "
         "traces (the last deliveries of the run, as many as the runtime keeps). Written by "
         "`python -m benchmarks.waits`; not hand-edited.",
         "",

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from autoresponse.actors.kernel import Runtime
+from autoresponse.actors.kernel import Runtime, pinned_core
 from autoresponse.messages import Failure
 
 
@@ -63,6 +63,8 @@ class Status(BaseModel):
     #: Several daemons on NATS JetStream: this node, who holds which lease, and the work
     #: stream (pending, in progress, redelivered); None on one daemon.
     cluster: dict[str, Any] | None = None
+    #: The one CPU core the process's threads run on (``runtime.cpu_core``); None: every core.
+    cpu_core: int | None = None
     #: Sections the application reports: ``llm`` (each engine's protocol and circuit,
     #: tokens used by turn kind).
     reports: dict[str, Any] = Field(default_factory=dict)
@@ -124,6 +126,7 @@ def snapshot(runtime: Runtime, *, details: bool = True) -> Status:
         dead_letters=counts,
         dead_letters_total=sum(counts.values()),
         cluster=_cluster(runtime) if details else None,
+        cpu_core=pinned_core(),
         reports=_reports(runtime) if details else {},
     )
 

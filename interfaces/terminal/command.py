@@ -23,6 +23,7 @@ import shutil
 import signal
 from collections.abc import Collection, Mapping
 
+from autoresponse.actors.kernel import free_child
 from autoresponse.interfaces.terminal.settings import DEFAULT_ARGUMENT_RULES, ArgumentRule
 from autoresponse.messages import ActionResult
 
@@ -144,6 +145,7 @@ async def run_command(argv: list[str], *, label: str, timeout: float, output_cap
         env=_scrubbed_env(),
         start_new_session=True,  # its own process group, so a timeout kills every descendant
     )
+    free_child(proc.pid)  # it started on the daemon's one core; it may use them all
     kept = bytearray()
     dropped = 0
 
