@@ -210,6 +210,15 @@ class LLMSettings(BaseModel):
         return url
 
 
+def _cpu_core(value: Any) -> Any:
+    """``auto``, ``off`` or a core's number (from TOML, or text from the environment)."""
+    if value in ("auto", "off") or (type(value) is int and value >= 0):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise ValueError("should be auto, off or the number of a core (0, 1, ...)")
+
+
 class RuntimeSettings(BaseModel):
     max_hops: int = Field(default=MAX_HOPS, ge=1)
     mailbox_capacity: int = Field(default=MAILBOX_CAPACITY, ge=1)
@@ -230,7 +239,7 @@ class RuntimeSettings(BaseModel):
     #: The one CPU core a daemon's threads run on: "auto" (the least busy as it starts),
     #: a core's number, or "off" (the scheduler spreads them over every core). Under the
     #: GIL, hand-offs between cores cost more than a second core adds: see actors.kernel.cores.
-    cpu_core: Annotated[int, Field(ge=0)] | Literal["auto", "off"] = "auto"
+    cpu_core: Annotated[int | Literal["auto", "off"], BeforeValidator(_cpu_core)] = "auto"
 
 
 class MemorySettings(BaseModel):
@@ -800,7 +809,8 @@ class _Sources:
 
     def explain(self, model: type[BaseModel], error: Any) -> str:
         """One validation error as one line: where, the bad value (unless secret), what was expected."""
-        loc, message = error["loc"], error["msg"].replace("Input should be ", "should be ", 1)
+        message = error["msg"].replace("Input should be ", "should be ", 1).removeprefix("Value error, ")
+        loc = error["loc"]
         if error["type"] == "missing":
             return f"{self.name(loc)}: {message}"
         if _is_secret(model, loc):

@@ -191,6 +191,10 @@ def _mistake(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list
         config.write_text('[runtime]\nmax_hops = "many"\n')
         args = ["--config", str(config)]
         expected = [f"{config}: [runtime] max_hops is 'many': should be a valid integer"]
+    elif case == "core not a number":
+        config.write_text('[runtime]\ncpu_core = "first"\n')
+        args = ["--config", str(config)]
+        expected = [f"{config}: [runtime] cpu_core is 'first': should be auto, off or the number of a core"]
     elif case == "unknown variable":
         env["AUTORESPONSE_TERMINAL__ENABELD"] = "true"
         expected = ["is not a setting (did you mean AUTORESPONSE_TERMINAL__ENABLED?)"]
@@ -218,7 +222,7 @@ def _mistake(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list
 
 
 MISTAKES = ["toml does not parse", "list variable not json", "variable not an integer",
-            "file value not an integer", "unknown variable", "unknown key in the file",
+            "file value not an integer", "core not a number", "unknown variable", "unknown key in the file",
             "unknown section in the file", "data dir is a file", "corrupt journal"]
 
 
