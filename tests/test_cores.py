@@ -114,3 +114,18 @@ print(json.dumps({"core": core, "status": status, "pinned": pinned, "then": pinn
     assert seen["core"] in ALL_CORES and seen["status"] == seen["core"]
     assert set(map(tuple, seen["pinned"].values())) == {(seen["core"],)}
     assert seen["then"] is None and seen["back"] == ALL_CORES
+
+
+def test_a_sandbox_that_forbids_choosing_cores_leaves_the_process_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autoresponse.actors.kernel import cores
+
+    def forbidden(pid: int, mask: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(cores.os, "sched_setaffinity", forbidden)
+    assert cores.run_on_one_core() is None
+    assert cores.pinned_core() is None
+    assert "cannot run on one core ([Errno 1] Operation not permitted)" in caplog.text
+    assert os.sched_getaffinity(0) == set(ALL_CORES)

@@ -19,9 +19,12 @@ the commands the bot runs (each gets every core back, see ``free_child``), other
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
+
+log = logging.getLogger("autoresponse.runtime")
 
 #: How long the cores' load is sampled to choose the least busy one.
 CORE_SAMPLE_SECONDS = 0.05
@@ -40,7 +43,8 @@ def supported() -> bool:
 def run_on_one_core(core: int | None = None) -> int | None:
     """Every thread of the process, and every one it starts from now on, on ``core``
     (None: the least busy of the cores it may use); the core, or None where the
-    platform cannot pin (nothing changes then). ValueError for a core it may not use."""
+    platform or a sandbox does not let it (nothing changes then, but a warning).
+    ValueError for a core it may not use."""
     global _all_cores, _core
     if not supported():
         return None
@@ -50,8 +54,16 @@ def run_on_one_core(core: int | None = None) -> int | None:
     elif core not in allowed:
         raise ValueError(f"core {core} is not one this process may run on "
                          f"(it may use {', '.join(map(str, sorted(allowed)))})")
+    try:
+        _pin_every_thread(frozenset({core}))
+    except OSError as exc:  # a sandbox that forbids it: the process runs on, as it was
+        log.warning("cannot run on one core (%s); the threads stay on every core", exc)
+        try:
+            _pin_every_thread(allowed)
+        except OSError:
+            pass
+        return None
     _all_cores, _core = allowed, core
-    _pin_every_thread(frozenset({core}))
     return core
 
 
@@ -71,11 +83,11 @@ def pinned_core() -> int | None:
 def free_child(pid: int) -> None:
     """A child process (a command the bot runs) may use every core the daemon could:
     it inherited the daemon's one core when it was started. Called right after the
-    start; a child already gone is left alone."""
+    start; a child already gone (or one a sandbox will not move) is left alone."""
     if _all_cores is not None:
         try:
             os.sched_setaffinity(pid, _all_cores)
-        except (ProcessLookupError, PermissionError):
+        except OSError:  # gone already, or not ours to move: it runs where it started
             pass
 
 
