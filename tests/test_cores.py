@@ -129,3 +129,26 @@ def test_a_sandbox_that_forbids_choosing_cores_leaves_the_process_as_it_was(
     assert cores.pinned_core() is None
     assert "cannot run on one core ([Errno 1] Operation not permitted)" in caplog.text
     assert os.sched_getaffinity(0) == set(ALL_CORES)
+
+
+def test_commands_started_together_each_get_every_core_and_the_loop_its_one_core_back() -> None:
+    script = """
+import asyncio, json, os, threading
+from autoresponse.actors.kernel import run_on_one_core
+from autoresponse.interfaces.terminal.command import run_command
+core = run_on_one_core()
+
+async def main():
+    argv = ["grep", "Cpus_allowed_list", "/proc/self/status"]
+    results = await asyncio.gather(*(run_command(argv, label="grep", timeout=20, output_cap=1000)
+                                     for _ in range(6)))
+    return [r.output for r in results], sorted(os.sched_getaffinity(threading.get_native_id()))
+
+outputs, after = asyncio.run(main())
+print(json.dumps({"core": core, "outputs": outputs, "after": after}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["outputs"] == [f"Cpus_allowed_list:\t{cores_list(ALL_CORES)}\n"] * 6
+    assert seen["after"] == [seen["core"]]

@@ -16,7 +16,7 @@ from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, Overflow
 from autoresponse.actors.kernel.actor import ActorGaveUp, TypedActor, handles
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.kernel.clock import Clock, ManualClock
-from autoresponse.actors.kernel.cores import free_child, pinned_core, run_on_all_cores, run_on_one_core
+from autoresponse.actors.kernel.cores import pinned_core, run_on_all_cores, run_on_one_core, starting_children
 from autoresponse.actors.kernel.deadletters import DeadLetter, DeadLetterOffice
 from autoresponse.actors.kernel.heap import tune_heap_for_serving
 from autoresponse.actors.kernel.inflight import InFlight
@@ -43,12 +43,12 @@ __all__ = [
     "ProbeTimeout",
     "Runtime",
     "TypedActor",
-    "free_child",
     "handles",
     "new_event_loop",
     "pinned_core",
     "restart_and_dead_letter",
     "run_on_all_cores",
     "run_on_one_core",
+    "starting_children",
     "tune_heap_for_serving",
 ]

@@ -10,10 +10,11 @@ times the deliveries a second on one core, and with the journal at a steady 1,57
 p99 was 6.5 to 23 ms against 10.7 to 59 ms on both cores.
 
 The other cores stay free for what really runs beside the interpreter: a local model,
-the commands the bot runs (each gets every core back, see ``free_child``), other daemons.
+the commands the bot runs (started with every core, see ``starting_children``), other daemons.
 
 >>> core = run_on_one_core()   # as the daemon starts; every thread it starts inherits it
->>> free_child(child.pid)      # doctest: +SKIP  (a command it runs may use every core)
+>>> with starting_children():   # doctest: +SKIP  (a command it runs may use every core)
+...     proc = await asyncio.create_subprocess_exec(*argv)
 >>> run_on_all_cores()         # back as it was
 """
 
@@ -21,7 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("autoresponse.runtime")
@@ -33,6 +37,9 @@ CORE_SAMPLE_SECONDS = 0.05
 _all_cores: frozenset[int] | None = None
 #: The one core it runs on since (None: not pinned).
 _core: int | None = None
+#: Threads inside ``starting_children``, and how many windows each has open.
+_starting: dict[int, int] = {}
+_starting_lock = threading.Lock()
 
 
 def supported() -> bool:
@@ -80,15 +87,36 @@ def pinned_core() -> int | None:
     return _core
 
 
-def free_child(pid: int) -> None:
-    """A child process (a command the bot runs) may use every core the daemon could:
-    it inherited the daemon's one core when it was started. Called right after the
-    start; a child already gone (or one a sandbox will not move) is left alone."""
-    if _all_cores is not None:
-        try:
-            os.sched_setaffinity(pid, _all_cores)
-        except OSError:  # gone already, or not ours to move: it runs where it started
-            pass
+@contextmanager
+def starting_children() -> Iterator[None]:
+    """While it lasts, the calling thread may use every core the process could, so a
+    child process started in it inherits them all, not the daemon's one core (a command
+    the bot runs). Windows may overlap on one thread (the event loop starting several
+    commands at once): the thread is back on its one core when the last one ends."""
+    if _all_cores is None:
+        yield
+        return
+    tid = threading.get_native_id()
+    with _starting_lock:
+        _starting[tid] = _starting.get(tid, 0) + 1
+        if _starting[tid] == 1:
+            _set_thread(tid, _all_cores)
+    try:
+        yield
+    finally:
+        with _starting_lock:
+            _starting[tid] -= 1
+            if not _starting[tid]:
+                del _starting[tid]
+                if _core is not None:
+                    _set_thread(tid, frozenset({_core}))
+
+
+def _set_thread(tid: int, cores: frozenset[int]) -> None:
+    try:
+        os.sched_setaffinity(tid, cores)
+    except OSError:  # a sandbox that will not: the child runs where the daemon does
+        pass
 
 
 def _pin_every_thread(cores: frozenset[int]) -> None:

@@ -23,7 +23,7 @@ import shutil
 import signal
 from collections.abc import Collection, Mapping
 
-from autoresponse.actors.kernel import free_child
+from autoresponse.actors.kernel import starting_children
 from autoresponse.interfaces.terminal.settings import DEFAULT_ARGUMENT_RULES, ArgumentRule
 from autoresponse.messages import ActionResult
 
@@ -137,15 +137,15 @@ def _scrubbed_env() -> dict[str, str]:
 
 async def run_command(argv: list[str], *, label: str, timeout: float, output_cap: int) -> ActionResult:
     """Run ``argv`` in a new process group; stdout and stderr together, capped."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=_scrubbed_env(),
-        start_new_session=True,  # its own process group, so a timeout kills every descendant
-    )
-    free_child(proc.pid)  # it started on the daemon's one core; it may use them all
+    with starting_children():  # with every core, not the daemon's one
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=_scrubbed_env(),
+            start_new_session=True,  # its own process group, so a timeout kills every descendant
+        )
     kept = bytearray()
     dropped = 0
 
