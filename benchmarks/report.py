@@ -46,32 +46,25 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
         c = f["in_process"]
         runs = c["runs"]
         ratio, cpu = c["runtime_vs_same_work"], c["cpu_us_per_delivery"]
-        same_core = runs.get("raw pykka, same work, one core")
-        if same_core is not None:  # both on one core, as a daemon runs; the scheduler's placement beside
-            out.append(("1. in process, offline engine: the runtime against raw pykka doing the same work, "
-                        "both on one core as a daemon runs",
-                        f"{runs['runtime']['per_second']:,.0f} vs {same_core['per_second']:,.0f} deliveries/s: "
-                        f"**{ratio:.2f}** (raw pykka left on every core: "
-                        f"{runs['raw pykka, same work']['per_second']:,.0f}/s, "
-                        f"{c['runtime_vs_same_work_every_core']:.2f})",
-                        f"≥ 1.0: {_verdict(ratio >= 1.0)}"))
-            every = runs["runtime, every core"]
-            out.append(("1. what one core buys: the runtime left on every core",
-                        f"{every['per_second']:,.0f}/s, {every['cpu_us_per_delivery']:.0f} µs of CPU per delivery: "
-                        f"one core does **{c['one_core_vs_every_core']:.2f}×** its deliveries/s",
-                        "(reported)"))
-        else:
-            out.append(("1. in process, offline engine: the runtime against raw pykka doing the same work",
-                        f"{runs['runtime']['per_second']:,.0f} vs {runs['raw pykka, same work']['per_second']:,.0f} "
-                        f"deliveries/s: **{ratio:.2f}**",
-                        f"≥ 1.0: {_verdict(ratio >= 1.0)}"))
+        same_core, every = runs["raw pykka, same work, one core"], runs["runtime, every core"]
+        out.append(("1. in process, offline engine: the runtime against raw pykka doing the same work, "
+                    "both on one core as a daemon runs",
+                    f"{runs['runtime']['per_second']:,.0f} vs {same_core['per_second']:,.0f} deliveries/s: "
+                    f"**{ratio:.2f}** (raw pykka left on every core: "
+                    f"{runs['raw pykka, same work']['per_second']:,.0f}/s, "
+                    f"{c['runtime_vs_same_work_every_core']:.2f})",
+                    f"≥ 1.0: {_verdict(ratio >= 1.0)}"))
+        out.append(("1. what one core buys: the runtime left on every core",
+                    f"{every['per_second']:,.0f}/s, {every['cpu_us_per_delivery']:.0f} µs of CPU per delivery: "
+                    f"one core does **{c['one_core_vs_every_core']:.2f}×** its deliveries/s",
+                    "(reported)"))
         out.append(("1. the same, against raw pykka passing tuples (the substrate's floor)",
                     f"{runs['raw pykka, tuples']['per_second']:,.0f}/s: **{c['runtime_vs_tuples']:.2f}**",
                     "(reported)"))
         journaled = c.get("journaled_cpu_us_per_delivery", runs["runtime + journal"]["cpu_us_per_delivery"])
         out.append(("1. CPU per delivery, whole process, with the journal a daemon always has",
                     f"**{journaled:.0f} µs** ({cpu:.0f} µs without it; raw pykka, same work: "
-                    f"{runs.get('raw pykka, same work, one core', runs['raw pykka, same work'])['cpu_us_per_delivery']:.0f} µs)",
+                    f"{same_core['cpu_us_per_delivery']:.0f} µs)",
                     f"≤ 200 µs: {_verdict(journaled <= 200)}"))
         load = c["offered_load"]
         with_journal = c.get("journaled_offered_load")

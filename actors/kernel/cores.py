@@ -132,15 +132,14 @@ def _pin_every_thread(cores: frozenset[int]) -> None:
             done.add(tid)
 
 
-def _busy_ticks() -> dict[int, tuple[int, int]]:
-    """Each core's busy and total clock ticks since boot, from /proc/stat."""
-    ticks: dict[int, tuple[int, int]] = {}
+def _busy_ticks() -> dict[int, int]:
+    """Each core's busy clock ticks since boot (all but idle and iowait), from /proc/stat."""
+    ticks: dict[int, int] = {}
     for line in Path("/proc/stat").read_text().splitlines():
         name, *fields = line.split()
         if name.startswith("cpu") and name[3:].isdigit():
             values = [int(v) for v in fields]
-            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
-            ticks[int(name[3:])] = (sum(values) - idle, sum(values))
+            ticks[int(name[3:])] = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
     return ticks
 
 
@@ -153,7 +152,7 @@ def _least_busy(cores: list[int]) -> int:
         after = _busy_ticks()
     except (OSError, ValueError, IndexError):
         return cores[os.getpid() % len(cores)]
-    load = {c: after[c][0] - before[c][0] if c in before and c in after else 0 for c in cores}
+    load = {c: after.get(c, 0) - before.get(c, 0) for c in cores}
     idlest = min(load.values())
     candidates = [c for c in cores if load[c] <= idlest + 1]  # a tick is 10 ms: within one is a tie
     return candidates[os.getpid() % len(candidates)]
