@@ -8,6 +8,7 @@ the whole process, so the work of every thread is in it.
 from __future__ import annotations
 
 import os
+import queue
 import statistics
 import threading
 import time
@@ -27,8 +28,10 @@ from autoresponse.actors.kernel import (
 )
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.dispatcher import ActionDispatcher
+from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.journal import SendLedger, SqliteJournal
 from autoresponse.actors.llm import LLMClient, LLMEngine
+from autoresponse.actors.prompts import build_chat_request
 from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, sender
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, UserRequest
 
@@ -220,6 +223,78 @@ def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, jour
         raise SystemExit(f"offered load: only {len(tally.answered)} of {count} answered")
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     return Run(count, elapsed, [tally.answered[c] - t for c, t in sent_at.items()], cpu)
+
+
+#: Round trips timed by ``machine_costs``: back to back, and each after a pause.
+HANDOFFS, HANDOFFS_FROM_IDLE = 4_000, 500
+#: The pause before each round trip, or each piece of work, after idle: long enough for
+#: the core to go idle (a delivery every 3 ms is a steady 333 a second).
+IDLE_PAUSE = 0.003
+#: A delivery's work timed back to back, and as many times each after a pause.
+WORKS, WORKS_FROM_IDLE = 2_000, 300
+#: The reply whose actions ``machine_costs`` extracts, as the dispatcher does.
+_REPLY = '{"actions": [{"type": "message_console", "payload": {"text": "hello, here is the answer"}}]}'
+
+
+def machine_costs() -> dict[str, float]:
+    """What this machine charges for the pieces a delivery is made of, on one core, whatever
+    the runtime's code (the floor under it):
+
+    * ``round_trip_us``: CPU of a round trip between two threads both running (two switches);
+    * ``wake_from_idle_us``: what a sleep on an idle core and the wake after it add to one
+      (at a steady load, each delivery starts from one);
+    * ``work_us`` and ``work_after_idle_us``: CPU of a slice of a delivery's own work (its
+      prompt built, its reply's actions extracted), back to back, and each time after the
+      core has been idle ``IDLE_PAUSE``: how much slower the same code runs when it finds the
+      core's caches cold (on a VM, where the hypervisor runs others on a halted core, several
+      times slower). At a steady load every thread of every delivery starts that way.
+    """
+    ping: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+    pong: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (n := ping.get()) is not None:
+            pong.put(n)
+
+    def round_trips(count: int, pause: float) -> float:
+        cpu = time.process_time()
+        for n in range(count):
+            if pause:
+                time.sleep(pause)
+            ping.put(n)
+            pong.get()
+        return 1e6 * (time.process_time() - cpu) / count
+
+    def work() -> None:
+        asked = request(1, 1)
+        build_chat_request(asked.text, asked.context, allowed_actions=("message_console",))
+        extract_actions(_REPLY, ("message_console",))
+
+    def works(count: int, pause: float) -> float:
+        spent = 0.0
+        for _ in range(count):
+            if pause:
+                time.sleep(pause)
+            started = time.thread_time()
+            work()
+            spent += time.thread_time() - started
+        return 1e6 * spent / count
+
+    @on_one_core
+    def measure() -> dict[str, float]:
+        thread = threading.Thread(target=echo, name="round-trip-echo")
+        thread.start()
+        try:
+            busy = round_trips(HANDOFFS, 0.0)
+            from_idle = round_trips(HANDOFFS_FROM_IDLE, IDLE_PAUSE)
+        finally:
+            ping.put(None)
+            thread.join(10)
+        works(WORKS // 10, 0.0)  # warm: the first calls build what later ones reuse
+        return {"round_trip_us": round(busy, 1), "wake_from_idle_us": round(max(from_idle - busy, 0.0), 1),
+                "work_us": round(works(WORKS, 0.0), 1), "work_after_idle_us": round(works(WORKS_FROM_IDLE, IDLE_PAUSE), 1),
+                "idle_ms": IDLE_PAUSE * 1000}
+    return measure()
 
 
 def pace(due: float) -> None:

@@ -16,11 +16,14 @@ def draw(f: dict[str, Any], into: Path) -> list[Path]:
     except ImportError:
         return []
     drawn = []
-    for name, plot in (("in_process", _in_process), ("loopback_http", _loopback), ("latency_bound", _latency),
-                       ("soak", _soak), ("cluster", _cluster)):
-        if name in f:
+    for name, case, plot in (("in_process", "in_process", _in_process),
+                             ("steady_load", "in_process", _steady_load),
+                             ("loopback_http", "loopback_http", _loopback),
+                             ("latency_bound", "latency_bound", _latency),
+                             ("soak", "soak", _soak), ("cluster", "cluster", _cluster)):
+        if case in f and (plot is not _steady_load or f[case].get("journaled_ladder")):
             fig, ax = plt.subplots(figsize=(7, 4.5))
-            plot(ax, f[name])
+            plot(ax, f[case])
             ax.grid(True, which="both", alpha=0.3)
             fig.tight_layout()
             path = into / f"{name}.png"
@@ -41,6 +44,23 @@ def _in_process(ax: Any, c: dict[str, Any]) -> None:
     runs = c["runs"]
     _bars(ax, list(runs), [r["per_second"] for r in runs.values()], "deliveries per second",
           "Case 1 and 5: in process, median of the runs")
+
+
+def _steady_load(ax: Any, c: dict[str, Any]) -> None:
+    ladder = c["journaled_ladder"]
+    rates = [rung["per_second"] for rung in ladder]
+    ax.plot(rates, [rung["p99_ms"] for rung in ladder], "o-", label="p99, ms")
+    ax.plot(rates, [rung["p50_ms"] for rung in ladder], "s-", label="p50, ms")
+    ax.axhline(c["p99_target_ms"], linestyle="--", color="gray", label="target for p99")
+    ax.set_xlabel("deliveries offered per second, steady")
+    ax.set_ylabel("ms from request to reply")
+    busy = ax.twinx()
+    busy.plot(rates, [100 * rung["core_busy"] for rung in ladder], ":", color="black", label="core busy, %")
+    busy.set_ylabel("its one core busy, %")
+    busy.set_ylim(0, 100)
+    ax.set_title("Case 1 with the journal, at steady loads up to half the burst's peak")
+    ax.legend(loc="upper left")
+    busy.legend(loc="center left")
 
 
 def _loopback(ax: Any, c: dict[str, Any]) -> None:
