@@ -245,9 +245,9 @@ def machine_costs() -> dict[str, float]:
       (at a steady load, each delivery starts from one);
     * ``work_us`` and ``work_after_idle_us``: CPU of a slice of a delivery's own work (its
       prompt built, its reply's actions extracted), back to back, and each time after the
-      core has been idle ``IDLE_PAUSE``: how much slower the same code runs when it finds the
-      core's caches cold (on a VM, where the hypervisor runs others on a halted core, several
-      times slower). At a steady load every thread of every delivery starts that way.
+      core has been idle ``IDLE_PAUSE``: how much slower the same code runs on a core just
+      back from idle (cold caches, or a core the host let slow down; from inside a VM the
+      two look alike). At a steady load every thread of every delivery starts that way.
     """
     ping: queue.SimpleQueue[int | None] = queue.SimpleQueue()
     pong: queue.SimpleQueue[int] = queue.SimpleQueue()
