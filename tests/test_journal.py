@@ -29,6 +29,7 @@ from autoresponse.actors.journal import JournalInUse, SqliteJournal
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
+from autoresponse.actors.journal._checkpointer import WalCheckpointer
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
@@ -290,6 +291,30 @@ def test_the_write_ahead_log_is_copied_back_beside_the_writer_and_stays_small(tm
     finally:
         journal.close()
     assert not any(t.name == "journal-checkpointer" for t in threading.enumerate())
+
+
+def test_a_close_between_a_turns_pause_and_its_clear_still_stops_the_checkpointer(tmp_path: Path) -> None:
+    """A close can land after a turn's pause and before the turn clears the wake-up it
+    answers (close sets both events; the turn then clears one): the thread ends with the
+    journal all the same, and does not sleep on waiting for a commit that never comes (in
+    CI a daemon's stop waited its 10 s for it, and the thread outlived the daemon)."""
+    path = tmp_path / "j.sqlite3"
+    sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").connection.close()
+    checkpointer = WalCheckpointer(path, every=0.01)
+    first = checkpointer._wrote
+
+    class ClosedJustBefore(threading.Event):
+        def clear(self) -> None:  # what close() does, then the turn's own clear
+            checkpointer._stopping.set()
+            self.set()
+            super().clear()
+    checkpointer._wrote = ClosedJustBefore()
+    try:
+        first.set()  # a commit: the sleeping thread takes a turn
+        checkpointer._thread.join(5)
+        assert not checkpointer._thread.is_alive()
+    finally:
+        checkpointer.close()
 
 
 def test_a_failing_checkpoint_is_logged_once_and_so_is_its_recovery(

@@ -53,7 +53,9 @@ class WalCheckpointer:
     def _run(self) -> None:
         done = 0  # of the log as it stands: copied before this turn
         pause = self.every
-        while True:
+        # Asked each turn, not only after the pause: a close that lands between the pause and
+        # the clear below has its wake-up cleared, and the thread would sleep on for good.
+        while not self._stopping.is_set():
             self._wrote.wait()  # an idle journal has nothing to copy: the thread sleeps
             if self._stopping.wait(pause):  # the commits of the next moment share one copy
                 return
