@@ -254,7 +254,7 @@ def _untraced(requests: int) -> Run:
     return runtime_offline(requests, trace=False)
 
 
-#: Latency at half the peak is measured over this many windows; the median is kept.
+#: Latency at a steady load is measured over this many windows; the median is kept.
 LATENCY_WINDOWS = 3
 #: The steady loads, as fractions of the journaled burst's peak, at which latency with
 #: the journal is also measured: where p99 stays within its target, and what a delivery
