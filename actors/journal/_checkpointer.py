@@ -22,12 +22,10 @@ from pathlib import Path
 
 log = logging.getLogger("autoresponse.actors.journal")
 
-#: How long commits gather between two copies while the journal is written to. Short,
-#: since a daemon runs on one core (``runtime.cpu_core``), where a copy runs instead of
-#: the deliveries: many short copies, not a few long ones. At a steady 2,566/s, 50 ms
-#: gathered about 900 pages, copied in 4-5 ms, and every delivery queued behind it made
-#: the p99 (5.1-5.8 ms); 10 ms copies about 190 pages in a millisecond or two (p99
-#: 2.1-2.9 ms), for the same CPU a delivery.
+#: How long commits gather between two copies while the journal is written to. Short:
+#: on the one core a daemon runs on, a copy runs instead of the deliveries, so many
+#: short copies, not a few long ones (docs/benchmarks.md has the figures: at 50 ms a
+#: copy of about 900 pages was the p99 at a steady load).
 CHECKPOINT_SECONDS = 0.01
 #: The log's pages at which the writer's own checkpoint completes it and the next commit
 #: writes it from its start again (SQLite's default, set explicitly).
