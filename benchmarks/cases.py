@@ -57,6 +57,7 @@ from autoresponse.messages import (
     action_key,
 )
 from benchmarks.harness import (
+    WARM_UP_SECONDS,
     Run,
     Tally,
     cpu_seconds_of,
@@ -79,18 +80,26 @@ from benchmarks.harness import (
 
 def _raw_run(first: Any, requests: int, finished: threading.Event, answered: dict[Any, float],
              message: Callable[[int], Any], rate: float | None = None) -> Run:
-    """All at once, or ``rate`` a second evenly spaced (as ``harness.offered`` paces the runtime)."""
+    """All at once, or ``rate`` a second evenly spaced after a warm-up of the same, not
+    counted (as ``harness.offered`` paces the runtime); ``finished`` is set once all
+    ``requests`` (and the warm-up's) are answered."""
     tune_heap_for_serving()  # as the runtime's pipeline does (harness.pipeline): the same collector
+    warm = 0 if rate is None else int(rate * WARM_UP_SECONDS)
     sent: dict[int, float] = {}
-    cpu, started = time.process_time(), time.perf_counter()
-    for n in range(requests):
+    started = time.perf_counter()
+    cpu, counted_from = time.process_time(), started
+    for n in range(warm + requests):
         if rate is not None:
             pace(started + n / rate)
-        sent[n] = time.perf_counter()
+        at = time.perf_counter()
+        if n == warm:
+            cpu, counted_from = time.process_time(), at
+        if n >= warm:
+            sent[n] = at
         first.tell(message(n))
     if not finished.wait(300):
-        raise SystemExit(f"raw pykka: {len(answered)} of {requests} answered")
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        raise SystemExit(f"raw pykka: {len(answered)} of {warm + requests} answered")
+    elapsed, cpu = time.perf_counter() - counted_from, time.process_time() - cpu
     return Run(requests, elapsed, [answered[n] - t for n, t in sent.items()], cpu)
 
 
@@ -217,9 +226,11 @@ def raw_pykka_same_work(requests: int, rate: float | None = None) -> Run:
     loop.start()
     finished, answered = threading.Event(), {}
 
+    total = requests + (0 if rate is None else int(rate * WARM_UP_SECONDS))  # _raw_run's warm-up first
+
     def done(message: OutboundMessage) -> None:
         answered[message.reply_to_message_id] = time.perf_counter()
-        if len(answered) == requests:
+        if len(answered) == total:
             finished.set()
 
     send = _SendHop.start(done)
@@ -291,7 +302,7 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
     def steady(rate: float, journal: SqliteJournal | None) -> dict[str, Any]:
         @on_one_core
         def window(rate: float) -> Run:
-            tally = Tally(expected=int(rate * LATENCY_SECONDS))
+            tally = Tally(expected=0)  # offered() sets how many it offers
             runtime = pipeline(OfflineEngine(), tally, journal)
             try:
                 return offered(runtime, tally, rate=rate, seconds=LATENCY_SECONDS, journaled=journal is not None)
@@ -353,7 +364,8 @@ def latency_at(rate: float, window: Callable[[float], Run]) -> dict[str, Any]:
     windows.sort()
     p99, p50, cpu_us = windows[len(windows) // 2]
     # The share of its one core the process kept busy at this load (CPU per delivery × rate).
-    return {"per_second": round(rate, 1), "p50_ms": p50, "p99_ms": p99, "p99_ms_windows": [w[0] for w in windows],
+    return {"per_second": round(rate, 1), "warm_up_s": WARM_UP_SECONDS, "p50_ms": p50, "p99_ms": p99,
+            "p99_ms_windows": [w[0] for w in windows],
             "cpu_us_per_delivery": round(cpu_us, 1), "core_busy": round(cpu_us * rate / 1e6, 3)}
 
 

@@ -39,6 +39,11 @@ T = TypeVar("T")
 
 #: The shortest timed run; shorter ones measure noise.
 MIN_SECONDS = 2.0
+#: A steady load is offered this long before the deliveries that count: a pipeline just
+#: started (its statements not yet prepared, its code not yet specialized, its journal's log
+#: empty) is not the steady state, and its first tens of milliseconds were the slowest
+#: 1% of a 3-second window at half the peak.
+WARM_UP_SECONDS = 0.5
 
 
 @dataclass
@@ -201,16 +206,22 @@ def drive(runtime: Runtime, tally: Tally, chats: int, per_chat: int, *, journale
     return Run(len(sent_at), elapsed, latencies, cpu, in_order)
 
 
-def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, journaled: bool = False) -> Run:
+def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, journaled: bool = False,
+            warm_up: float = WARM_UP_SECONDS) -> Run:
     """Latency at a fixed offered load: ``rate`` requests a second, evenly spaced, for
-    ``seconds``; each one's time from its send to its reply (not a burst's queue).
-    ``journaled``: each is accepted as an interface does, journaled before it is handled."""
-    count = int(rate * seconds)
+    ``seconds`` after ``warm_up`` seconds of the same (not counted); each one's time from
+    its send to its reply (not a burst's queue). ``journaled``: each is accepted as an
+    interface does, journaled before it is handled. ``tally`` expects them all."""
+    warm, count = int(rate * warm_up), int(rate * seconds)
+    tally.expected = warm + count
     sent_at: dict[str, float] = {}
-    cpu, started = time.process_time(), time.perf_counter()
-    for n in range(count):
+    started = time.perf_counter()
+    cpu, counted_from = time.process_time(), started
+    for n in range(warm + count):
         pace(started + n / rate)
         at = time.perf_counter()
+        if n == warm:
+            cpu, counted_from = time.process_time(), at
         if journaled:
             correlation = f"offered-{n}-{at}"
             runtime.accept(LLM, request(n, 1), correlation_id=correlation)
@@ -218,10 +229,11 @@ def offered(runtime: Runtime, tally: Tally, rate: float, seconds: float, *, jour
             envelope = runtime.send(LLM, request(n, 1))
             assert envelope is not None
             correlation = envelope.correlation_id
-        sent_at[correlation] = at
+        if n >= warm:
+            sent_at[correlation] = at
     if not tally.done.wait(60):
-        raise SystemExit(f"offered load: only {len(tally.answered)} of {count} answered")
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        raise SystemExit(f"offered load: only {len(tally.answered)} of {warm + count} answered")
+    elapsed, cpu = time.perf_counter() - counted_from, time.process_time() - cpu
     return Run(count, elapsed, [tally.answered[c] - t for c, t in sent_at.items()], cpu)
 
 

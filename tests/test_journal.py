@@ -383,6 +383,55 @@ def test_writes_are_group_committed(tmp_path: Path) -> None:
         journal.close()
 
 
+
+def test_an_accept_after_a_pause_commits_at_once_and_the_ones_close_behind_it_share_a_commit(
+        tmp_path: Path) -> None:
+    """Accepts closer together than the group-commit window wait (here, up to a minute) for
+    one commit; the first after a pause does not wait; a read that needs them starts it."""
+    journal = SqliteJournal(tmp_path / "j.sqlite3", group_commit_seconds=60.0)
+    try:
+        first = journal.accept(Envelope.new(request(0), correlation_id="c0"), actor="llm")
+        assert first.result(10) is True and journal.commits == 1  # not held: nothing came just before
+        close_behind = []
+        for n in range(1, 10):
+            close_behind.append(journal.accept(Envelope.new(request(n), correlation_id=f"c{n}"), actor="llm"))
+            time.sleep(0.01)  # time enough to commit each alone, were it not held for the others
+        assert not any(f.done() for f in close_behind) and journal.commits == 1
+        assert journal.trace("c0") is None  # a read after them: their commit starts now
+        assert all(f.result(10) for f in close_behind) and journal.commits == 2
+        assert len(journal.unfinished()) == 10
+    finally:
+        journal.close()
+
+
+def test_what_nothing_waits_on_goes_with_the_next_commit_or_alone_soon_after(tmp_path: Path) -> None:
+    """A finish and a sent key start no commit of their own: the next accept's carries them
+    (a sent key reads as sent meanwhile); with no accept coming, they are committed alone
+    once their window has passed."""
+    journal = SqliteJournal(tmp_path / "waits.sqlite3", lazy_write_seconds=60.0)
+    try:
+        journal.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm").result(10)
+        journal.finish("c1")
+        marked = journal.mark_sent("c1:chat#0", "c1")
+        assert journal.was_sent("c1:chat#0", "c1")  # readable at once, durable with the next commit
+        assert not marked.done() and journal.commits == 1
+        assert [i.correlation for i in journal.unfinished()] == ["c1"]
+        journal.accept(Envelope.new(request(2), correlation_id="c2"), actor="llm").result(10)
+        assert marked.result(0) is True and journal.commits == 2
+        assert [i.correlation for i in journal.unfinished()] == ["c2"]
+    finally:
+        journal.close()
+    alone = SqliteJournal(tmp_path / "alone.sqlite3", lazy_write_seconds=0.05)
+    try:
+        alone.accept(Envelope.new(request(3), correlation_id="c3"), actor="llm").result(10)
+        alone.finish("c3")
+        deadline = time.monotonic() + 10  # bounds a hang; it is committed 50 ms after it came
+        while alone.unfinished() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert alone.unfinished() == [] and alone.commits == 2
+    finally:
+        alone.close()
+
 def push(port: int, n: int, deadline: float) -> None:
     """Inject request n until the daemon acknowledges it (it may be down, or killed mid-way)."""
     body = {"text": f"hello {n}", "context": {"chat_id": 10_000 + n, "message_id": n,

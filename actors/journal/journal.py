@@ -16,7 +16,11 @@
 Writes are group-committed by one writer thread: every write waiting when a
 commit starts shares it, so the journal costs one fsync-free WAL commit per
 batch, not per message. WAL with synchronous=NORMAL survives the process being
-killed at any moment (not a power cut).
+killed at any moment (not a power cut). A commit starts once its first write is
+due: an accept at once, or ``GROUP_COMMIT_SECONDS`` after it was queued when accepts
+come closer together than that (the next ones share its commit); a write nothing
+waits on to go on (``finish``, ``mark_sent``) ``LAZY_WRITE_SECONDS`` after (the
+next accept's commit takes it along).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import concurrent.futures
 import functools
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -210,6 +215,16 @@ _CACHED_STATEMENTS = len(_MANY_ROWS) * _ROWS_PER_STATEMENT + 128
 BUSY_TIMEOUT_MS = 5000
 #: How long the compaction's checkpoint waits for readers of the write-ahead log to finish.
 CHECKPOINT_WAIT_MS = 50
+#: How long an accept (or any write something waits on) waits for others to share its
+#: commit, when the one before it came sooner than that (apart, each commits at once).
+#: Each commit rewrites the pages its rows share (the tables' last leaves, their indexes)
+#: and wakes the writer, and the pipeline after it, once: at a steady load a commit per
+#: delivery cost as much CPU as the rest of the delivery (docs/benchmarks.md).
+GROUP_COMMIT_SECONDS = 0.001
+#: How long a write nothing waits on to go on (``finish``, ``mark_sent``) may wait for a
+#: commit to carry it; at a steady load the next accept's comes first. What a kill can
+#: lose: a sent key this recent, so its chunk may be sent again when the item resumes.
+LAZY_WRITE_SECONDS = 0.005
 #: Correlations looked up at once when a batch's accepts are checked for ones already known.
 _LOOKUP_CHUNK = 500
 #: Rows ``compact`` deletes per transaction. One DELETE of a whole compaction interval's rows
@@ -245,7 +260,8 @@ class SqliteJournal:
     file stops growing once the retention has passed (freed pages are reused)."""
 
     def __init__(self, path: Path, *, retention_seconds: float | None = None,
-                 compact_every: float = JOURNAL_COMPACT_SECONDS) -> None:
+                 compact_every: float = JOURNAL_COMPACT_SECONDS, group_commit_seconds: float = GROUP_COMMIT_SECONDS,
+                 lazy_write_seconds: float = LAZY_WRITE_SECONDS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = _hold(path.with_name(f"{path.name}.lock"))
@@ -283,6 +299,11 @@ class SqliteJournal:
         self.compact_every = compact_every
         self._compacted = time.monotonic()
         self._pending: list[_Op] = []
+        self.group_commit_seconds = group_commit_seconds
+        self.lazy_write_seconds = lazy_write_seconds
+        self._due = math.inf  # when the next commit starts (``time.monotonic``)
+        self._last_eager = -math.inf  # when the last write that was not lazy came
+        self._writer_sleeps_until: float | None = None  # the writer waits for that, or nothing
         self._cond = threading.Condition()
         self._closed = False
         self.commits = 0  # batches written, for the benchmark
@@ -304,13 +325,23 @@ class SqliteJournal:
 
     # ---------------------------------------------------------------- writes
 
-    def _queue(self, op: _Op, correlation: str | None = None) -> bool:
-        """Queue ``op`` for the next group commit; False once the journal is closed.
-        A key it marks is sent from now on, for ``correlation`` too (in the same lock: no
-        reader sees it between the two)."""
+    def _queue(self, op: _Op, correlation: str | None = None, *, lazy: bool = False, at_once: bool = False) -> bool:
+        """Queue ``op`` for the next commit (a ``lazy`` one waits for one to share, one
+        ``at_once`` does not wait at all); False once the journal is closed. A key it marks
+        is sent from now on, for ``correlation`` too (in the same lock: no reader sees it
+        between the two)."""
+        now = time.monotonic()
         with self._cond:
             if self._closed:
                 return False
+            if at_once:
+                due = now
+            elif lazy:
+                due = now + self.lazy_write_seconds
+            else:  # close behind the last one: the next is likely to come in time to share it
+                window = self.group_commit_seconds
+                due = now + window if now - self._last_eager < window else now
+                self._last_eager = now
             self._pending.append(op)
             key = op[3]
             if key is not None:
@@ -318,30 +349,47 @@ class SqliteJournal:
                 fresh = self._fresh.get(correlation) if correlation is not None else None
                 if fresh is not None:
                     fresh.add(key)
-            self._cond.notify()
+            if due < self._due:
+                self._due = due
+                sleeps_until = self._writer_sleeps_until
+                if sleeps_until is not None and due < sleeps_until:  # it would wake too late
+                    self._writer_sleeps_until = due
+                    self._cond.notify()
         return True
 
     def _write(self, sql: str, args: Sequence[Any], marks: str | None = None,
-               correlation: str | None = None) -> concurrent.futures.Future[bool]:
+               correlation: str | None = None, *, lazy: bool = False, at_once: bool = False
+               ) -> concurrent.futures.Future[bool]:
         """Queue a write for the next group commit; resolves with whether it changed a row.
         ``marks``: the sent key it records, readable through ``was_sent`` from now on."""
         done: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        if not self._queue((sql, args, done, marks), correlation):
+        if not self._queue((sql, args, done, marks), correlation, lazy=lazy, at_once=at_once):
             done.set_exception(RuntimeError("the journal is closed"))
         return done
 
     def _write_unwatched(self, sql: str, args: Sequence[Any]) -> None:
-        """Queue a write nobody waits on (no future to make and resolve); a failure is logged."""
-        self._queue((sql, args, None, None))
+        """Queue a write nobody waits on (no future to make and resolve), lazily; a failure is logged."""
+        self._queue((sql, args, None, None), lazy=True)
+
+    def _next_batch(self) -> list[_Op] | None:
+        """The writes to commit next, once the first of them is due (all of them at a
+        close); None once closed with nothing left."""
+        with self._cond:
+            while not self._closed:
+                left = self._due - time.monotonic()
+                if left <= 0:
+                    break
+                self._writer_sleeps_until = self._due
+                self._cond.wait(None if left == math.inf else left)
+                self._writer_sleeps_until = None
+            batch, self._pending, self._due = self._pending, [], math.inf
+        return batch or None  # empty only once closed
 
     def _write_loop(self) -> None:
         while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                batch, self._pending = self._pending, []
-                if not batch and self._closed:
-                    return
+            batch = self._next_batch()
+            if batch is None:
+                return
             try:
                 with self._db_lock:
                     self._db.execute("BEGIN")
@@ -510,8 +558,9 @@ class SqliteJournal:
                             json.dumps(summary, default=str)))
 
     def mark_sent(self, key: str, correlation: str | None = None) -> concurrent.futures.Future[bool]:
-        """Record ``key`` as sent (``correlation``: the one whose turn made it)."""
-        return self._write(_MARK_SENT, (key, time.time()), marks=key, correlation=correlation)
+        """Record ``key`` as sent (``correlation``: the one whose turn made it); lazily: it
+        is readable through ``was_sent`` at once, durable within ``LAZY_WRITE_SECONDS``."""
+        return self._write(_MARK_SENT, (key, time.time()), marks=key, correlation=correlation, lazy=True)
 
     # ---------------------------------------------------------------- reads
 
@@ -544,6 +593,7 @@ class SqliteJournal:
     def trace(self, correlation: str) -> Any:
         """The kept trace of ``correlation``: its item's, or the table's, whichever is newer
         (a dead letter replayed after its item closed is traced in the table)."""
+        self._barrier()  # a finish just queued (lazy) keeps the newest trace
         with self._db_lock:
             kept = self._db.execute("SELECT finished, trace FROM items WHERE correlation = ? AND trace IS NOT NULL",
                                     (correlation,)).fetchall()
@@ -643,7 +693,7 @@ class SqliteJournal:
     def _barrier(self, timeout: float = 10.0) -> None:
         """Wait until the writes queued so far are committed (a read after them sees them)."""
         try:
-            self._write("SELECT 1", ()).result(timeout)
+            self._write("SELECT 1", (), at_once=True).result(timeout)
         except (RuntimeError, concurrent.futures.TimeoutError):
             pass  # closed, or slow: read what is there
 

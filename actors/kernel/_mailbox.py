@@ -18,6 +18,7 @@ letter, and says so (``overflowed``). Overflow policy, per mailbox:
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from collections import deque
@@ -168,22 +169,23 @@ class InboxView:
     to the runtime, which dead-letters whatever is left at shutdown.
     """
 
-    __slots__ = ("_mailbox", "_stopped", "_may_take_work")
+    __slots__ = ("_mailbox", "_stopped", "get")
+
+    #: The next letter (pykka's loop takes each with it): the mailbox's own ``get``, bound
+    #: to the actor's ``may_take_work`` once known; no call of a view's between the two.
+    get: Callable[[], Any]
 
     def __init__(self, mailbox: Mailbox) -> None:
         self._mailbox = mailbox
         self._stopped: threading.Event | None = None
-        self._may_take_work: Callable[[], bool] | None = None
+        self.get = mailbox.get
 
     def bind(self, stopped: threading.Event, may_take_work: Callable[[], bool] | None = None) -> None:
         self._stopped = stopped
-        self._may_take_work = may_take_work
+        self.get = functools.partial(self._mailbox.get, may_take_work)
 
     def put(self, letter: Any) -> None:
         self._mailbox.put(letter)
-
-    def get(self) -> Any:
-        return self._mailbox.get(self._may_take_work)
 
     def empty(self) -> bool:
         if self._stopped is not None and self._stopped.is_set():

@@ -350,6 +350,13 @@ class TypedActor(pykka.ThreadingActor):
     def on_crash_request(self, crash: Crash, env: Envelope) -> None:
         raise CrashRequested(crash.reason)
 
+    def _handle_receive(self, message: Any) -> Any:
+        # Work first, without pykka's checks for its own messages (on every hop).
+        if type(message) is Envelope:
+            self._handle(message.body, message)
+            return None
+        return super()._handle_receive(message)
+
     def on_receive(self, message: Any) -> Any:
         kind = type(message)
         if kind is Envelope:
@@ -377,7 +384,7 @@ class TypedActor(pykka.ThreadingActor):
         if env.deadline is not None and env.expired(runtime.clock.time()):
             runtime.dead_letter(env, "deadline", actor=self.name, detail="expired before it was handled")
             return
-        handler = self._handler_for(type(body))
+        handler = self._handlers.get(type(body)) or self._handler_for(type(body))
         if handler is None:
             runtime.dead_letter(env, "no handler", actor=self.name,
                                 detail=f"{type(self).__name__} does not handle {type(body).__name__}")

@@ -260,9 +260,11 @@ class Runtime:
             self.inflight.add(envelope.correlation_id)
         if self.tracer is not None:  # before it can be handled, and its work finish
             self.tracer.queued(envelope, to)
+        mailbox = cell.mailbox
         try:
             # Never block the event loop thread: every actor's I/O completes there.
-            cell.mailbox.put(Letter(envelope), may_block=not self.io.in_loop_thread())
+            mailbox.put(Letter(envelope),
+                        may_block=mailbox.policy is OverflowPolicy.BLOCK and not self.io.in_loop_thread())
         except MailboxClosed:
             self.cut_short(envelope, actor=to, detail="its actor has stopped")
             return None

@@ -74,7 +74,9 @@ class TraceRecorder:
 
     def queued(self, env: Envelope, actor: str, kind: str | None = None) -> None:
         """``env`` (or the result of its I/O, of type ``kind``) entered ``actor``'s mailbox."""
-        events = self._events(env.correlation_id)
+        events = self._traces.get(env.correlation_id)  # on every hop: a new one is the rare case
+        if events is None:
+            events = self._events(env.correlation_id)
         if len(events) < self._max_events:
             events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, self._now(),
                            env.causation_id, actor))
