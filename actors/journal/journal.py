@@ -257,7 +257,9 @@ def _merged_finishes(rows: list[Sequence[Any]]) -> list[Sequence[Any]]:
 class SqliteJournal:
     """The journal in one SQLite file. With ``retention_seconds``, its writer thread also
     compacts it every ``compact_every`` seconds while it runs, so a long-running daemon's
-    file stops growing once the retention has passed (freed pages are reused)."""
+    file stops growing once the retention has passed (freed pages are reused).
+    ``group_commit_seconds`` and ``lazy_write_seconds``: how long writes may wait to share
+    a commit (the module's constants; a test sets them long to see who waits)."""
 
     def __init__(self, path: Path, *, retention_seconds: float | None = None,
                  compact_every: float = JOURNAL_COMPACT_SECONDS, group_commit_seconds: float = GROUP_COMMIT_SECONDS,
