@@ -131,9 +131,12 @@ MEMORY_OUTPUT_CHARS = 600
 #: turn; after that what is done goes out, and the rest follows on its own.
 BATCH_WAIT_SECONDS = 30.0
 
-#: Traces: the correlations kept in memory, and the hops kept of each.
+#: Traces: the finished correlations kept in memory, and the hops kept of each. Those still
+#: in flight are all kept too, up to TRACES_IN_FLIGHT_KEPT more; past that the oldest goes,
+#: finished or not (a daemon's journaled intake holds far fewer open: MAX_OPEN_ITEMS).
 TRACES_KEPT = 2_000
 TRACE_HOPS_KEPT = 256
+TRACES_IN_FLIGHT_KEPT = 50_000
 
 #: A streamed reply is previewed once it has this many characters, then at most once
 #: per PREVIEW_SECONDS (Telegram allows about one message or edit a second per chat).

@@ -50,7 +50,7 @@ class Envelope:
     """
 
     __slots__ = ("message_id", "correlation_id", "causation_id", "hops", "attempt", "deadline", "body",
-                 "traceparent")
+                 "traceparent", "queued_at")
 
     def __init__(self, message_id: str, correlation_id: str, body: Any, *, causation_id: str | None = None,
                  hops: int = 0, attempt: int = 1, deadline: float | None = None,
@@ -66,6 +66,8 @@ class Envelope:
         #: (the daemon that published it as a work item), or None. Within a process a hop's
         #: parent span is its cause's, named by ``causation_id``, so children do not copy it.
         self.traceparent = traceparent
+        #: When the runtime last queued it (its clock), for its trace; None until then, or untraced.
+        self.queued_at: float | None = None
 
     @classmethod
     def new(cls, body: Any, *, correlation_id: str | None = None, timeout: float | None = None,

@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from conftest import ask, environment, wait_for
+from pydantic import BaseModel
 
 from autoresponse import Application
-from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.kernel import ManualClock, TypedActor, handles
+from autoresponse.actors.kernel.testkit import Recorder, running
+from autoresponse.messages import Envelope
 
 ADMIN = {"enabled": True, "host": "127.0.0.1", "port": 0}
 
@@ -109,3 +113,69 @@ def test_a_finished_trace_costs_the_garbage_collector_nothing(make_app: Callable
     assert events and not any(gc.is_tracked(event) for event in events)
     assert tracer.trace(envelope.correlation_id) == before
     assert all(hop["ended"] is not None for hop in before)
+
+
+class Ping(BaseModel):
+    n: int
+
+
+class Held(TypedActor):
+    """Holds each message until its gate opens (and says it has one in hand), then answers."""
+
+    def __init__(self, gate: threading.Event, holding: threading.Event) -> None:
+        super().__init__()
+        self.gate, self.holding = gate, holding
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.holding.set()
+        assert self.gate.wait(10)
+        self.send("sink", Ping(n=ping.n * 10), cause=env)
+
+
+def test_a_trace_read_in_flight_shows_what_is_handled_now_and_what_waits_behind_it() -> None:
+    """A hop is recorded when it ends: one still being handled, or still queued, is read off
+    its actor and its mailbox, so a stuck request shows where it is stuck."""
+    gate, holding = threading.Event(), threading.Event()
+    with running(("held", Held, gate, holding), ("sink", Recorder)) as rt:
+        first = rt.send("held", Ping(n=1))
+        assert first is not None
+        second = rt.send("held", Ping(n=2), correlation_id=first.correlation_id)
+        assert second is not None and holding.wait(10)
+        now = {h["message_id"]: h for h in rt.trace(first.correlation_id)}
+        assert set(now) == {first.message_id, second.message_id}
+        handling, waiting = now[first.message_id], now[second.message_id]
+        assert handling["actor"] == "held" and handling["queued"] <= handling["started"]
+        assert handling["ended"] is None and handling["outcome"] is None
+        assert waiting["actor"] == "held" and waiting["queued"] >= handling["queued"]
+        assert waiting["started"] is None and waiting["ended"] is None
+        gate.set()
+        assert rt.wait_idle(timeout=10)
+        hops = rt.trace(first.correlation_id)
+        assert [(h["actor"], h["outcome"]) for h in hops] == [("held", "handled"), ("sink", "handled")] * 2
+        assert [h["message_id"] for h in hops][::2] == [first.message_id, second.message_id]
+        assert all(h["queued"] <= h["started"] <= h["ended"] for h in hops)
+
+
+def test_traces_in_flight_stay_while_newer_ones_finish_and_the_oldest_finished_go_first() -> None:
+    """A burst deeper than the traces kept must not forget a request's trace before it ends
+    (its later hops would be lost, or start a partial trace that pushes out a whole one)."""
+    from autoresponse.actors.kernel.trace import TraceRecorder
+
+    tracer = TraceRecorder(keep=2, in_flight=3)
+
+    def hop(correlation: str) -> None:
+        env = Envelope.new(Ping(n=0), correlation_id=correlation)
+        tracer.queued(env, "a")
+        tracer.handled(tracer.started(env, "Ping"), env, "Ping", "handled", "a")
+
+    hop("slow")  # in flight throughout
+    for correlation in ("one", "two", "three"):
+        hop(correlation)
+        tracer.finished(correlation)
+    hop("slow")  # its later hop still lands in its trace
+    assert tracer.correlations() == ["slow", "two", "three"]  # "one", the oldest finished, went
+    assert len(tracer.trace("slow")) == 2 and tracer.trace("one") == []
+    for correlation in ("four", "five", "six"):  # more in flight than it may hold: the oldest goes
+        hop(correlation)
+    assert tracer.correlations() == ["two", "three", "four", "five", "six"]

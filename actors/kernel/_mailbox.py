@@ -141,6 +141,13 @@ class Mailbox:
         with self._lock:
             return not self._priority and not self._work
 
+    def envelopes_of(self, correlation_id: str) -> list[Envelope]:
+        """The envelopes of ``correlation_id`` waiting here, priority first (a snapshot)."""
+        with self._lock:
+            letters = [*self._priority, *self._work]
+        return [letter.message for letter in letters
+                if type(letter.message) is Envelope and letter.message.correlation_id == correlation_id]
+
     def __len__(self) -> int:
         """Depth: letters waiting in both lanes."""
         return len(self._work) + len(self._priority)

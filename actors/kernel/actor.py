@@ -27,6 +27,7 @@ import contextlib
 import threading
 import types
 import typing
+import weakref
 from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -158,6 +159,7 @@ class TypedActor(pykka.ThreadingActor):
     def __init__(self) -> None:
         super().__init__()
         self.cell: Cell = _adoption.cell
+        self.cell.incarnation = weakref.ref(self)
         self.runtime: Runtime = self.cell.runtime
         self.name: str = self.cell.name
         self.actor_inbox.bind(self.actor_stopped, self._may_take_work)  # type: ignore[attr-defined]
@@ -173,6 +175,7 @@ class TypedActor(pykka.ThreadingActor):
         # The message whose handler runs now, what it sends (they go out when it returns),
         # and whether it still holds its own in-flight count (see ``_handle``).
         self._handling: Envelope | None = None
+        self._handling_kind, self._handling_since = "", 0.0  # its type and start, when traced
         self._outbox: list[tuple[str, Envelope]] = []
         self._holds_count = False
         self._handler_thread: int | None = None  # the actor's thread (the only one that defers)
@@ -370,6 +373,11 @@ class TypedActor(pykka.ThreadingActor):
             return super().on_receive(message)
         return None
 
+    def in_hand(self) -> tuple[Envelope, str, float] | None:
+        """The message being handled now, its type and when it started (when traced)."""
+        env = self._handling  # read first: set after its type and start
+        return None if env is None else (env, self._handling_kind, self._handling_since)
+
     def _handler_for(self, message_type: type) -> Handler | None:
         handler = self._handlers.get(message_type)
         if handler is None:
@@ -393,7 +401,8 @@ class TypedActor(pykka.ThreadingActor):
         tracer = runtime.tracer
         if tracer is not None:
             kind = type(body).__name__
-            hop = tracer.started(env, kind)
+            self._handling_kind = kind
+            self._handling_since = started = tracer.started(env, kind)
         self._handling, self._holds_count = env, True
         try:
             if runtime.fault is not None:
@@ -405,12 +414,12 @@ class TypedActor(pykka.ThreadingActor):
                 runtime.inflight.add(env.correlation_id)  # a task carries its count: it needs its own again
             self._send_outbox(env, holds_count=False)  # what it sent before it failed still goes
             if tracer is not None:
-                tracer.handled(hop, env, kind, "crash")
+                tracer.handled(started, env, kind, "crash", self.name)
             raise
         finally:
             current_correlation.reset(token)
         if tracer is not None:
-            tracer.handled(hop, env, kind, "handled")
+            tracer.handled(started, env, kind, "handled", self.name)
         self.cell.processed += 1
         self._send_outbox(env, holds_count=self._holds_count)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -94,6 +95,8 @@ class Cell:
         # Its own lock: a setup reports health while a restart holds ``_lock``, waiting for it.
         self._health_lock = threading.Lock()
         self._ref: pykka.ActorRef[Any] | None = None
+        #: The incarnation now, weakly (set by it as it starts): what it is handling, for traces.
+        self.incarnation: weakref.ref[TypedActor] | None = None
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -202,6 +205,11 @@ class Cell:
         if not marks:
             return None
         return Failing("; ".join(m.reason for m in marks), min(m.since for m in marks))
+
+    def in_hand(self) -> tuple[Envelope, str, float] | None:
+        """The message the incarnation is handling now, its type, and when it started."""
+        actor = self.incarnation() if self.incarnation is not None else None
+        return actor.in_hand() if actor is not None else None
 
     @property
     def alive(self) -> bool:

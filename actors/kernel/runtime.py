@@ -40,7 +40,7 @@ from autoresponse.actors.limits import (
     MESSAGE_ATTEMPTS,
 )
 from autoresponse.actors.kernel.probe import Probe
-from autoresponse.actors.kernel.trace import TraceRecorder, hops_of
+from autoresponse.actors.kernel.trace import InFlightHop, TraceRecorder, hops_of
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
@@ -372,7 +372,7 @@ class Runtime:
             return
         log.debug("interrupted %s at %s: %s", envelope.correlation_id, actor or "-", detail)
         if self.tracer is not None:
-            self.tracer.ended(envelope, type(envelope.body).__name__, "interrupted")
+            self.tracer.ended(envelope, type(envelope.body).__name__, "interrupted", actor)
         self.intake.interrupted(envelope.correlation_id)
         self.inflight.done(envelope.correlation_id)
 
@@ -401,10 +401,21 @@ class Runtime:
 
     def trace(self, correlation_id: str) -> list[dict[str, Any]]:
         """The hops of a request, in causal order: from memory, else from the journal."""
-        hops = self.tracer.trace(correlation_id) if self.tracer is not None else []
+        hops = self.tracer.trace(correlation_id, self._in_flight(correlation_id)) if self.tracer is not None else []
         if not hops and self.journal is not None:
             hops = hops_of(self.journal.trace(correlation_id))
         return hops
+
+    def _in_flight(self, correlation_id: str) -> list[InFlightHop]:
+        """The messages of ``correlation_id`` queued or being handled now, for its trace."""
+        found: list[InFlightHop] = []
+        for name, cell in list(self._cells.items()):
+            in_hand = cell.in_hand()
+            if in_hand is not None and in_hand[0].correlation_id == correlation_id:
+                found.append((in_hand[0], name, in_hand[1], in_hand[2]))
+            waiting = cell.mailbox.envelopes_of(correlation_id)
+            found.extend((env, name, type(env.body).__name__, None) for env in waiting)
+        return found
 
     def accept(self, to: str, body: Any, *, correlation_id: str | None = None,
                wait: float | None = 0.0) -> concurrent.futures.Future[Envelope]:

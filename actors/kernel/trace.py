@@ -3,26 +3,27 @@
 The runtime records each message of a correlation: the actor it went to, its
 type, when it was queued, when its handling started and ended, its attempt, and
 its outcome (handled, a crash, a dead letter's reason, or cut short by a stop).
-The newest ``keep`` correlations stay in memory; with a journal, each finished
-trace is also kept there (with the work's item, when it has one)::
+The newest ``keep`` finished correlations stay in memory, and every one in flight; with
+a journal, each finished trace is also kept there (with the work's item, when it has one)::
 
     >>> runtime.tracer.trace("c-42")                                   # doctest: +SKIP
     [{'actor': 'conversations', 'type': 'UserRequest', 'queued': ..., ...}, ...]
 
-Recording appends one event per step, with no lock (a hop being handled is one list,
-closed in place when it ends); ``Runtime(trace=False)``
-turns it off (the benchmark measures its cost). ``spans``, when set (OpenTelemetry: see
+Recording appends one event per hop, when it ends, with no lock; what is still queued or
+being handled is read off the mailboxes and the actors when a trace is read.
+``Runtime(trace=False)`` turns it off (the benchmark measures its cost). ``spans``, when set (OpenTelemetry: see
 ``autoresponse.otel``), hears every event too; unset, it costs one attribute check.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from autoresponse.actors.limits import TRACE_HOPS_KEPT, TRACES_KEPT
+from autoresponse.actors.limits import TRACE_HOPS_KEPT, TRACES_IN_FLIGHT_KEPT, TRACES_KEPT
 from autoresponse.messages.envelope import Envelope
 
 _HOP_FIELDS = ("message_id", "causation_id", "actor", "type", "attempt", "queued", "started", "ended", "outcome")
@@ -44,87 +45,92 @@ class HopSpans(Protocol):
 
 
 class TraceRecorder:
-    """Thread-safe without a lock, bounded in correlations and in events per correlation.
+    """Thread-safe, and bounded: the newest ``keep`` finished correlations, every one still in
+    flight up to ``in_flight`` more (past that the oldest goes, finished or not), and
+    ``max_hops`` hops of each. A hop takes no lock; a correlation takes one as it starts
+    and as it finishes. A trace in flight is never forgotten for newer ones.
 
-    Recording is on every hop's path, so it only appends: an event to the correlation's
-    list (atomic under the GIL), and the hops are put together when a trace is read.
+    Recording is on every hop's path, so it writes once per hop: the runtime stamps an
+    envelope when it queues it (``queued``), and the actor that handled it appends the whole
+    hop when its handling ends (``handled``), one tuple of plain values (atomic under the
+    GIL). What is still queued or being handled is read from the mailboxes and the actors
+    when a trace is read (``trace``'s ``in_flight``), not recorded on the way.
     """
 
     def __init__(self, keep: int = TRACES_KEPT, max_hops: int = TRACE_HOPS_KEPT, *,
-                 now: Callable[[], float] = time.time) -> None:
-        self._now = now  # the runtime's clock (wall time); Clock().time is time.time itself
-        self._traces: dict[str, list[Sequence[Any]]] = {}
-        self._order: deque[str] = deque()  # correlations, oldest first, to forget the oldest
+                 in_flight: int = TRACES_IN_FLIGHT_KEPT, now: Callable[[], float] = time.time) -> None:
+        #: The runtime's clock (wall time); Clock().time is time.time itself.
+        self.now = now
+        self._traces: OrderedDict[str, list[Sequence[Any]]] = OrderedDict()  # oldest first
+        self._finished: deque[str] = deque()  # the newest ``keep`` finished, oldest first
         self._keep = keep
-        self._max_events = 3 * max_hops  # a hop's queued and handled, with room for notes and ends
+        self._most = keep + in_flight  # past it, the oldest goes, finished or not
+        self._max_events = 2 * max_hops  # a hop, with room for notes
+        self._lock = threading.Lock()  # once a correlation: as it starts, as it finishes
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
-    def _events(self, correlation: str) -> list[Sequence[Any]]:
-        events = self._traces.get(correlation)
-        if events is None:
-            events = self._traces.setdefault(correlation, [])
-            self._order.append(correlation)
-            if len(self._order) > self._keep:
-                try:
-                    self._traces.pop(self._order.popleft(), None)
-                except IndexError:  # another thread forgot it first
-                    pass
-        return events
+    def _start(self, correlation: str) -> None:
+        with self._lock:
+            if correlation not in self._traces:
+                self._traces[correlation] = []
+                if len(self._traces) > self._most:
+                    self._traces.popitem(last=False)
+
+    def _record(self, env: Envelope, event: tuple[Any, ...]) -> None:
+        events = self._traces.get(env.correlation_id)
+        if events is not None and len(events) < self._max_events:
+            events.append(event)
 
     def queued(self, env: Envelope, actor: str, kind: str | None = None) -> None:
-        """``env`` (or the result of its I/O, of type ``kind``) entered ``actor``'s mailbox."""
-        events = self._traces.get(env.correlation_id)  # on every hop: a new one is the rare case
-        if events is None:
-            events = self._events(env.correlation_id)
-        if len(events) < self._max_events:
-            events.append((_QUEUED, env.message_id, env.attempt, kind or type(env.body).__name__, self._now(),
-                           env.causation_id, actor))
+        """``env`` (or the result of its I/O, of type ``kind``) enters ``actor``'s mailbox:
+        stamped with the time, recorded with its hop when that ends."""
+        env.queued_at = self.now()
+        if env.correlation_id not in self._traces:  # its first hop (or the first after it was forgotten)
+            self._start(env.correlation_id)
         if self.spans is not None:
             self.spans.queued(env, actor, kind)
 
-    def started(self, env: Envelope, kind: str) -> list[Any] | None:
-        """``env`` (of type ``kind``) is being handled: its hop, for ``handled`` to close.
-        One event for both ends, filled in when it ends: half the appends of two."""
-        hop: list[Any] | None = None
-        events = self._traces.get(env.correlation_id)
-        if events is not None and len(events) < self._max_events:
-            hop = [_HANDLED, env.message_id, env.attempt, kind, self._now(), None, None]
-            events.append(hop)
+    def started(self, env: Envelope, kind: str) -> float:
+        """``env`` (of type ``kind``) is being handled: when it started, for ``handled``."""
         if self.spans is not None:
             self.spans.started(env, kind)
-        return hop
+        return self.now()
 
-    def handled(self, hop: list[Any] | None, env: Envelope, kind: str, outcome: str) -> None:
-        """The handling ``started`` recorded has ended (``handled``, or a ``crash``)."""
-        if hop is not None:
-            hop[6] = outcome  # before the time: a reader takes a hop with a time as ended
-            hop[5] = self._now()
+    def handled(self, started: float, env: Envelope, kind: str, outcome: str, actor: str) -> None:
+        """The handling of ``env`` by ``actor``, begun at ``started``, has ended (``handled``,
+        or a ``crash``): its whole hop, in one event. A message never queued through the
+        runtime's delivery (a control signal) is not traced."""
+        if env.queued_at is not None:
+            self._record(env, (_HOP, env.message_id, env.attempt, kind, env.queued_at, started, self.now(),
+                               outcome, env.causation_id, actor))
         if self.spans is not None:
             self.spans.ended(env, kind, outcome)
 
-    def ended(self, env: Envelope, kind: str, outcome: str) -> None:
-        events = self._traces.get(env.correlation_id)
-        if events is not None and len(events) < self._max_events:
-            events.append((_ENDED, env.message_id, env.attempt, kind, self._now(), outcome))
+    def ended(self, env: Envelope, kind: str, outcome: str, actor: str | None = None) -> None:
+        """``env`` ends without being handled (a dead letter, cut short by a stop): its hop."""
+        now = self.now()
+        queued = env.queued_at
+        if queued is None and env.correlation_id not in self._traces:
+            self._start(env.correlation_id)
+        self._record(env, (_HOP, env.message_id, env.attempt, kind, now if queued is None else queued, None, now,
+                           outcome, env.causation_id, actor or "dead letters"))
         if self.spans is not None:
+            if queued is None:  # never queued: its span starts here
+                self.spans.queued(env, actor or "dead letters", kind)
             self.spans.ended(env, kind, outcome)
 
     def note(self, env: Envelope, kind: str, text: str) -> None:
         """Attach ``text`` to the hop of ``env`` (of type ``kind``): what an LLM call cost,
         an action a re-ask repeated and that was dropped. Shown as the hop's ``notes``."""
-        events = self._traces.get(env.correlation_id)
-        if events is not None and len(events) < self._max_events:
-            events.append((_NOTE, env.message_id, env.attempt, kind, text))
+        self._record(env, (_NOTE, env.message_id, env.attempt, kind, text))
         if self.spans is not None:
             self.spans.note(env, kind, text)
 
     def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
-        """``env`` became a dead letter: its hop ends there (one that was never queued,
-        such as a re-ask given up on, gets a hop of its own)."""
-        kind = type(env.body).__name__
-        self.queued(env, actor or "dead letters", kind)  # ignored for a hop already queued
-        self.ended(env, kind, f"{_DEAD}{reason}")
+        """``env`` became a dead letter: its hop ends there (one handled already, such as a
+        re-ask given up on, shows what it led to as its outcome)."""
+        self.ended(env, type(env.body).__name__, f"{_DEAD}{reason}", actor)
 
     def finished(self, correlation: str, *, keep: bool = False) -> Any:
         """The correlation has nothing left in flight. With ``keep``, its trace to keep (in
@@ -133,29 +139,40 @@ class TraceRecorder:
         if self.spans is not None:
             self.spans.finished(correlation)
         events = self._traces.get(correlation)
-        if not events:
+        if events is None:
             return None
-        # Its hops are closed: as tuples of plain values the garbage collector stops
-        # walking them (thousands of kept traces, walked at every collection, were the
-        # pipeline's p99). In place, index by index: an event appended meanwhile stays.
-        for index, event in enumerate(events):
-            if type(event) is list:
-                events[index] = tuple(event)
-        return {"events": list(events)} if keep else None
+        with self._lock:  # kept among the newest finished; the oldest of them goes
+            self._finished.append(correlation)
+            while len(self._finished) > self._keep:
+                self._traces.pop(self._finished.popleft(), None)
+        return {"events": list(events)} if keep and events else None
 
-    def trace(self, correlation: str) -> list[dict[str, Any]]:
+    def trace(self, correlation: str, in_flight: Iterable[InFlightHop] = ()) -> list[dict[str, Any]]:
         """The hops of ``correlation`` in causal order: each after the one that caused it,
-        siblings in the order they were queued."""
-        return _hops(list(self._traces.get(correlation, ())))
+        siblings in the order they were queued. ``in_flight``: its messages still queued
+        or being handled (the runtime reads them off its mailboxes and actors)."""
+        events: list[Sequence[Any]] = list(self._traces.get(correlation, ()))
+        for env, actor, kind, started in in_flight:
+            if env.queued_at is not None:
+                events.append((_HOP, env.message_id, env.attempt, kind, env.queued_at, started, None, None,
+                               env.causation_id, actor))
+        return _hops(events)
 
     def correlations(self) -> list[str]:
         """The correlations kept, newest last."""
-        return [c for c in list(self._order) if c in self._traces]
+        with self._lock:
+            return list(self._traces)
 
 
-_QUEUED, _ENDED, _NOTE = "queued", "ended", "note"
-#: Started, and ended once its last two fields are set (``started`` / ``handled``).
-_HANDLED = "handled"
+#: A message of a trace still in flight: its envelope, the actor it is queued at or handled
+#: by, its type, and when its handling started (None while it waits in the mailbox).
+InFlightHop = tuple[Envelope, str, str, "float | None"]
+
+#: A hop: message id, attempt, type, queued, started, ended, outcome, causation id, actor.
+_HOP = "hop"
+_NOTE = "note"
+#: Events of traces recorded before hops were one event each (kept in journals).
+_QUEUED, _ENDED, _HANDLED = "queued", "ended", "handled"
 _DEAD = "dead letter: "
 
 
@@ -170,10 +187,23 @@ def hops_of(kept: Any) -> list[dict[str, Any]]:
 def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     """Events (tuples as recorded, or lists read back from JSON) as hops, in causal order."""
     hops: dict[tuple[Any, ...], dict[str, Any]] = {}
+    notes: list[Sequence[Any]] = []
     for event in events:
         key = tuple(event[1:4])  # message id, attempt, type
         what = event[0]
-        if what == _QUEUED:
+        if what == _HOP:
+            message_id, attempt, kind, queued, started, ended, outcome, causation_id, actor = event[1:]
+            hop = hops.get(key)
+            if hop is None:
+                hops[key] = dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt, queued, started,
+                                                   ended, outcome), strict=True))
+            elif hop["ended"] is None:  # read in flight, and recorded meanwhile
+                hop.update(started=started, ended=ended, outcome=outcome)
+            elif outcome is not None and outcome.startswith(_DEAD):  # handled, and what it led to went nowhere
+                hop["outcome"] = outcome
+        elif what == _NOTE:
+            notes.append(event)
+        elif what == _QUEUED:
             message_id, attempt, kind, at, causation_id, actor = event[1:]
             hops.setdefault(key, dict(zip(_HOP_FIELDS, (message_id, causation_id, actor, kind, attempt,
                                                         at, None, None, None), strict=True)))
@@ -182,12 +212,13 @@ def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
                 hop["started"] = event[4]
                 if event[5] is not None and hop["ended"] is None:
                     hop["ended"], hop["outcome"] = event[5], event[6]
-            elif what == _NOTE:
-                hop.setdefault("notes", []).append(event[4])
             elif hop["ended"] is None:
                 hop["ended"], hop["outcome"] = event[4], event[5]
-            elif event[5].startswith(_DEAD):  # handled, and what it led to went nowhere
+            elif event[5].startswith(_DEAD):
                 hop["outcome"] = event[5]
+    for note in notes:  # a note is written while its hop is handled, before the hop is
+        if (hop := hops.get(tuple(note[1:4]))) is not None:
+            hop.setdefault("notes", []).append(note[4])
     return causal_order(list(hops.values()))
 
 
