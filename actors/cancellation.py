@@ -20,6 +20,7 @@ The conversation cancels a chat's request in three steps:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -49,14 +50,21 @@ _registry_lock = threading.Lock()
 
 
 def _of(runtime: Runtime) -> _Cancelled:
-    found = _registry.get(runtime)  # asked on every hop: no lock once it exists (a dict read)
-    if found is not None:
-        return found
+    global _last
+    last = _last  # asked on every hop: the last runtime asked about first (a daemon has one)
+    if last is not None and last[0]() is runtime:
+        return last[1]
     with _registry_lock:
         found = _registry.get(runtime)
         if found is None:
             found = _registry[runtime] = _Cancelled()
+        _last = (weakref.ref(runtime), found)
         return found
+
+
+#: The runtime ``_of`` answered last, weakly, with its ids: no WeakKeyDictionary lookup
+#: (Python code, and a new weak reference) on every hop.
+_last: tuple[weakref.ref[Runtime], _Cancelled] | None = None
 
 
 def cancel_request(runtime: Runtime, correlation: str) -> None:

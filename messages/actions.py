@@ -16,6 +16,7 @@ are both derived from the registered models and nothing else::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Iterable
@@ -46,7 +47,7 @@ class BaseAction(BaseModel):
     @classmethod
     def action_type(cls) -> str:
         """The canonical type name (the first of the ``type`` literal's values)."""
-        return cls.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
+        return _action_type(cls)
 
     def check(self, context: Any) -> str:
         """Override: what is wrong with this action in the chat of ``context`` (an
@@ -107,6 +108,12 @@ class _Registry:
 
 
 _registry = _Registry()
+
+
+@functools.cache
+def _action_type(model: type[BaseAction]) -> str:
+    # Asked on every turn and every action routed; pydantic's ``model_fields`` is Python code.
+    return model.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
 
 
 def register_action(model: type[BaseAction], aliases: Iterable[str] = ()) -> None:

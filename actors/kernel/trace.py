@@ -101,9 +101,12 @@ class TraceRecorder:
         """The handling of ``env`` by ``actor``, begun at ``started``, has ended (``handled``,
         or a ``crash``): its whole hop, in one event. A message never queued through the
         runtime's delivery (a control signal) is not traced."""
-        if env.queued_at is not None:
-            self._record(env, (_HOP, env.message_id, env.attempt, kind, env.queued_at, started, self.now(),
-                               outcome, env.causation_id, actor))
+        queued = env.queued_at
+        if queued is not None:
+            events = self._traces.get(env.correlation_id)  # _record's, inline: on every hop
+            if events is not None and len(events) < self._max_events:
+                events.append((_HOP, env.message_id, env.attempt, kind, queued, started, self.now(), outcome,
+                               env.causation_id, actor))
         if self.spans is not None:
             self.spans.ended(env, kind, outcome)
 
@@ -120,12 +123,14 @@ class TraceRecorder:
                 self.spans.queued(env, actor or "dead letters", kind)
             self.spans.ended(env, kind, outcome)
 
-    def note(self, env: Envelope, kind: str, text: str) -> None:
+    def note(self, env: Envelope, kind: str, text: str, *args: str | int | float) -> None:
         """Attach ``text`` to the hop of ``env`` (of type ``kind``): what an LLM call cost,
-        an action a re-ask repeated and that was dropped. Shown as the hop's ``notes``."""
-        self._record(env, (_NOTE, env.message_id, env.attempt, kind, text))
+        an action a re-ask repeated and that was dropped. Shown as the hop's ``notes``. With
+        ``args``, ``text`` is a ``str.format`` template filled in when the trace is read (a
+        note on every request is not formatted on its path)."""
+        self._record(env, (_NOTE, env.message_id, env.attempt, kind, text, *args))  # flat: nothing for the GC
         if self.spans is not None:
-            self.spans.note(env, kind, text)
+            self.spans.note(env, kind, text.format(*args) if args else text)
 
     def dead_letter(self, env: Envelope, reason: str, actor: str | None) -> None:
         """``env`` became a dead letter: its hop ends there (one handled already, such as a
@@ -218,7 +223,7 @@ def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
                 hop["outcome"] = event[5]
     for note in notes:  # a note is written while its hop is handled, before the hop is
         if (hop := hops.get(tuple(note[1:4]))) is not None:
-            hop.setdefault("notes", []).append(note[4])
+            hop.setdefault("notes", []).append(note[4].format(*note[5:]) if len(note) > 5 else note[4])
     return causal_order(list(hops.values()))
 
 

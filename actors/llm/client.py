@@ -188,10 +188,14 @@ class LLMClient(TypedActor):
                        engine=reply.engine or "main", usage=reply.usage)
         tracer = self.runtime.tracer
         if tracer is not None:  # what the call cost and who answered, on the request's trace
-            usage = reply.usage
-            cost = f"{usage.prompt_tokens}+{usage.completion_tokens} tokens" if usage else "usage unknown"
-            tracer.note(env, "LLMReply", f"{kind} turn by {reply.engine or 'main'} ({reply.model or '?'}, "
-                                         f"{reply.protocol}): {cost}, finish {reply.finish_reason or '?'}")
+            usage, engine, model = reply.usage, reply.engine or "main", reply.model or "?"
+            finish = reply.finish_reason or "?"
+            if usage:
+                tracer.note(env, "LLMReply", "{} turn by {} ({}, {}): {}+{} tokens, finish {}", kind, engine, model,
+                            reply.protocol, usage.prompt_tokens, usage.completion_tokens, finish)
+            else:
+                tracer.note(env, "LLMReply", "{} turn by {} ({}, {}): usage unknown, finish {}", kind, engine, model,
+                            reply.protocol, finish)
         self.send(DISPATCHER, reply, cause=env)
 
     @handles
