@@ -293,6 +293,46 @@ def test_the_write_ahead_log_is_copied_back_beside_the_writer_and_stays_small(tm
     assert not any(t.name == "journal-checkpointer" for t in threading.enumerate())
 
 
+def test_a_log_held_from_starting_over_is_cut_back_once_it_does(tmp_path: Path) -> None:
+    """While a reader holds a snapshot the write-ahead log cannot start over, and it grows
+    far past its usual size; once the reader lets go and it starts over, its file is cut
+    back (a daemon's disk stays flat after such a spell, and does not keep its peak)."""
+    from autoresponse.actors.journal._checkpointer import WAL_RESET_FRAMES
+
+    usual = WAL_RESET_FRAMES * 4096  # the log's pages before it starts over
+
+    path = tmp_path / "j.sqlite3"
+    journal = SqliteJournal(path, retention_seconds=3600, compact_every=0.0)  # a restart after each commit
+    wal = path.with_name("j.sqlite3-wal")
+    text = "x" * 4000  # a page each
+
+    def write(group: int) -> None:
+        assert all(f.result(30) for f in [
+            journal.accept(Envelope.new(UserRequest(text=text, context=CTX), correlation_id=f"c{group}-{n}"),
+                           actor="llm") for n in range(100)])
+    reader = sqlite3.connect(path)
+    try:
+        write(0)
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT count(*) FROM items").fetchone() == (100,)  # holds its snapshot
+        group = 1
+        while wal.stat().st_size <= 3 * usual and group < 100:
+            write(group)
+            group += 1
+        held = wal.stat().st_size
+        assert held > 3 * usual
+        reader.rollback()
+        until = time.monotonic() + 30
+        while wal.stat().st_size > 2 * usual and time.monotonic() < until:  # it starts over, then is cut
+            write(group)
+            group += 1
+        assert wal.stat().st_size <= 2 * usual  # about its usual size again, not its peak
+        assert len(journal.unfinished()) == 100 * group
+    finally:
+        reader.close()
+        journal.close()
+
+
 def test_a_close_between_a_turns_pause_and_its_clear_still_stops_the_checkpointer(tmp_path: Path) -> None:
     """A close can land after a turn's pause and before the turn clears the wake-up it
     answers (close sets both events; the turn then clears one): the thread ends with the

@@ -215,6 +215,13 @@ _CACHED_STATEMENTS = len(_MANY_ROWS) * _ROWS_PER_STATEMENT + 128
 BUSY_TIMEOUT_MS = 5000
 #: How long the compaction's checkpoint waits for readers of the write-ahead log to finish.
 CHECKPOINT_WAIT_MS = 50
+#: The write-ahead log's file is cut back to this size as the log starts over from its
+#: start, when a spell of commits that could not start it over (a reader held it, a copy
+#: fell behind) left it larger: half again its usual size (WAL_RESET_FRAMES pages, and
+#: what was committed during the last copy). Its usual size is left alone: cutting it at
+#: every start had it grow back each time. At 16 MiB, one such spell in a soak left the
+#: file 6 MiB larger for good (docs/benchmarks.md).
+WAL_FILE_LIMIT_BYTES = WAL_RESET_FRAMES * 4096 * 3 // 2
 #: How long an accept (or any write something waits on) waits for others to share its
 #: commit, when the one before it came sooner than that (apart, each commits at once).
 #: Each commit rewrites the pages its rows share (the tables' last leaves, their indexes)
@@ -276,7 +283,7 @@ class SqliteJournal:
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA journal_size_limit=16777216")  # the WAL file is truncated back to 16 MiB
+            self._db.execute(f"PRAGMA journal_size_limit={WAL_FILE_LIMIT_BYTES}")
             self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_RESET_FRAMES}")  # the checkpointer copies most first
             self._db.executescript(_SCHEMA)
             self._add_trace_column()
