@@ -179,3 +179,19 @@ def test_traces_in_flight_stay_while_newer_ones_finish_and_the_oldest_finished_g
     for correlation in ("four", "five", "six"):  # more in flight than it may hold: the oldest goes
         hop(correlation)
     assert tracer.correlations() == ["two", "three", "four", "five", "six"]
+
+
+def test_dead_letters_that_never_went_anywhere_are_kept_as_finished_traces_not_in_flight_ones() -> None:
+    """A message to no such actor, sent from outside, is never in flight, so its correlation
+    never finishes: its trace is kept among the finished (the newest few), or a stream of
+    them would fill the room kept for traces in flight."""
+    from autoresponse.actors.kernel.trace import TraceRecorder
+
+    tracer = TraceRecorder(keep=3, in_flight=1_000)
+    sent = [Envelope.new(Ping(n=n)) for n in range(50)]
+    for env in sent:
+        tracer.dead_letter(env, "no such actor", "nobody")
+    assert tracer.correlations() == [env.correlation_id for env in sent[-3:]]
+    [hop] = tracer.trace(sent[-1].correlation_id)
+    assert (hop["actor"], hop["type"], hop["outcome"]) == ("nobody", "Ping", "dead letter: no such actor")
+    assert hop["queued"] == hop["ended"] and hop["started"] is None

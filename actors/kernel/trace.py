@@ -70,12 +70,20 @@ class TraceRecorder:
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
-    def _start(self, correlation: str) -> None:
+    def _start(self, correlation: str, *, finished: bool = False) -> None:
         with self._lock:
             if correlation not in self._traces:
                 self._traces[correlation] = []
+                if finished:
+                    self._kept(correlation)
                 if len(self._traces) > self._most:
                     self._traces.popitem(last=False)
+
+    def _kept(self, correlation: str) -> None:
+        """Among the newest finished now; the oldest of them goes (under the lock)."""
+        self._finished.append(correlation)
+        while len(self._finished) > self._keep:
+            self._traces.pop(self._finished.popleft(), None)
 
     def _record(self, env: Envelope, event: tuple[Any, ...]) -> None:
         events = self._traces.get(env.correlation_id)
@@ -115,7 +123,9 @@ class TraceRecorder:
         now = self.now()
         queued = env.queued_at
         if queued is None and env.correlation_id not in self._traces:
-            self._start(env.correlation_id)
+            # Nothing of it in flight was traced (a message to no such actor, from outside):
+            # a trace that is over already, kept among the finished, not the ones in flight.
+            self._start(env.correlation_id, finished=True)
         self._record(env, (_HOP, env.message_id, env.attempt, kind, now if queued is None else queued, None, now,
                            outcome, env.causation_id, actor or "dead letters"))
         if self.spans is not None:
@@ -146,10 +156,8 @@ class TraceRecorder:
         events = self._traces.get(correlation)
         if events is None:
             return None
-        with self._lock:  # kept among the newest finished; the oldest of them goes
-            self._finished.append(correlation)
-            while len(self._finished) > self._keep:
-                self._traces.pop(self._finished.popleft(), None)
+        with self._lock:
+            self._kept(correlation)
         return {"events": list(events)} if keep and events else None
 
     def trace(self, correlation: str, in_flight: Iterable[InFlightHop] = ()) -> list[dict[str, Any]]:
