@@ -11,8 +11,9 @@ a journal, each finished trace is also kept there (with the work's item, when it
 
 Recording appends one event per hop, when it ends, with no lock; what is still queued or
 being handled is read off the mailboxes and the actors when a trace is read.
-``Runtime(trace=False)`` turns it off (the benchmark measures its cost). ``spans``, when set (OpenTelemetry: see
-``autoresponse.otel``), hears every event too; unset, it costs one attribute check.
+``Runtime(trace=False)`` turns it off (the benchmark measures its cost). ``spans``, when
+set (OpenTelemetry: see ``autoresponse.otel``), hears every event too; unset, it costs one
+attribute check.
 """
 
 from __future__ import annotations
