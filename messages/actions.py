@@ -155,15 +155,17 @@ def action_models() -> tuple[type[BaseAction], ...]:
         return tuple(_registry.models.values())
 
 
+# The two readers below run for every action of every reply and take no lock: a single read
+# of a dict is atomic, and the writers above never leave a name half registered.
+
+
 def action_model(name: str) -> type[BaseAction] | None:
     """The model of type ``name`` or of one of its aliases."""
-    with _registry.lock:
-        return _registry.models.get(_registry.aliases.get(name, name))
+    return _registry.models.get(_registry.aliases.get(name, name))
 
 
 def canonical_action_type(name: str) -> str:
-    with _registry.lock:
-        return _registry.aliases.get(name, name)
+    return _registry.aliases.get(name, name)
 
 
 def message_action_for(interface_name: str) -> type[BaseAction] | None:

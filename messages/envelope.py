@@ -52,7 +52,9 @@ class Envelope:
     __slots__ = ("message_id", "correlation_id", "causation_id", "hops", "attempt", "deadline", "body",
                  "traceparent", "queued_at")
 
-    def __init__(self, message_id: str, correlation_id: str, body: Any, *, causation_id: str | None = None,
+    # Every argument may be passed by position: the runtime builds an envelope on every hop, and
+    # a class called with keywords first packs them into a dict.
+    def __init__(self, message_id: str, correlation_id: str, body: Any, causation_id: str | None = None,
                  hops: int = 0, attempt: int = 1, deadline: float | None = None,
                  traceparent: str | None = None) -> None:
         self.message_id = message_id
@@ -76,12 +78,11 @@ class Envelope:
         counts from ``now`` (the runtime's clock; the wall clock when not given)."""
         message_id = new_id()
         deadline = None if timeout is None else (time.time() if now is None else now) + timeout
-        return cls(message_id, correlation_id or message_id, body, deadline=deadline, traceparent=traceparent)
+        return cls(message_id, correlation_id or message_id, body, None, 0, 1, deadline, traceparent)
 
     def child(self, body: Any) -> Envelope:
         """The envelope of a message caused by this one: same chain, one hop on."""
-        return Envelope(new_id(), self.correlation_id, body, causation_id=self.message_id,
-                        hops=self.hops + 1, deadline=self.deadline)
+        return Envelope(new_id(), self.correlation_id, body, self.message_id, self.hops + 1, 1, self.deadline)
 
     def retried(self) -> Envelope:
         """The same message, one attempt later."""

@@ -147,10 +147,14 @@ class EventLoopThread:
         once per batch: under load that wake-up was the largest single cost of a hop.
         """
         task = IoTask(coro, on_done, self.loop)
-        with self._incoming_lock:
+        lock = self._incoming_lock
+        lock.acquire()  # not ``with``, which binds two methods of the lock: on every delivery's I/O
+        try:
             self._incoming.append(task)
             wake = not self._wake_pending
             self._wake_pending = True
+        finally:
+            lock.release()
         if wake:
             self.loop.call_soon_threadsafe(self._start_incoming)
         return task

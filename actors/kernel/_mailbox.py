@@ -1,9 +1,10 @@
 """A bounded mailbox with a priority lane, shared by every incarnation of an actor.
 
-Work (envelopes) goes in a bounded lane. Everything else (pykka's stop and
-proxy calls, I/O completions of work already accepted) goes in an unbounded
-priority lane that is served first, so an actor can always be stopped and
-always learns how its own I/O ended, however full it is.
+Work (envelopes, queued bare: a hop allocates nothing for its mailbox) goes in a
+bounded lane. Everything else (pykka's stop and proxy calls as pykka's letters,
+I/O completions of work already accepted, supervision signals) goes in an
+unbounded priority lane that is served first, so an actor can always be stopped
+and always learns how its own I/O ended, however full it is.
 
 Capacity is a level, not a wall: accepted work is never dropped for want of
 room. What bounds the work in the runtime is the intake (``Intake``), which
@@ -27,6 +28,8 @@ from typing import Any
 
 from autoresponse.messages.envelope import Envelope
 
+_allocate_lock = threading.Lock
+
 
 class OverflowPolicy(enum.Enum):
     HOLD = "hold"
@@ -35,16 +38,6 @@ class OverflowPolicy(enum.Enum):
 
 class MailboxClosed(Exception):
     """The actor behind this mailbox has stopped for good."""
-
-
-class Letter:
-    """What the mailbox holds; the shape pykka's actor loop reads."""
-
-    __slots__ = ("message", "reply_to")
-
-    def __init__(self, message: Any, reply_to: Any = None) -> None:
-        self.message = message
-        self.reply_to = reply_to
 
 
 class Mailbox:
@@ -60,53 +53,63 @@ class Mailbox:
         self.policy = policy
         self.block_seconds = block_seconds
         self._lock = threading.Lock()
-        self._readable = threading.Condition(self._lock)
         self._writable = threading.Condition(self._lock)
         self._work: deque[Any] = deque()
         self._priority: deque[Any] = deque()
         self._closed = False
-        #: Readers waiting in ``get``: a letter wakes one only when there is one to wake
-        #: (a busy actor's mailbox is put to far more often than it is waited on).
-        self._getting = 0
+        #: Readers asleep in ``get``, each on a lock of its own that a put releases: what
+        #: ``threading.Condition`` does, without its Python code on every hop (an actor's
+        #: thread sleeps and is woken about once every other message under load).
+        self._sleepers: deque[Any] = deque()
+        #: Writers waiting for room (only ever under ``BLOCK``).
+        self._putting = 0
         #: Letters queued while the work lane was at or over capacity.
         self.overflowed = 0
 
-    def put(self, letter: Any, *, may_block: bool = True) -> None:
-        """Queue ``letter`` (anything with ``.message`` and ``.reply_to``).
+    def put(self, envelope: Envelope, *, may_block: bool = True) -> None:
+        """Queue ``envelope`` as work.
 
         Under ``BLOCK`` a full work lane makes the caller wait (unless ``may_block``
         is false) up to ``block_seconds``; it is queued either way.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: it binds two methods of the lock, on every hop
+        try:
             if self._closed:
                 raise MailboxClosed
-            if type(letter.message) is not Envelope:
-                self._priority.append(letter)
-            else:
+            if len(self._work) >= self.capacity:
+                if may_block and self.policy is OverflowPolicy.BLOCK:
+                    self._wait_for_room()
                 if len(self._work) >= self.capacity:
-                    if may_block and self.policy is OverflowPolicy.BLOCK:
-                        self._wait_for_room()
-                    if len(self._work) >= self.capacity:
-                        self.overflowed += 1
-                self._work.append(letter)
-            if self._getting:
-                self._readable.notify()
+                    self.overflowed += 1
+            self._work.append(envelope)
+            if self._sleepers:
+                self._sleepers.popleft().release()
+        finally:
+            lock.release()
 
-    def put_priority(self, letter: Any) -> None:
-        """Queue ``letter`` ahead of all work, whatever its type (supervision signals)."""
-        with self._lock:
+    def put_priority(self, item: Any) -> None:
+        """Queue ``item`` ahead of all work, whatever its type: an I/O completion, a
+        supervision signal (an envelope), or pykka's letter (its stop, a proxy call)."""
+        lock = self._lock
+        lock.acquire()  # as in ``put``: an I/O completion on most deliveries
+        try:
             if self._closed:
                 raise MailboxClosed
-            self._priority.append(letter)
-            self._readable.notify()
+            self._priority.append(item)
+            if self._sleepers:
+                self._sleepers.popleft().release()
+        finally:
+            lock.release()
 
-    def put_front(self, letter: Any) -> None:
+    def put_front(self, envelope: Envelope) -> None:
         """Put accepted work back at the head of the work lane (a retry keeps its place)."""
         with self._lock:
             if self._closed:
                 raise MailboxClosed
-            self._work.appendleft(letter)
-            self._readable.notify()
+            self._work.appendleft(envelope)
+            if self._sleepers:
+                self._sleepers.popleft().release()
 
     def _wait_for_room(self) -> None:
         until = time.monotonic() + self.block_seconds
@@ -114,28 +117,41 @@ class Mailbox:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            self._writable.wait(left)
+            self._putting += 1
+            try:
+                self._writable.wait(left)
+            finally:
+                self._putting -= 1
         if self._closed:
             raise MailboxClosed
 
     def get(self, may_take_work: Callable[[], bool] | None = None) -> Any:
-        """The next letter, priority first; blocks until there is one.
+        """The next item, priority first (an envelope of work, or what ``put_priority``
+        queued); blocks until there is one.
 
         While ``may_take_work()`` is false only the priority lane is served (its
         answer may change only in the calling thread, after a priority letter).
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # as in ``put``
+        try:
             while not self._priority and not (self._work and (may_take_work is None or may_take_work())):
-                self._getting += 1
+                asleep = _allocate_lock()
+                asleep.acquire()
+                self._sleepers.append(asleep)
+                lock.release()
                 try:
-                    self._readable.wait()
+                    asleep.acquire()  # until a put releases it
                 finally:
-                    self._getting -= 1
+                    lock.acquire()
             if self._priority:
                 return self._priority.popleft()
-            letter = self._work.popleft()
-            self._writable.notify()
-            return letter
+            envelope = self._work.popleft()
+            if self._putting:
+                self._writable.notify()
+            return envelope
+        finally:
+            lock.release()
 
     def empty(self) -> bool:
         with self._lock:
@@ -144,16 +160,15 @@ class Mailbox:
     def envelopes_of(self, correlation_id: str) -> list[Envelope]:
         """The envelopes of ``correlation_id`` waiting here, priority first (a snapshot)."""
         with self._lock:
-            letters = [*self._priority, *self._work]
-        return [letter.message for letter in letters
-                if type(letter.message) is Envelope and letter.message.correlation_id == correlation_id]
+            items = [*self._priority, *self._work]
+        return [item for item in items if type(item) is Envelope and item.correlation_id == correlation_id]
 
     def __len__(self) -> int:
-        """Depth: letters waiting in both lanes."""
+        """Depth: items waiting in both lanes."""
         return len(self._work) + len(self._priority)
 
     def close(self) -> list[Any]:
-        """Refuse all further letters and hand back what was still queued."""
+        """Refuse all further items and hand back what was still queued."""
         with self._lock:
             self._closed = True
             left = [*self._priority, *self._work]
@@ -178,7 +193,7 @@ class InboxView:
 
     __slots__ = ("_mailbox", "_stopped", "get")
 
-    #: The next letter (pykka's loop takes each with it): the mailbox's own ``get``, bound
+    #: The next item (the actor's loop takes each with it): the mailbox's own ``get``, bound
     #: to the actor's ``may_take_work`` once known; no call of a view's between the two.
     get: Callable[[], Any]
 
@@ -189,10 +204,16 @@ class InboxView:
 
     def bind(self, stopped: threading.Event, may_take_work: Callable[[], bool] | None = None) -> None:
         self._stopped = stopped
-        self.get = functools.partial(self._mailbox.get, may_take_work)
+        if may_take_work is not None:
+            self.get = functools.partial(self._mailbox.get, may_take_work)
 
     def put(self, letter: Any) -> None:
-        self._mailbox.put(letter)
+        """pykka's ``tell`` and ``ask`` put its letters here: its own messages go ahead of
+        the work; an envelope told through pykka is work like any other."""
+        if type(letter.message) is Envelope and letter.reply_to is None:
+            self._mailbox.put(letter.message)
+        else:
+            self._mailbox.put_priority(letter)
 
     def empty(self) -> bool:
         if self._stopped is not None and self._stopped.is_set():

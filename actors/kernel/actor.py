@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sys
 import threading
 import types
 import typing
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors.kernel._loop import IoTask
-from autoresponse.actors.kernel._mailbox import InboxView, Letter, MailboxClosed
+from autoresponse.actors.kernel._mailbox import InboxView, MailboxClosed
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope, current_correlation
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Any, Any, Envelope], None]
 _adoption = threading.local()
+_pykka_log = logging.getLogger("pykka")
+_DISOWNED: Any = object()  # what a task's owner reads as once its incarnation let it go
 
 
 def handles(fn: Handler) -> Handler:
@@ -132,6 +136,7 @@ class TypedActor(pykka.ThreadingActor):
     #: At most this many ``run_io`` tasks at once (None: no limit). At the limit the actor
     #: takes no new work from its mailbox, only completions and control messages: the
     #: work waits there, visible, and a crash cancels only the few calls under way.
+    #: Set it in ``__init__`` or ``setup``: the actor's loop reads it once, as it starts.
     io_limit: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -190,7 +195,10 @@ class TypedActor(pykka.ThreadingActor):
         instead of taking one of its own, so a hop costs the runtime's bookkeeping
         nothing. A message that cannot be delivered is a dead letter, as always."""
         child = cause.child(body)
-        self._post(to, child, cause)
+        if cause is self._handling and threading.get_ident() == self._handler_thread:  # self._defers(cause)
+            self._outbox.append((to, child))
+        else:
+            self.runtime.deliver(to, child)
         return child
 
     def _post(self, to: str, child: Envelope, cause: Envelope) -> None:
@@ -265,7 +273,9 @@ class TypedActor(pykka.ThreadingActor):
         self.runtime.send(self.name, message)
 
     def _own(self, coro: Coroutine[Any, Any, Any], owner: Envelope | str | None) -> IoTask | None:
-        with self._owned_lock:
+        lock = self._owned_lock
+        lock.acquire()  # not ``with``, which binds two methods of the lock: on every delivery's I/O
+        try:
             if self._released:  # this incarnation has ended; it starts nothing new
                 coro.close()
                 if isinstance(owner, Envelope):
@@ -274,15 +284,21 @@ class TypedActor(pykka.ThreadingActor):
             task = self.runtime.io.submit(coro, self._task_ended)
             self._owned[task] = owner
             return task
+        finally:
+            lock.release()
 
     def _task_ended(self, task: IoTask) -> None:
         """In the loop thread: pass the outcome to the mailbox, unless the task was disowned."""
-        with self._owned_lock:
-            if task not in self._owned:
-                return  # this incarnation ended and already put its work back
-            owner = self._owned.pop(task)
+        lock = self._owned_lock
+        lock.acquire()  # as in ``_own``
+        try:
+            owner = self._owned.pop(task, _DISOWNED)
+        finally:
+            lock.release()
+        if owner is _DISOWNED:
+            return  # this incarnation ended and already put its work back
         if isinstance(owner, Envelope):
-            letter = Letter(IoDone(task, owner))
+            item: IoDone | _TaskEnded = IoDone(task, owner)
         else:
             try:
                 task.outcome()
@@ -293,9 +309,9 @@ class TypedActor(pykka.ThreadingActor):
                 error = exc
             if owner is None:
                 return  # a timer: nothing to pass on
-            letter = Letter(_TaskEnded(owner, error))
+            item = _TaskEnded(owner, error)
         try:
-            self.cell.mailbox.put(letter)
+            self.cell.mailbox.put_priority(item)
         except MailboxClosed:
             if isinstance(owner, Envelope):
                 self.runtime.cut_short(owner, actor=self.name, detail="its I/O finished after it stopped")
@@ -353,8 +369,56 @@ class TypedActor(pykka.ThreadingActor):
     def on_crash_request(self, crash: Crash, env: Envelope) -> None:
         raise CrashRequested(crash.reason)
 
+    def _actor_loop_running(self) -> None:
+        """pykka's loop, with the runtime's own items handed straight to their handlers: an
+        envelope of work or an I/O completion costs no pykka letter and no stop check (only
+        a failure, or pykka's stop letter, ends an incarnation, and both are checked)."""
+        mailbox = self.cell.mailbox
+        get: Callable[[], Any] = self.actor_inbox.get if self.io_limit is not None else mailbox.get
+        handle, io_done, stopped = self._handle, self._io_done, self.actor_stopped
+        while not stopped.is_set():
+            item = get()
+            try:
+                kind = type(item)
+                while kind is Envelope or kind is IoDone:
+                    if kind is Envelope:
+                        handle(item.body, item)
+                    else:
+                        io_done(item)
+                    item = get()
+                    kind = type(item)
+                if kind is _TaskEnded:
+                    why = f"{type(item.error).__name__}: {item.error}" if item.error else "it returned"
+                    raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error
+                self._receive_letter(item)
+            except Exception:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:
+                    self._handle_failure(*sys.exc_info())
+            except BaseException as exc:  # as pykka does: stop this actor and every other
+                _pykka_log.debug(f"{exc!r} in {self}. Stopping all actors.")
+                self._stop()
+                pykka.ActorRegistry.stop_all()
+
+    def _receive_letter(self, letter: Any) -> None:
+        """One of pykka's letters (its stop, a proxy call, an ``ask``): handled as pykka
+        handles it; an ``ask``'s error goes back to whoever asked."""
+        reply_to = letter.reply_to
+        try:
+            response = self._handle_receive(letter.message)
+        except Exception:
+            if reply_to is None:
+                raise
+            _pykka_log.info(f"Exception returned from {self} to caller:", exc_info=sys.exc_info())
+            reply_to.set_exception()
+            return
+        if reply_to is not None:
+            reply_to.set(response)
+
     def _handle_receive(self, message: Any) -> Any:
-        # Work first, without pykka's checks for its own messages (on every hop).
+        # Work first, without pykka's checks for its own messages.
         if type(message) is Envelope:
             self._handle(message.body, message)
             return None
@@ -366,9 +430,6 @@ class TypedActor(pykka.ThreadingActor):
             self._handle(message.body, message)
         elif kind is IoDone:
             self._io_done(message)
-        elif kind is _TaskEnded:
-            why = f"{type(message.error).__name__}: {message.error}" if message.error else "it returned"
-            raise TaskFailed(f"task {message.name!r} ended: {why}") from message.error
         else:
             return super().on_receive(message)
         return None

@@ -6,10 +6,11 @@ name or the mailbox, so no sender breaks and no queued message is lost.
 The crash path, in order, all in the dying incarnation's thread:
 
 1. A handler raises. ``TypedActor._handle`` remembers the envelope it was
-   handling, and pykka's loop catches the exception, logs it and marks the
+   handling, and the actor's loop (pykka's, with the runtime's items first)
+   catches the exception as pykka's does, logs it and marks the
    incarnation stopped (its inbox view now reads as empty, so pykka drains
    nothing).
-2. pykka calls ``TypedActor.on_failure``: the incarnation cancels every task
+2. The loop calls ``TypedActor.on_failure``: the incarnation cancels every task
    and timer it owns, puts the work they were doing back at the head of the
    mailbox, runs ``teardown``, and calls ``Cell.crashed``.
 3. ``Cell.crashed`` records the failure. Under a supervisor it asks the runtime

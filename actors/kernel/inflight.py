@@ -30,13 +30,19 @@ class InFlight:
         self.on_finished: Callable[[str], None] | None = None
 
     def add(self, correlation_id: str) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``, which binds two methods of the lock: this runs on most hops
+        try:
             counts = self._by_correlation
             counts[correlation_id] = counts.get(correlation_id, 0) + 1
             self._total += 1
+        finally:
+            lock.release()
 
     def done(self, correlation_id: str) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # as in ``add``
+        try:
             counts = self._by_correlation
             left = counts.get(correlation_id, 0) - 1
             if left > 0:
@@ -46,6 +52,8 @@ class InFlight:
                 if self._waiting:
                     self._changed.notify_all()
             self._total -= 1
+        finally:
+            lock.release()
         if left <= 0 and self.on_finished is not None:
             self.on_finished(correlation_id)
 

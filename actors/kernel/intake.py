@@ -294,6 +294,8 @@ class Intake:
     def finished(self, correlation_id: str, trace: Any = None) -> bool:
         """The correlation has nothing left in flight: its item closes, with its ``trace``
         when one is given. False when it had no item to close (the trace is not kept)."""
+        if correlation_id not in self._open:  # work sent, not accepted (its item, if any, opened before it ran)
+            return False
         with self._lock:
             if correlation_id not in self._open:
                 return False

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 
 from autoresponse.actors.kernel._loop import EventLoopKind, EventLoopThread
-from autoresponse.actors.kernel._mailbox import Letter, Mailbox, MailboxClosed, OverflowPolicy
+from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.kernel.clock import Clock
@@ -202,19 +202,20 @@ class Runtime:
     def close(self, cell: Cell) -> None:
         """Close ``cell``'s mailbox for good; what was queued is interrupted at a stop,
         dead-lettered otherwise (an actor that can never start again)."""
-        for letter in cell.mailbox.close():
-            self._discard(cell, letter)
+        for item in cell.mailbox.close():
+            self._discard(cell, item)
 
-    def _discard(self, cell: Cell, letter: Any) -> None:
-        message = letter.message
-        if letter.reply_to is not None:
-            letter.reply_to.set_exception(
+    def _discard(self, cell: Cell, item: Any) -> None:
+        """``item`` was queued for ``cell`` (an envelope, an I/O completion, a task's end, or
+        one of pykka's letters: its stop, a proxy call, an ``ask``)."""
+        if type(item) is Envelope:
+            self.cut_short(item, actor=cell.name, detail="still queued")
+        elif type(item) is IoDone:
+            self.cut_short(item.cause, actor=cell.name, detail="its I/O ended as the actor stopped")
+        elif getattr(item, "reply_to", None) is not None:  # someone waits on an ask: it fails
+            item.reply_to.set_exception(
                 exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{cell.name} stopped"), None)
             )
-        elif type(message) is Envelope:
-            self.cut_short(message, actor=cell.name, detail="still queued")
-        elif isinstance(message, IoDone):
-            self.cut_short(message.cause, actor=cell.name, detail="its I/O ended as the actor stopped")
 
     def __enter__(self) -> Runtime:
         return self.start() if self._state == "new" else self
@@ -263,7 +264,7 @@ class Runtime:
         mailbox = cell.mailbox
         try:
             # Never block the event loop thread: every actor's I/O completes there.
-            mailbox.put(Letter(envelope),
+            mailbox.put(envelope,
                         may_block=mailbox.policy is OverflowPolicy.BLOCK and not self.io.in_loop_thread())
         except MailboxClosed:
             self.cut_short(envelope, actor=to, detail="its actor has stopped")
@@ -288,7 +289,7 @@ class Runtime:
             return
         self.inflight.add(envelope.correlation_id)
         try:
-            cell.mailbox.put_priority(Letter(envelope))
+            cell.mailbox.put_priority(envelope)
         except MailboxClosed:
             self.inflight.done(envelope.correlation_id)
             if not self.stopping:
@@ -298,7 +299,7 @@ class Runtime:
         """Put work already in flight back at the head of ``cell``'s queue (its I/O was
         cancelled with the incarnation that started it)."""
         try:
-            cell.mailbox.put_front(Letter(envelope))
+            cell.mailbox.put_front(envelope)
         except MailboxClosed:
             self.cut_short(envelope, actor=cell.name, detail="its actor stopped mid-I/O")
 
@@ -313,7 +314,7 @@ class Runtime:
             self.cut_short(envelope, actor=cell.name, detail=f"it crashed as the runtime stopped: {error!r}")
         elif envelope.attempt < self.message_attempts:
             try:
-                cell.mailbox.put_front(Letter(envelope.retried()))
+                cell.mailbox.put_front(envelope.retried())
             except MailboxClosed:
                 self.cut_short(envelope, actor=cell.name, detail="its actor has stopped")
         else:

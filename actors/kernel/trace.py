@@ -72,13 +72,17 @@ class TraceRecorder:
         self.spans: HopSpans | None = None
 
     def _start(self, correlation: str, *, finished: bool = False) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``, which binds two methods of the lock: once a request
+        try:
             if correlation not in self._traces:
                 self._traces[correlation] = []
                 if finished:
                     self._kept(correlation)
                 if len(self._traces) > self._most:
                     self._traces.popitem(last=False)
+        finally:
+            lock.release()
 
     def _kept(self, correlation: str) -> None:
         """Among the newest finished now; the oldest of them goes (under the lock)."""
@@ -157,8 +161,12 @@ class TraceRecorder:
         events = self._traces.get(correlation)
         if events is None:
             return None
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # as in ``_start``
+        try:
             self._kept(correlation)
+        finally:
+            lock.release()
         return {"events": list(events)} if keep and events else None
 
     def trace(self, correlation: str, in_flight: Iterable[InFlightHop] = ()) -> list[dict[str, Any]]:
