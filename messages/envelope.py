@@ -50,7 +50,7 @@ class Envelope:
     """
 
     __slots__ = ("message_id", "correlation_id", "causation_id", "hops", "attempt", "deadline", "body",
-                 "traceparent", "queued_at")
+                 "traceparent", "queued_at", "trace")
 
     # Every argument may be passed by position: the runtime builds an envelope on every hop, and
     # a class called with keywords first packs them into a dict.
@@ -70,6 +70,9 @@ class Envelope:
         self.traceparent = traceparent
         #: When the runtime last queued it (its clock), for its trace; None until then, or untraced.
         self.queued_at: float | None = None
+        #: Its correlation's trace as the runtime records it (None: untraced, or not yet queued);
+        #: its children carry it on, so a hop finds its trace without a lookup.
+        self.trace: list[Any] | None = None
 
     @classmethod
     def new(cls, body: Any, *, correlation_id: str | None = None, timeout: float | None = None,
@@ -82,13 +85,16 @@ class Envelope:
 
     def child(self, body: Any) -> Envelope:
         """The envelope of a message caused by this one: same chain, one hop on."""
-        return Envelope(new_id(), self.correlation_id, body, self.message_id, self.hops + 1, 1, self.deadline)
+        child = Envelope(new_id(), self.correlation_id, body, self.message_id, self.hops + 1, 1, self.deadline)
+        child.trace = self.trace
+        return child
 
     def retried(self) -> Envelope:
         """The same message, one attempt later."""
-        return Envelope(self.message_id, self.correlation_id, self.body, causation_id=self.causation_id,
-                        hops=self.hops, attempt=self.attempt + 1, deadline=self.deadline,
-                        traceparent=self.traceparent)
+        again = Envelope(self.message_id, self.correlation_id, self.body, self.causation_id, self.hops,
+                         self.attempt + 1, self.deadline, self.traceparent)
+        again.trace = self.trace
+        return again
 
     def expired(self, now: float | None = None) -> bool:
         """Past its deadline at ``now`` (the runtime's clock; the wall clock when not given)."""
@@ -123,10 +129,14 @@ class Envelope:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Envelope):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+        return all(getattr(self, name) == getattr(other, name) for name in _WHAT_IT_IS)
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (f"Envelope({self.message_id}, correlation={self.correlation_id}, hops={self.hops}, "
                 f"attempt={self.attempt}, body={type(self.body).__name__})")
+
+
+#: What two envelopes must share to be equal: not the runtime's bookkeeping of its trace.
+_WHAT_IT_IS = tuple(name for name in Envelope.__slots__ if name not in ("queued_at", "trace"))

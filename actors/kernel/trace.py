@@ -54,7 +54,8 @@ class TraceRecorder:
     Recording is on every hop's path, so it writes once per hop: the runtime stamps an
     envelope when it queues it (``queued``), and the actor that handled it appends the whole
     hop when its handling ends (``handled``), one tuple of plain values (atomic under the
-    GIL). What is still queued or being handled is read from the mailboxes and the actors
+    GIL), to the trace its envelope carries (``Envelope.trace``: looked up once, as the
+    correlation's first message is queued, and handed on to every message it causes). What is still queued or being handled is read from the mailboxes and the actors
     when a trace is read (``trace``'s ``in_flight``), not recorded on the way.
     """
 
@@ -71,16 +72,19 @@ class TraceRecorder:
         #: Hears every event too (OpenTelemetry), when set.
         self.spans: HopSpans | None = None
 
-    def _start(self, correlation: str, *, finished: bool = False) -> None:
+    def _start(self, correlation: str, *, finished: bool = False) -> list[Sequence[Any]]:
+        """The trace of ``correlation``: kept from now on, unless it is kept already."""
         lock = self._lock
         lock.acquire()  # not ``with``, which binds two methods of the lock: once a request
         try:
-            if correlation not in self._traces:
-                self._traces[correlation] = []
+            events = self._traces.get(correlation)
+            if events is None:
+                events = self._traces[correlation] = []
                 if finished:
                     self._kept(correlation)
                 if len(self._traces) > self._most:
                     self._traces.popitem(last=False)
+            return events
         finally:
             lock.release()
 
@@ -91,7 +95,9 @@ class TraceRecorder:
             self._traces.pop(self._finished.popleft(), None)
 
     def _record(self, env: Envelope, event: tuple[Any, ...]) -> None:
-        events = self._traces.get(env.correlation_id)
+        events = env.trace
+        if events is None:
+            events = env.trace = self._traces.get(env.correlation_id)
         if events is not None and len(events) < self._max_events:
             events.append(event)
 
@@ -99,8 +105,8 @@ class TraceRecorder:
         """``env`` (or the result of its I/O, of type ``kind``) enters ``actor``'s mailbox:
         stamped with the time, recorded with its hop when that ends."""
         env.queued_at = self.now()
-        if env.correlation_id not in self._traces:  # its first hop (or the first after it was forgotten)
-            self._start(env.correlation_id)
+        if env.trace is None:  # its first hop: its children carry its trace on
+            env.trace = self._start(env.correlation_id)
         if self.spans is not None:
             self.spans.queued(env, actor, kind)
 
@@ -116,7 +122,7 @@ class TraceRecorder:
         runtime's delivery (a control signal) is not traced."""
         queued = env.queued_at
         if queued is not None:
-            events = self._traces.get(env.correlation_id)  # _record's, inline: on every hop
+            events = env.trace  # _record's, inline: on every hop
             if events is not None and len(events) < self._max_events:
                 events.append((_HOP, env.message_id, env.attempt, kind, queued, started, self.now(), outcome,
                                env.causation_id, actor))
@@ -127,10 +133,10 @@ class TraceRecorder:
         """``env`` ends without being handled (a dead letter, cut short by a stop): its hop."""
         now = self.now()
         queued = env.queued_at
-        if queued is None and env.correlation_id not in self._traces:
+        if queued is None and env.trace is None and env.correlation_id not in self._traces:
             # Nothing of it in flight was traced (a message to no such actor, from outside):
             # a trace that is over already, kept among the finished, not the ones in flight.
-            self._start(env.correlation_id, finished=True)
+            env.trace = self._start(env.correlation_id, finished=True)
         self._record(env, (_HOP, env.message_id, env.attempt, kind, now if queued is None else queued, None, now,
                            outcome, env.causation_id, actor or "dead letters"))
         if self.spans is not None:
