@@ -91,10 +91,10 @@ class Envelope:
 
     def retried(self) -> Envelope:
         """The same message, one attempt later."""
-        again = Envelope(self.message_id, self.correlation_id, self.body, self.causation_id, self.hops,
-                         self.attempt + 1, self.deadline, self.traceparent)
-        again.trace = self.trace
-        return again
+        # Not its trace: a retry finds its correlation's trace again as it is queued (a
+        # replayed dead letter's is long gone, and a new one starts).
+        return Envelope(self.message_id, self.correlation_id, self.body, self.causation_id, self.hops,
+                        self.attempt + 1, self.deadline, self.traceparent)
 
     def expired(self, now: float | None = None) -> bool:
         """Past its deadline at ``now`` (the runtime's clock; the wall clock when not given)."""

@@ -662,3 +662,49 @@ def test_an_error_a_handler_reports_goes_out_after_what_it_sent_before() -> None
             rt.send("sender", Ping(n=1))
             assert rt.wait_idle(timeout=10)
             assert [p.n for p in sink.bodies(Pong)] == [1, 2]
+
+
+class Lingers(TypedActor):
+    """Handles each Ping for ``seconds``, unstoppable meanwhile."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        time.sleep(self.seconds)
+
+
+def test_an_actor_busy_past_the_stop_ends_once_it_is_done() -> None:
+    """The runtime stops waiting for an actor still in a handler, and closes its mailbox (its
+    stop letter goes with what was queued): back for its next message, it ends, rather than
+    sleep for ever on a mailbox nobody will put to again, holding the process open."""
+    rt = Runtime().start()
+    rt.spawn("lingers", Lingers, 1.0)
+    rt.spawn("idle", Recorder)
+    wait_until(lambda: rt.cell("idle").alive)
+    rt.close(rt.cell("idle"))  # asleep on its empty mailbox as it closes: it ends too
+    wait_until(lambda: not any(t.name.startswith("Recorder") for t in threading.enumerate()), timeout=5)
+    rt.send("lingers", Ping(n=1))
+    wait_until(lambda: rt.cell("lingers").mailbox.empty())  # in its handler now
+    rt.stop(drain=0.1)
+    wait_until(lambda: not any(t.name.startswith("Lingers") for t in threading.enumerate()), timeout=5)
+
+
+def test_an_envelope_asked_through_pykka_waits_its_turn() -> None:
+    """pykka's ``ask`` with an envelope is work like any other: handled after what was queued
+    before it, counted in flight, and answered."""
+    gate = threading.Event()
+    with running(("gated", Gated, gate), ("sink", Recorder)) as rt, rt.probe("sink") as sink:
+        first = rt.send("gated", Ping(n=1))
+        assert first is not None
+        rt.send("gated", Ping(n=3), correlation_id=first.correlation_id)
+        ref = rt.cell("gated")._ref
+        assert ref is not None
+        answer = ref.ask(first.child(Ping(n=5)), block=False)
+        gate.set()
+        assert answer.get(timeout=10) is None
+        wait_until(lambda: len(sink.bodies(Pong)) == 3)
+        assert [pong.n for pong in sink.bodies(Pong)] == [1, 3, 5]
+        assert rt.wait_idle(timeout=5) and rt.inflight.count() == 0  # counted in flight, as any work

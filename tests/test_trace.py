@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,67 @@ def test_dead_letters_that_never_went_anywhere_are_kept_as_finished_traces_not_i
     [hop] = tracer.trace(sent[-1].correlation_id)
     assert (hop["actor"], hop["type"], hop["outcome"]) == ("nobody", "Ping", "dead letter: no such actor")
     assert hop["queued"] == hop["ended"] and hop["started"] is None
+
+
+class FailsFirst(TypedActor):
+    """Crashes on a message's first attempt, and on every one of ``Ping(n=0)`` while ``failing``
+    is set; else passes it on."""
+
+    def __init__(self, failing: threading.Event) -> None:
+        super().__init__()
+        self.failing = failing
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        if env.attempt == 1 or (ping.n == 0 and self.failing.is_set()):
+            raise RuntimeError("this attempt fails")
+        self.send("sink", ping, cause=env)
+
+
+def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request() -> None:
+    """A message's next attempt after a crash is a hop of its own; a dead letter replayed
+    long after its trace was let go (for newer ones) starts its request's trace again."""
+    from autoresponse.actors.kernel import Runtime
+    from autoresponse.actors.kernel.trace import TraceRecorder
+    from autoresponse.supervisors import (
+        BackoffPolicy,
+        ChildSpec,
+        RestartIntensity,
+        Strategy,
+        Supervisor,
+        SupervisorSpec,
+    )
+
+    failing = threading.Event()
+    failing.set()
+    rt = Runtime(message_attempts=2)
+    rt.tracer = TraceRecorder(keep=2, in_flight=2, now=rt.clock.time)
+    rt.dead_letters.observer = rt.tracer.dead_letter
+    spec = SupervisorSpec("top", Strategy.ONE_FOR_ONE, [ChildSpec("flaky", FailsFirst, args=(failing,))],
+                          intensity=RestartIntensity(max_restarts=100, period=60),
+                          backoff=BackoffPolicy(min=0, max=0, jitter=0))
+    with running(("sink", Recorder), ("top", Supervisor, spec), runtime=rt):
+        retried = rt.send("flaky", Ping(n=1))
+        assert retried is not None and rt.wait_idle(timeout=10)
+        assert [(h["actor"], h["attempt"], h["outcome"]) for h in rt.trace(retried.correlation_id)] == [
+            ("flaky", 1, "crash"), ("flaky", 2, "handled"), ("sink", 1, "handled")]
+
+        dead = rt.send("flaky", Ping(n=0), correlation_id="dies")
+        assert dead is not None
+        wait_until(lambda: any(d.correlation_id == "dies" for d in rt.dead_letters.letters()))
+        [letter] = [d for d in rt.dead_letters.letters() if d.correlation_id == "dies"]
+        for n in range(3, 9):  # newer requests push its trace out
+            rt.send("sink", Ping(n=n))
+        assert rt.wait_idle(timeout=10) and "dies" not in rt.tracer.correlations()
+        failing.clear()
+        rt.replay(letter.id)
+        assert rt.wait_idle(timeout=10)
+        assert [(h["actor"], h["attempt"], h["outcome"]) for h in rt.trace("dies")] == [
+            ("flaky", 3, "handled"), ("sink", 1, "handled")]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    until = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.01)

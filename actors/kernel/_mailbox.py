@@ -26,9 +26,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.messages.envelope import Envelope
 
 _allocate_lock = threading.Lock
+
+
+class _Closed:
+    """What ``Mailbox.get`` returns once the mailbox is closed and holds nothing more."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "CLOSED"
+
+
+CLOSED = _Closed()
 
 
 class OverflowPolicy(enum.Enum):
@@ -67,7 +80,7 @@ class Mailbox:
         self.overflowed = 0
 
     def put(self, envelope: Envelope, *, may_block: bool = True) -> None:
-        """Queue ``envelope`` as work.
+        """Queue ``envelope`` as work (or pykka's letter around one: an ``ask``).
 
         Under ``BLOCK`` a full work lane makes the caller wait (unless ``may_block``
         is false) up to ``block_seconds``; it is queued either way.
@@ -127,7 +140,8 @@ class Mailbox:
 
     def get(self, may_take_work: Callable[[], bool] | None = None) -> Any:
         """The next item, priority first (an envelope of work, or what ``put_priority``
-        queued); blocks until there is one.
+        queued); blocks until there is one. Once the mailbox is closed it returns ``CLOSED``
+        (a thread still asleep here then ends, rather than sleep for ever).
 
         While ``may_take_work()`` is false only the priority lane is served (its
         answer may change only in the calling thread, after a priority letter).
@@ -136,6 +150,8 @@ class Mailbox:
         lock.acquire()  # as in ``put``
         try:
             while not self._priority and not (self._work and (may_take_work is None or may_take_work())):
+                if self._closed:
+                    return CLOSED
                 asleep = _allocate_lock()
                 asleep.acquire()
                 self._sleepers.append(asleep)
@@ -175,6 +191,8 @@ class Mailbox:
             self._priority.clear()
             self._work.clear()
             self._writable.notify_all()
+            while self._sleepers:
+                self._sleepers.popleft().release()
             return left
 
     @property
@@ -191,14 +209,15 @@ class InboxView:
     to the runtime, which dead-letters whatever is left at shutdown.
     """
 
-    __slots__ = ("_mailbox", "_stopped", "get")
+    __slots__ = ("_mailbox", "_inflight", "_stopped", "get")
 
     #: The next item (the actor's loop takes each with it): the mailbox's own ``get``, bound
     #: to the actor's ``may_take_work`` once known; no call of a view's between the two.
     get: Callable[[], Any]
 
-    def __init__(self, mailbox: Mailbox) -> None:
+    def __init__(self, mailbox: Mailbox, inflight: InFlight) -> None:
         self._mailbox = mailbox
+        self._inflight = inflight  # the runtime's: an envelope put here is work in flight
         self._stopped: threading.Event | None = None
         self.get = mailbox.get
 
@@ -209,11 +228,18 @@ class InboxView:
 
     def put(self, letter: Any) -> None:
         """pykka's ``tell`` and ``ask`` put its letters here: its own messages go ahead of
-        the work; an envelope told through pykka is work like any other."""
-        if type(letter.message) is Envelope and letter.reply_to is None:
-            self._mailbox.put(letter.message)
-        else:
+        the work; an envelope told or asked through pykka is work like any other, in turn
+        (asked, it stays in its letter, which carries the reply)."""
+        envelope = letter.message
+        if type(envelope) is not Envelope:
             self._mailbox.put_priority(letter)
+            return
+        self._inflight.add(envelope.correlation_id)  # in flight from now, as ``Runtime.deliver`` counts it
+        try:
+            self._mailbox.put(envelope if letter.reply_to is None else letter)
+        except MailboxClosed:
+            self._inflight.done(envelope.correlation_id)
+            raise
 
     def empty(self) -> bool:
         if self._stopped is not None and self._stopped.is_set():

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors.kernel._loop import IoTask
-from autoresponse.actors.kernel._mailbox import InboxView, MailboxClosed
+from autoresponse.actors.kernel._mailbox import InboxView, MailboxClosed, _Closed
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope, current_correlation
 
@@ -159,7 +159,7 @@ class TypedActor(pykka.ThreadingActor):
         cell = getattr(_adoption, "cell", None)
         if cell is None:
             raise RuntimeError("start actors with Runtime.spawn(), not Actor.start()")
-        return InboxView(cell.mailbox)
+        return InboxView(cell.mailbox, cell.runtime.inflight)
 
     def __init__(self) -> None:
         super().__init__()
@@ -387,6 +387,9 @@ class TypedActor(pykka.ThreadingActor):
                         io_done(item)
                     item = get()
                     kind = type(item)
+                if kind is _Closed:  # the runtime stopped waiting for this incarnation to stop
+                    self._stop()
+                    break
                 if kind is _TaskEnded:
                     why = f"{type(item.error).__name__}: {item.error}" if item.error else "it returned"
                     raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error

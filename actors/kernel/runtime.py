@@ -313,8 +313,11 @@ class Runtime:
         elif self.stopping:
             self.cut_short(envelope, actor=cell.name, detail=f"it crashed as the runtime stopped: {error!r}")
         elif envelope.attempt < self.message_attempts:
+            again = envelope.retried()
+            if self.tracer is not None:  # the next attempt is a hop of its own
+                self.tracer.queued(again, cell.name)
             try:
-                cell.mailbox.put_front(envelope.retried())
+                cell.mailbox.put_front(again)
             except MailboxClosed:
                 self.cut_short(envelope, actor=cell.name, detail="its actor has stopped")
         else:

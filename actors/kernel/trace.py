@@ -123,6 +123,8 @@ class TraceRecorder:
         queued = env.queued_at
         if queued is not None:
             events = env.trace  # _record's, inline: on every hop
+            if events is None:  # it made a dead letter of itself as it was handled
+                events = self._traces.get(env.correlation_id)
             if events is not None and len(events) < self._max_events:
                 events.append((_HOP, env.message_id, env.attempt, kind, queued, started, self.now(), outcome,
                                env.causation_id, actor))
@@ -157,6 +159,7 @@ class TraceRecorder:
         """``env`` became a dead letter: its hop ends there (one handled already, such as a
         re-ask given up on, shows what it led to as its outcome)."""
         self.ended(env, type(env.body).__name__, f"{_DEAD}{reason}", actor)
+        env.trace = None  # the dead-letter office keeps the envelope, for a replay: not its trace
 
     def finished(self, correlation: str, *, keep: bool = False) -> Any:
         """The correlation has nothing left in flight. With ``keep``, its trace to keep (in
