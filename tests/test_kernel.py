@@ -708,3 +708,37 @@ def test_an_envelope_asked_through_pykka_waits_its_turn() -> None:
         wait_until(lambda: len(sink.bodies(Pong)) == 3)
         assert [pong.n for pong in sink.bodies(Pong)] == [1, 3, 5]
         assert rt.wait_idle(timeout=5) and rt.inflight.count() == 0  # counted in flight, as any work
+
+
+class FailsOnAskThenItsTaskEnds(TypedActor):
+    """Raises on each Ping; on a Pong starts a task that ends at once (which crashes it)."""
+
+    handled: ClassVar[list[int]] = []
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        FailsOnAskThenItsTaskEnds.handled.append(ping.n)
+        raise ValueError("no")
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        self.start_task(asyncio.sleep(0), "brief")
+
+
+def test_an_error_handed_back_to_an_asker_is_not_the_next_crash_of_the_actor() -> None:
+    """An envelope asked through pykka whose handler raises: the asker gets the error and the
+    actor lives on. A later crash of the actor (here its task ending) is not charged to that
+    envelope, which would then be dead-lettered, or retried and handled again."""
+    FailsOnAskThenItsTaskEnds.handled.clear()
+    with running(("asked", FailsOnAskThenItsTaskEnds)) as rt:
+        ref = rt.cell("asked")._ref
+        assert ref is not None
+        asked = Envelope.new(Ping(n=7))
+        with pytest.raises(ValueError):
+            ref.ask(asked, timeout=10)
+        rt.send("asked", Pong(n=0))
+        wait_until(lambda: rt.cell("asked").last_failure is not None)
+        assert "brief" in rt.cell("asked").last_failure.message  # type: ignore[union-attr]
+        assert [d for d in rt.dead_letters.letters() if d.correlation_id == asked.correlation_id] == []
+        assert FailsOnAskThenItsTaskEnds.handled == [7]
+        assert rt.wait_idle(timeout=5)  # and it is no longer work in flight

@@ -416,6 +416,9 @@ class TypedActor(pykka.ThreadingActor):
                 raise
             _pykka_log.info(f"Exception returned from {self} to caller:", exc_info=sys.exc_info())
             reply_to.set_exception()
+            failing, self._failing = self._failing, None  # this actor lives on, failing nothing
+            if failing is not None:  # an envelope asked: it ends here, its error with whoever asked
+                self.runtime.inflight.done(failing.correlation_id)
             return
         if reply_to is not None:
             reply_to.set(response)
