@@ -333,6 +333,35 @@ def test_a_log_held_from_starting_over_is_cut_back_once_it_does(tmp_path: Path) 
         journal.close()
 
 
+def test_the_file_gives_back_what_compaction_frees(tmp_path: Path) -> None:
+    """A spell of many large items, once compacted away, leaves the database file at the size
+    of what is kept, not at its peak (free pages go back at the next compaction): a daemon's
+    disk follows its load and does not keep the highest it ever had."""
+    path = tmp_path / "j.sqlite3"
+    journal = SqliteJournal(path, retention_seconds=0.5, compact_every=0.0)
+    text = "x" * 4000  # a page each
+
+    def spell(group: str, count: int, size: int) -> None:
+        for n in range(count):
+            accepted = journal.accept(Envelope.new(UserRequest(text=text[:size], context=CTX),
+                                                   correlation_id=f"{group}-{n}"), actor="llm")
+            assert accepted is not None and accepted.result(30)
+            journal.finish(f"{group}-{n}", "done")
+    try:
+        spell("big", 500, 4000)
+        peak = path.stat().st_size
+        assert peak > 500 * 4000
+        time.sleep(0.6)  # past the retention: the next commits compact the spell away
+        until = time.monotonic() + 30
+        group = 0
+        while path.stat().st_size > peak // 4 and time.monotonic() < until:
+            spell(f"small{group}", 5, 10)
+            group += 1
+        assert path.stat().st_size <= peak // 4
+    finally:
+        journal.close()
+
+
 def test_a_close_between_a_turns_pause_and_its_clear_still_stops_the_checkpointer(tmp_path: Path) -> None:
     """A close can land after a turn's pause and before the turn clears the wake-up it
     answers (close sets both events; the turn then clears one): the thread ends with the

@@ -281,6 +281,11 @@ class SqliteJournal:
             self._release()
             raise
         try:
+            # Pages freed by compaction go back to the file system at the next compaction
+            # (``incremental_vacuum``), so the file follows the rows kept, not their highest
+            # level since it was made. Takes effect in a new journal only (an older one keeps
+            # its free pages for its own later rows, as before).
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(f"PRAGMA journal_size_limit={WAL_FILE_LIMIT_BYTES}")
@@ -425,6 +430,7 @@ class SqliteJournal:
                     # not PASSIVE: it waits (briefly) for a ``was_sent`` read that started before
                     # it (a point lookup) instead of leaving the log to grow on past its end.
                     with self._db_lock:
+                        self._db.execute("PRAGMA incremental_vacuum").fetchall()  # a page a row
                         # Bounded: another connection's long read (a backup, a shell) must
                         # not hold every write for the 5 s busy timeout; it is tried again.
                         self._db.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
