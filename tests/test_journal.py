@@ -349,8 +349,8 @@ def test_the_file_gives_back_what_compaction_frees(tmp_path: Path) -> None:
             journal.finish(f"{group}-{n}", "done")
     try:
         spell("big", 500, 4000)
-        peak = path.stat().st_size
-        assert peak > 500 * 4000
+        peak = path.stat().st_size  # most of the spell's 2 MB (the rest is in the write-ahead log)
+        assert peak > 250 * 4000
         time.sleep(0.6)  # past the retention: the next commits compact the spell away
         until = time.monotonic() + 30
         group = 0
