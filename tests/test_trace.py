@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -243,7 +242,7 @@ def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request(
 
         dead = rt.send("flaky", Ping(n=0), correlation_id="dies")
         assert dead is not None
-        wait_until(lambda: any(d.correlation_id == "dies" for d in rt.dead_letters.letters()))
+        wait_for(lambda: any(d.correlation_id == "dies" for d in rt.dead_letters.letters()))
         [letter] = [d for d in rt.dead_letters.letters() if d.correlation_id == "dies"]
         for n in range(3, 9):  # newer requests push its trace out
             rt.send("sink", Ping(n=n))
@@ -253,10 +252,3 @@ def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request(
         assert rt.wait_idle(timeout=10)
         assert [(h["actor"], h["attempt"], h["outcome"]) for h in rt.trace("dies")] == [
             ("flaky", 3, "handled"), ("sink", 1, "handled")]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    until = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < until, "condition not met in time"
-        time.sleep(0.01)
