@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors.kernel._loop import IoTask
-from autoresponse.actors.kernel._mailbox import InboxView, MailboxClosed, _Closed
+from autoresponse.actors.kernel._mailbox import CLOSED, InboxView, MailboxClosed
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope, current_correlation
 
@@ -195,10 +195,7 @@ class TypedActor(pykka.ThreadingActor):
         instead of taking one of its own, so a hop costs the runtime's bookkeeping
         nothing. A message that cannot be delivered is a dead letter, as always."""
         child = cause.child(body)
-        if cause is self._handling and threading.get_ident() == self._handler_thread:  # self._defers(cause)
-            self._outbox.append((to, child))
-        else:
-            self.runtime.deliver(to, child)
+        self._post(to, child, cause)
         return child
 
     def _post(self, to: str, child: Envelope, cause: Envelope) -> None:
@@ -373,8 +370,7 @@ class TypedActor(pykka.ThreadingActor):
         """pykka's loop, with the runtime's own items handed straight to their handlers: an
         envelope of work or an I/O completion costs no pykka letter and no stop check (only
         a failure, or pykka's stop letter, ends an incarnation, and both are checked)."""
-        mailbox = self.cell.mailbox
-        get: Callable[[], Any] = self.actor_inbox.get if self.io_limit is not None else mailbox.get
+        get: Callable[[], Any] = self.actor_inbox.get if self.io_limit is not None else self.cell.mailbox.get
         handle, io_done, stopped = self._handle, self._io_done, self.actor_stopped
         while not stopped.is_set():
             item = get()
@@ -387,7 +383,7 @@ class TypedActor(pykka.ThreadingActor):
                         io_done(item)
                     item = get()
                     kind = type(item)
-                if kind is _Closed:  # the runtime stopped waiting for this incarnation to stop
+                if item is CLOSED:  # the runtime stopped waiting for this incarnation to stop
                     self._stop()
                     break
                 if kind is _TaskEnded:

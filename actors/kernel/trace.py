@@ -55,7 +55,8 @@ class TraceRecorder:
     envelope when it queues it (``queued``), and the actor that handled it appends the whole
     hop when its handling ends (``handled``), one tuple of plain values (atomic under the
     GIL), to the trace its envelope carries (``Envelope.trace``: looked up once, as the
-    correlation's first message is queued, and handed on to every message it causes). What is still queued or being handled is read from the mailboxes and the actors
+    correlation's first message is queued, and handed on to every message it causes).
+    What is still queued or being handled is read from the mailboxes and the actors
     when a trace is read (``trace``'s ``in_flight``), not recorded on the way.
     """
 
