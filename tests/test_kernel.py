@@ -742,3 +742,69 @@ def test_an_error_handed_back_to_an_asker_is_not_the_next_crash_of_the_actor() -
         assert [d for d in rt.dead_letters.letters() if d.correlation_id == asked.correlation_id] == []
         assert FailsOnAskThenItsTaskEnds.handled == [7]
         assert rt.wait_idle(timeout=5)  # and it is no longer work in flight
+
+
+class IoSeen:
+    """What ``OutlivesItsStop`` saw: which incarnation handled each ``Ping``, and the most
+    of its I/Os that ran at once."""
+
+    def __init__(self) -> None:
+        self.by: list[tuple[int, int]] = []
+        self.running = self.most = 0
+
+
+class OutlivesItsStop(TypedActor):
+    """One I/O at a time. ``Ping(n=0)``: starts its I/O, then waits for ``gate`` past any stop;
+    any other ``Ping``: its I/O only. Each I/O's ``Pong`` goes to the sink."""
+
+    io_limit = 1
+
+    def __init__(self, gate: threading.Event, seen: IoSeen) -> None:
+        super().__init__()
+        self.gate, self.seen = gate, seen
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.seen.by.append((id(self), ping.n))
+        self.run_io(self._work(ping.n), cause=env)
+        if ping.n == 0:
+            assert self.gate.wait(10)
+
+    async def _work(self, n: int) -> Pong:
+        seen = self.seen
+        seen.running += 1
+        seen.most = max(seen.most, seen.running)
+        await asyncio.sleep(0.2)
+        seen.running -= 1
+        return Pong(n=n)
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        self.send("sink", pong, cause=env)
+
+
+def test_a_stop_that_gives_up_on_a_busy_actor_leaves_the_mailbox_to_its_successor() -> None:
+    """A handler runs on past its stop's timeout and the cell starts again, as a supervisor
+    restarts one: the stop meant for the old incarnation does not stop the new one; the old
+    one, back from its handler, takes nothing more from the mailbox and ends; the result of
+    the I/O it started is handled by the new one, which still runs one I/O at a time."""
+    gate, seen = threading.Event(), IoSeen()
+    with running(("slow", OutlivesItsStop, gate, seen), ("sink", Recorder)) as rt, rt.probe("sink") as sink:
+        cell = rt.cell("slow")
+        old = cell.incarnation() if cell.incarnation is not None else None
+        rt.send("slow", Ping(n=0))
+        wait_until(lambda: seen.by == [(id(old), 0)])
+        assert not cell.stop(timeout=0.1)  # still in its handler
+        cell.start()
+        new = cell.incarnation()
+        assert new is not None and new is not old
+        wait_until(lambda: [pong.n for pong in sink.bodies(Pong)] == [0])  # the old one's I/O, handled
+        gate.set()
+        wait_until(lambda: old is not None and old.actor_stopped.is_set())
+        for n in range(1, 7):
+            rt.send("slow", Ping(n=n))
+        assert rt.wait_idle(timeout=10)
+        assert cell.alive and not new.actor_stopped.is_set()
+        assert seen.by[1:] == [(id(new), n) for n in range(1, 7)]
+        assert sorted(pong.n for pong in sink.bodies(Pong)) == list(range(7))
+        assert seen.most == 1

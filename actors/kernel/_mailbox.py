@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from pykka.messages import _ActorStop as ActorStop  # pykka's stop letter (the kernel runs its loop)
+
 from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.messages.envelope import Envelope
 
@@ -200,6 +202,16 @@ class Mailbox:
         return self._closed
 
 
+class Addressed:
+    """A pykka stop letter for the incarnation whose view it was put in."""
+
+    __slots__ = ("letter", "to")
+
+    def __init__(self, letter: Any, to: InboxView) -> None:
+        self.letter = letter
+        self.to = to
+
+
 class InboxView:
     """One incarnation's view of a cell's mailbox.
 
@@ -229,10 +241,11 @@ class InboxView:
     def put(self, letter: Any) -> None:
         """pykka's ``tell`` and ``ask`` put its letters here: its own messages go ahead of
         the work; an envelope told or asked through pykka is work like any other, in turn
-        (asked, it stays in its letter, which carries the reply)."""
+        (asked, it stays in its letter, which carries the reply). A stop is addressed to
+        this view's incarnation: the next one, on the same mailbox, must not take it."""
         envelope = letter.message
         if type(envelope) is not Envelope:
-            self._mailbox.put_priority(letter)
+            self._mailbox.put_priority(Addressed(letter, self) if type(envelope) is ActorStop else letter)
             return
         self._inflight.add(envelope.correlation_id)  # in flight from now, as ``Runtime.deliver`` counts it
         try:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors.kernel._loop import IoTask
-from autoresponse.actors.kernel._mailbox import CLOSED, InboxView, MailboxClosed
+from autoresponse.actors.kernel._mailbox import CLOSED, Addressed, InboxView, MailboxClosed
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope, current_correlation
 
@@ -108,13 +108,15 @@ class _TaskEnded:
 
 
 class IoDone:
-    """A task this actor handed to the loop has ended (it travels in the priority lane)."""
+    """A task this actor handed to the loop has ended (it travels in the priority lane).
+    ``by``: the incarnation that started it (one that just ended may have posted it)."""
 
-    __slots__ = ("task", "cause")
+    __slots__ = ("task", "cause", "by")
 
-    def __init__(self, task: IoTask, cause: Envelope) -> None:
+    def __init__(self, task: IoTask, cause: Envelope, by: TypedActor) -> None:
         self.task = task
         self.cause = cause
+        self.by = by
 
 
 async def _after(clock: Clock, delay: float, message: Any) -> Any:
@@ -177,6 +179,8 @@ class TypedActor(pykka.ThreadingActor):
         self._running_io = 0  # run_io tasks not yet handled as IoDone (actor thread only)
         self._held: dict[str, Envelope] = {}  # message id → envelope put aside with hold()
         self._released = False
+        #: Let go by a stop that gave up waiting for it (``retire``): the mailbox is its successor's.
+        self._retired = False
         # The message whose handler runs now, what it sends (they go out when it returns),
         # and whether it still holds its own in-flight count (see ``_handle``).
         self._handling: Envelope | None = None
@@ -295,7 +299,7 @@ class TypedActor(pykka.ThreadingActor):
         if owner is _DISOWNED:
             return  # this incarnation ended and already put its work back
         if isinstance(owner, Envelope):
-            item: IoDone | _TaskEnded = IoDone(task, owner)
+            item: IoDone | _TaskEnded = IoDone(task, owner, self)
         else:
             try:
                 task.outcome()
@@ -370,7 +374,8 @@ class TypedActor(pykka.ThreadingActor):
         """pykka's loop, with the runtime's own items handed straight to their handlers: an
         envelope of work or an I/O completion costs no pykka letter and no stop check (only
         a failure, or pykka's stop letter, ends an incarnation, and both are checked)."""
-        get: Callable[[], Any] = self.actor_inbox.get if self.io_limit is not None else self.cell.mailbox.get
+        inbox = self.actor_inbox
+        get: Callable[[], Any] = inbox.get if self.io_limit is not None else self.cell.mailbox.get
         handle, io_done, stopped = self._handle, self._io_done, self.actor_stopped
         while not stopped.is_set():
             item = get()
@@ -381,6 +386,9 @@ class TypedActor(pykka.ThreadingActor):
                         handle(item.body, item)
                     else:
                         io_done(item)
+                    if self._retired:
+                        item = CLOSED
+                        break
                     item = get()
                     kind = type(item)
                 if item is CLOSED:  # the runtime stopped waiting for this incarnation to stop
@@ -389,7 +397,16 @@ class TypedActor(pykka.ThreadingActor):
                 if kind is _TaskEnded:
                     why = f"{type(item.error).__name__}: {item.error}" if item.error else "it returned"
                     raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error
+                if kind is Addressed:
+                    if item.to is not inbox:  # a predecessor's stop, which gave up waiting for it
+                        item.letter.reply_to.set_exception(
+                            (pykka.ActorDeadError, pykka.ActorDeadError(f"{item.to} was let go"), None))
+                        continue
+                    item = item.letter
                 self._receive_letter(item)
+                if self._retired:
+                    self._stop()
+                    break
             except Exception:
                 self._handle_failure(*sys.exc_info())
                 try:
@@ -504,7 +521,8 @@ class TypedActor(pykka.ThreadingActor):
         deliver(*outbox[-1], counted=holds_count)
 
     def _io_done(self, done: IoDone) -> None:
-        self._running_io -= 1
+        if done.by is self:  # else its predecessor's, just ended: the work is this one's now
+            self._running_io -= 1
         env = done.cause
         try:
             result = done.task.outcome()
@@ -529,7 +547,11 @@ class TypedActor(pykka.ThreadingActor):
             self.teardown()  # release what the incarnation owns; its state is not trusted
         except Exception:
             pass
-        self.cell.crashed(failing, exc or RuntimeError("unknown failure"))
+        error = exc or RuntimeError("unknown failure")
+        if self._retired:  # its successor runs: only the message it failed on is dealt with
+            self.runtime.recover(self.cell, failing, error)
+        else:
+            self.cell.crashed(failing, error)
 
     # ---------------------------------------------------------------- lifetime hooks
 
@@ -553,8 +575,14 @@ class TypedActor(pykka.ThreadingActor):
         finally:
             self._ready.set()
 
+    def retire(self) -> None:
+        """A stop gave up waiting for this incarnation (its handler runs on past ``timeout``):
+        once the handler returns it stops, taking nothing more from the mailbox, which is its
+        successor's; its end, or its crash, is not the cell's."""
+        self._retired = True
+
     def on_stop(self) -> None:
         self._release()
         self.teardown()
-        if not self.cell.stop_requested:
+        if not self.cell.stop_requested and not self._retired:
             self.cell.exited_normally()  # it stopped itself: tell whoever supervises it

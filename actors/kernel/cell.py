@@ -158,11 +158,14 @@ class Cell:
             self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=False))
 
     def stop(self, timeout: float) -> bool:
-        """Stop the current incarnation, keeping the mailbox; True if it stopped in time."""
+        """Stop the current incarnation, keeping the mailbox; True if it stopped in time.
+        Else it is retired (``TypedActor.retire``): it ends once its handler returns, and
+        the mailbox is for the next incarnation."""
         with self._lock:
             self.state = "stopped"
             self.stop_requested = True
             ref, self._ref = self._ref, None
+            actor = self.incarnation() if self.incarnation is not None else None
         if ref is None:
             return True
         try:
@@ -171,6 +174,8 @@ class Cell:
             pass
         except pykka.Timeout:
             log.warning("actor %s did not stop within %.1fs", self.name, timeout)
+            if actor is not None:  # a thread cannot be killed: it stops once its handler returns
+                actor.retire()
             return False
         return True
 
