@@ -754,8 +754,8 @@ class IoSeen:
 
 
 class OutlivesItsStop(TypedActor):
-    """One I/O at a time. ``Ping(n=0)``: starts its I/O, then waits for ``gate`` past any stop;
-    any other ``Ping``: its I/O only. Each I/O's ``Pong`` goes to the sink."""
+    """One I/O at a time. ``Ping(n=0)``: starts a short I/O, then waits for ``gate`` past any
+    stop; any other ``Ping``: a longer I/O only. Each I/O's ``Pong`` goes to the sink."""
 
     io_limit = 1
 
@@ -774,7 +774,7 @@ class OutlivesItsStop(TypedActor):
         seen = self.seen
         seen.running += 1
         seen.most = max(seen.most, seen.running)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.01 if n == 0 else 0.2)
         seen.running -= 1
         return Pong(n=n)
 
@@ -787,13 +787,14 @@ def test_a_stop_that_gives_up_on_a_busy_actor_leaves_the_mailbox_to_its_successo
     """A handler runs on past its stop's timeout and the cell starts again, as a supervisor
     restarts one: the stop meant for the old incarnation does not stop the new one; the old
     one, back from its handler, takes nothing more from the mailbox and ends; the result of
-    the I/O it started is handled by the new one, which still runs one I/O at a time."""
+    an I/O it started, queued as the stop gave up, is handled by the new one, which still
+    runs one I/O at a time."""
     gate, seen = threading.Event(), IoSeen()
     with running(("slow", OutlivesItsStop, gate, seen), ("sink", Recorder)) as rt, rt.probe("sink") as sink:
         cell = rt.cell("slow")
         old = cell.incarnation() if cell.incarnation is not None else None
         rt.send("slow", Ping(n=0))
-        wait_until(lambda: seen.by == [(id(old), 0)])
+        wait_until(lambda: seen.by == [(id(old), 0)] and len(cell.mailbox) == 1)  # its I/O ended meanwhile
         assert not cell.stop(timeout=0.1)  # still in its handler
         cell.start()
         new = cell.incarnation()
@@ -808,3 +809,127 @@ def test_a_stop_that_gives_up_on_a_busy_actor_leaves_the_mailbox_to_its_successo
         assert seen.by[1:] == [(id(new), n) for n in range(1, 7)]
         assert sorted(pong.n for pong in sink.bodies(Pong)) == list(range(7))
         assert seen.most == 1
+
+
+class StopsItself(TypedActor):
+    """``Ping(n=0)``: waits for ``gate``, then stops itself (pykka's ``Actor.stop``). The
+    incarnations counted in ``seen["slow_setups"]`` (1 the first) wait in their ``setup``
+    for ``setup_gate``. ``seen`` records each one's start and teardown, and who handled what."""
+
+    def __init__(self, gate: threading.Event, setup_gate: threading.Event, seen: dict[str, list[int]]) -> None:
+        super().__init__()
+        self.gate, self.setup_gate, self.seen = gate, setup_gate, seen
+
+    def setup(self) -> None:
+        self.seen["started"].append(id(self))
+        if len(self.seen["started"]) in self.seen["slow_setups"]:
+            assert self.setup_gate.wait(10)
+
+    def teardown(self) -> None:
+        self.seen["teardowns"].append(id(self))
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.seen["handled"].append(id(self))
+        if ping.n == 0:
+            assert self.gate.wait(10)
+            self.stop()
+
+
+def test_a_let_go_incarnation_answers_its_stops_as_it_ends_and_its_own_stop_touches_nothing_else() -> None:
+    """Let go by a stop that timed out, an incarnation stops itself once back from its
+    handler: whoever waits on its stop is answered, nothing of it is left in the mailbox,
+    its teardown runs once, and the next incarnation runs on."""
+    gate, setup_gate = threading.Event(), threading.Event()
+    setup_gate.set()
+    seen: dict[str, list[int]] = {"started": [], "teardowns": [], "handled": [], "slow_setups": []}
+    with running(("quits", StopsItself, gate, setup_gate, seen)) as rt:
+        cell = rt.cell("quits")
+        old, ref = cell.incarnation(), cell._ref
+        assert old is not None and ref is not None
+        rt.send("quits", Ping(n=0))
+        wait_until(lambda: seen["handled"] == [id(old)])
+        answers: list[object] = []
+        waiter = threading.Thread(target=lambda: answers.append(ref.stop(block=True, timeout=10)))
+        waiter.start()
+        assert not cell.stop(timeout=0.1)
+        gate.set()
+        waiter.join(10)
+        assert answers == [True] and old.actor_stopped.is_set()
+        assert len(cell.mailbox) == 0 and seen["teardowns"] == [id(old)]
+        cell.start()
+        new = cell.incarnation()
+        rt.send("quits", Ping(n=1))
+        wait_until(lambda: seen["handled"][-1:] == [id(new)])
+        assert cell.alive and new is not None and not new.actor_stopped.is_set()
+
+
+def test_an_incarnation_let_go_in_its_setup_never_reads_the_mailbox() -> None:
+    """A stop that timed out while the incarnation was still in its ``setup``, and the cell
+    started again meanwhile: once set up, the old one ends at once, so its successor is the
+    mailbox's only reader, and a stop of the successor stops it."""
+    gate, setup_gate = threading.Event(), threading.Event()
+    gate.set()
+    seen: dict[str, list[int]] = {"started": [], "teardowns": [], "handled": [], "slow_setups": [2]}
+    rt = Runtime().start()
+    try:
+        cell = rt.spawn("quits", StopsItself, gate, setup_gate, seen)
+        assert cell.stop(timeout=5)
+        cell.start(wait=0.1)  # still in its setup
+        wait_until(lambda: len(seen["started"]) == 2)
+        old = cell.incarnation()
+        assert old is not None and not cell.stop(timeout=0.1)
+        cell.start()  # its successor, which finds the old one's stop first
+        new = cell.incarnation()
+        assert new is not None and new is not old
+        setup_gate.set()
+        wait_until(old.actor_stopped.is_set)  # set up, and gone before it took anything
+        for n in range(1, 6):
+            rt.send("quits", Ping(n=n))
+        assert rt.wait_idle(timeout=10)
+        assert seen["handled"] == [id(new)] * 5
+        assert cell.stop(timeout=5) and new.actor_stopped.is_set()
+    finally:
+        rt.stop(drain=0.5)
+
+
+class StartsIoLate(TypedActor):
+    """``Ping``: its first handling waits for ``gate``, then starts its I/O; the I/O's
+    ``Pong`` goes to the sink. ``handled`` records each handling's incarnation."""
+
+    def __init__(self, gate: threading.Event, handled: list[int]) -> None:
+        super().__init__()
+        self.gate, self.handled = gate, handled
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        self.handled.append(id(self))
+        if len(self.handled) == 1:
+            assert self.gate.wait(10)
+        self.run_io(self._work(ping.n), cause=env)
+
+    async def _work(self, n: int) -> Pong:
+        return Pong(n=n)
+
+    @handles
+    def on_pong(self, pong: Pong, env: Envelope) -> None:
+        self.send("sink", pong, cause=env)
+
+
+def test_io_a_let_go_handler_starts_goes_to_its_successor_not_nowhere() -> None:
+    """A handler let go by a stop starts its I/O once back: a let-go incarnation runs
+    nothing more, so its message goes back to the mailbox and its successor handles it,
+    rather than the I/O being dropped with nothing to say so."""
+    gate, handled = threading.Event(), []
+    with running(("late", StartsIoLate, gate, handled), ("sink", Recorder)) as rt, rt.probe("sink") as sink:
+        cell = rt.cell("late")
+        rt.send("late", Ping(n=7))
+        wait_until(lambda: len(handled) == 1)
+        assert not cell.stop(timeout=0.1)
+        cell.start()
+        new = cell.incarnation()
+        gate.set()
+        wait_until(lambda: [pong.n for pong in sink.bodies(Pong)] == [7])
+        assert rt.wait_idle(timeout=10)
+        assert new is not None and handled == [handled[0], id(new)]
+        assert rt.inflight.count() == 0 and not rt.dead_letters.letters()

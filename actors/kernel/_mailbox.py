@@ -185,6 +185,14 @@ class Mailbox:
         """Depth: items waiting in both lanes."""
         return len(self._work) + len(self._priority)
 
+    def withdraw(self, test: Callable[[Any], bool]) -> list[Any]:
+        """Take back the items of the priority lane that pass ``test`` (rare: a scan)."""
+        with self._lock:
+            taken = [item for item in self._priority if test(item)]
+            for item in taken:
+                self._priority.remove(item)
+            return taken
+
     def close(self) -> list[Any]:
         """Refuse all further items and hand back what was still queued."""
         with self._lock:

@@ -98,13 +98,15 @@ class TaskFailed(Exception):
 
 
 class _TaskEnded:
-    """A background task ended (priority lane): the actor crashes while handling it."""
+    """A background task of the incarnation ``by`` ended (priority lane): the actor crashes
+    while handling it (a predecessor's, let go, is nothing to its successor)."""
 
-    __slots__ = ("name", "error")
+    __slots__ = ("name", "error", "by")
 
-    def __init__(self, name: str, error: BaseException | None) -> None:
+    def __init__(self, name: str, error: BaseException | None, by: TypedActor) -> None:
         self.name = name
         self.error = error
+        self.by = by
 
 
 class IoDone:
@@ -117,6 +119,12 @@ class IoDone:
         self.task = task
         self.cause = cause
         self.by = by
+
+
+def _refuse(letter: Any, why: str) -> None:
+    """Answer a pykka letter nobody will handle (if anyone waits on it) with ActorDeadError."""
+    if letter.reply_to is not None:
+        letter.reply_to.set_exception((pykka.ActorDeadError, pykka.ActorDeadError(why), None))
 
 
 async def _after(clock: Clock, delay: float, message: Any) -> Any:
@@ -179,6 +187,7 @@ class TypedActor(pykka.ThreadingActor):
         self._running_io = 0  # run_io tasks not yet handled as IoDone (actor thread only)
         self._held: dict[str, Envelope] = {}  # message id → envelope put aside with hold()
         self._released = False
+        self._put_back: set[str] = set()  # message ids its release put back (once each)
         #: Let go by a stop that gave up waiting for it (``retire``): the mailbox is its successor's.
         self._retired = False
         # The message whose handler runs now, what it sends (they go out when it returns),
@@ -277,10 +286,14 @@ class TypedActor(pykka.ThreadingActor):
         lock = self._owned_lock
         lock.acquire()  # not ``with``, which binds two methods of the lock: on every delivery's I/O
         try:
-            if self._released:  # this incarnation has ended; it starts nothing new
+            if self._released:  # this incarnation has ended (or was let go); it starts nothing new
                 coro.close()
                 if isinstance(owner, Envelope):
-                    self.runtime.inflight.done(owner.correlation_id)
+                    if self._retired and owner.message_id not in self._put_back:
+                        self._put_back.add(owner.message_id)  # for its successor, as at a release
+                        self.runtime.requeue(self.cell, owner)
+                    else:
+                        self.runtime.inflight.done(owner.correlation_id)
                 return None
             task = self.runtime.io.submit(coro, self._task_ended)
             self._owned[task] = owner
@@ -310,27 +323,35 @@ class TypedActor(pykka.ThreadingActor):
                 error = exc
             if owner is None:
                 return  # a timer: nothing to pass on
-            item = _TaskEnded(owner, error)
+            item = _TaskEnded(owner, error, self)
         try:
             self.cell.mailbox.put_priority(item)
         except MailboxClosed:
             if isinstance(owner, Envelope):
                 self.runtime.cut_short(owner, actor=self.name, detail="its I/O finished after it stopped")
 
-    def _release(self) -> None:
-        """The incarnation ends: cancel what it started and put its work back, in order."""
-        with self._owned_lock:
+    def _release(self, *, held: bool = True) -> None:
+        """The incarnation ends: cancel what it started and put its work back, in order.
+        Without ``held``, what it holds stays with it (its handler, still running, may
+        deal with it): for ``retire``, until it ends."""
+        work: dict[str, Envelope] = {}
+        again: list[Envelope] = []
+        with self._owned_lock:  # with ``_own``'s check: a cause is put back once
             self._released = True
             owned, self._owned = self._owned, {}
-            held, self._held = list(self._held.values()), {}
+            kept: list[Envelope] = []
+            if held:
+                kept, self._held = list(self._held.values()), {}
+            for cause in [c for c in owned.values() if isinstance(c, Envelope)] + kept:
+                if cause.message_id in work or cause.message_id in self._put_back:
+                    again.append(cause)  # of two tasks, of a task and a hold, or put back already
+                else:
+                    work[cause.message_id] = cause
+            self._put_back.update(work)
         for task in owned:
             task.cancel()
-        work: dict[str, Envelope] = {}
-        for cause in [c for c in owned.values() if isinstance(c, Envelope)] + held:
-            if cause.message_id in work:  # the cause of two tasks, or of a task and a hold:
-                self.runtime.inflight.done(cause.correlation_id)  # handled again once, so counted once
-            else:
-                work[cause.message_id] = cause
+        for cause in again:  # handled again once, so counted once
+            self.runtime.inflight.done(cause.correlation_id)
         for cause in reversed(work.values()):  # each keeps the in-flight count its task or hold took
             self.runtime.requeue(self.cell, cause)
 
@@ -378,8 +399,11 @@ class TypedActor(pykka.ThreadingActor):
         get: Callable[[], Any] = inbox.get if self.io_limit is not None else self.cell.mailbox.get
         handle, io_done, stopped = self._handle, self._io_done, self.actor_stopped
         while not stopped.is_set():
-            item = get()
             try:
+                if self._retired:  # let go (in its setup, or a letter): the mailbox is its successor's
+                    self._stop()
+                    break
+                item = get()
                 kind = type(item)
                 while kind is Envelope or kind is IoDone:
                     if kind is Envelope:
@@ -395,18 +419,16 @@ class TypedActor(pykka.ThreadingActor):
                     self._stop()
                     break
                 if kind is _TaskEnded:
+                    if item.by is not self:
+                        continue
                     why = f"{type(item.error).__name__}: {item.error}" if item.error else "it returned"
                     raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error
                 if kind is Addressed:
-                    if item.to is not inbox:  # a predecessor's stop, which gave up waiting for it
-                        item.letter.reply_to.set_exception(
-                            (pykka.ActorDeadError, pykka.ActorDeadError(f"{item.to} was let go"), None))
+                    if item.to is not inbox:  # a predecessor's stop (it was let go), or its own
+                        _refuse(item.letter, "the incarnation it was for was let go")
                         continue
                     item = item.letter
                 self._receive_letter(item)
-                if self._retired:
-                    self._stop()
-                    break
             except Exception:
                 self._handle_failure(*sys.exc_info())
                 try:
@@ -549,7 +571,8 @@ class TypedActor(pykka.ThreadingActor):
             pass
         error = exc or RuntimeError("unknown failure")
         if self._retired:  # its successor runs: only the message it failed on is dealt with
-            self.runtime.recover(self.cell, failing, error)
+            self._answer_stops()
+            self.cell.crashed_retired(failing, error)
         else:
             self.cell.crashed(failing, error)
 
@@ -570,19 +593,35 @@ class TypedActor(pykka.ThreadingActor):
             self.actor_stopped.set()
             pykka.ActorRegistry.unregister(self.actor_ref)
             self._release()
-            # Recorded before anyone waiting for this start is let go: they read why it failed.
-            self.cell.crashed(None, exc)
+            if self._retired:  # let go in its setup: its successor runs
+                self._answer_stops()
+            else:  # recorded before anyone waiting for this start is let go: they read why it failed
+                self.cell.crashed(None, exc)
         finally:
             self._ready.set()
 
     def retire(self) -> None:
         """A stop gave up waiting for this incarnation (its handler runs on past ``timeout``):
-        once the handler returns it stops, taking nothing more from the mailbox, which is its
-        successor's; its end, or its crash, is not the cell's."""
+        what it started is cancelled and its work goes back to the mailbox now, which is its
+        successor's (what it holds, once it ends: its handler may still deal with that; an
+        I/O the handler starts meanwhile puts its message back too). Once the handler
+        returns it stops, taking nothing more from the mailbox. Its end, or its crash, is not
+        the cell's."""
         self._retired = True
+        self._release(held=False)
+
+    def _answer_stops(self) -> None:
+        """A let-go incarnation has ended: its stop letters, still queued, are answered (it
+        has stopped) and taken out of the mailbox."""
+        inbox = self.actor_inbox
+        for item in self.cell.mailbox.withdraw(lambda item: type(item) is Addressed and item.to is inbox):
+            if item.letter.reply_to is not None:
+                item.letter.reply_to.set(None)
 
     def on_stop(self) -> None:
         self._release()
         self.teardown()
-        if not self.cell.stop_requested and not self._retired:
+        if self._retired:
+            self._answer_stops()
+        elif not self.cell.stop_requested:
             self.cell.exited_normally()  # it stopped itself: tell whoever supervises it

@@ -149,6 +149,17 @@ class Cell:
         self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=True,
                                                   failure=self.last_failure))
 
+    def crashed_retired(self, envelope: Envelope | None, error: BaseException) -> None:
+        """Called by an incarnation that a stop let go (``TypedActor.retire``), crashing once
+        back from its handler: its successor runs on, so only the message is dealt with, as
+        a crash's would be (retried under a supervisor, else a dead letter)."""
+        if envelope is None:
+            return
+        if self.supervisor is not None:
+            self.runtime.recover(self, envelope, error)
+        else:
+            _dead_letter_crashed(self, envelope, error)
+
     def exited_normally(self) -> None:
         """Called by an incarnation that stopped itself."""
         with self._lock:
@@ -234,8 +245,13 @@ def restart_and_dead_letter(cell: Cell, envelope: Envelope | None, error: BaseEx
         cell.stop(timeout=0)
         cell.runtime.close(cell)
         return
+    _dead_letter_crashed(cell, envelope, error)
+    cell.restart()
+
+
+def _dead_letter_crashed(cell: Cell, envelope: Envelope, error: BaseException) -> None:
+    """The message a crash was on goes to the dead-letter office (one that gave up is done)."""
     if isinstance(error, ActorGaveUp):
         cell.runtime.inflight.done(envelope.correlation_id)
     else:
         cell.runtime.dead_letter(envelope, "crash", actor=cell.name, error=error)
-    cell.restart()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pykka
 
 from autoresponse.actors.kernel._loop import EventLoopKind, EventLoopThread
-from autoresponse.actors.kernel._mailbox import Mailbox, MailboxClosed, OverflowPolicy
+from autoresponse.actors.kernel._mailbox import Addressed, Mailbox, MailboxClosed, OverflowPolicy
 from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.kernel.clock import Clock
@@ -208,6 +208,8 @@ class Runtime:
     def _discard(self, cell: Cell, item: Any) -> None:
         """``item`` was queued for ``cell`` (an envelope, an I/O completion, a task's end, or
         one of pykka's letters: its stop, a proxy call, an ``ask``)."""
+        if type(item) is Addressed:  # a stop, for one incarnation
+            item = item.letter
         if type(item) is Envelope:
             self.cut_short(item, actor=cell.name, detail="still queued")
         elif type(item) is IoDone:
