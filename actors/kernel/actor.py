@@ -394,7 +394,8 @@ class TypedActor(pykka.ThreadingActor):
     def _actor_loop_running(self) -> None:
         """pykka's loop, with the runtime's own items handed straight to their handlers: an
         envelope of work or an I/O completion costs no pykka letter and no stop check (only
-        a failure, or pykka's stop letter, ends an incarnation, and both are checked)."""
+        a failure, pykka's stop letter, or being let go ends an incarnation, and each is
+        checked: the last with one attribute a hop)."""
         inbox = self.actor_inbox
         get: Callable[[], Any] = inbox.get if self.io_limit is not None else self.cell.mailbox.get
         handle, io_done, stopped = self._handle, self._io_done, self.actor_stopped
@@ -424,7 +425,7 @@ class TypedActor(pykka.ThreadingActor):
                     why = f"{type(item.error).__name__}: {item.error}" if item.error else "it returned"
                     raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error
                 if kind is Addressed:
-                    if item.to is not inbox:  # a predecessor's stop (it was let go), or its own
+                    if item.to is not inbox:  # a stop for a predecessor (let go, or gone)
                         _refuse(item.letter, "the incarnation it was for was let go")
                         continue
                     item = item.letter
