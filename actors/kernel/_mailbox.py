@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import pykka
 from pykka.messages import _ActorStop as ActorStop  # pykka's stop letter (the kernel runs its loop)
 
 from autoresponse.actors.kernel.inflight import InFlight
@@ -218,6 +219,12 @@ class Addressed:
     def __init__(self, letter: Any, to: InboxView) -> None:
         self.letter = letter
         self.to = to
+
+
+def refuse(letter: Any, why: str) -> None:
+    """Answer a pykka letter nobody will handle, if anyone waits on it: ``ActorDeadError``."""
+    if letter.reply_to is not None:
+        letter.reply_to.set_exception((pykka.ActorDeadError, pykka.ActorDeadError(why), None))
 
 
 class InboxView:

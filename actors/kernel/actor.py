@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pykka
 
 from autoresponse.actors.kernel._loop import IoTask
-from autoresponse.actors.kernel._mailbox import CLOSED, Addressed, InboxView, MailboxClosed
+from autoresponse.actors.kernel._mailbox import CLOSED, Addressed, InboxView, MailboxClosed, refuse
 from autoresponse.messages.control import Crash
 from autoresponse.messages.envelope import Envelope, current_correlation
 
@@ -119,12 +119,6 @@ class IoDone:
         self.task = task
         self.cause = cause
         self.by = by
-
-
-def _refuse(letter: Any, why: str) -> None:
-    """Answer a pykka letter nobody will handle (if anyone waits on it) with ActorDeadError."""
-    if letter.reply_to is not None:
-        letter.reply_to.set_exception((pykka.ActorDeadError, pykka.ActorDeadError(why), None))
 
 
 async def _after(clock: Clock, delay: float, message: Any) -> Any:
@@ -426,7 +420,7 @@ class TypedActor(pykka.ThreadingActor):
                     raise TaskFailed(f"task {item.name!r} ended: {why}") from item.error
                 if kind is Addressed:
                     if item.to is not inbox:  # a stop for a predecessor (let go, or gone)
-                        _refuse(item.letter, "the incarnation it was for was let go")
+                        refuse(item.letter, "the incarnation it was for was let go")
                         continue
                     item = item.letter
                 self._receive_letter(item)

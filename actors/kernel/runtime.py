@@ -21,10 +21,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-import pykka
-
 from autoresponse.actors.kernel._loop import EventLoopKind, EventLoopThread
-from autoresponse.actors.kernel._mailbox import Addressed, Mailbox, MailboxClosed, OverflowPolicy
+from autoresponse.actors.kernel._mailbox import Addressed, Mailbox, MailboxClosed, OverflowPolicy, refuse
 from autoresponse.actors.kernel.actor import ActorGaveUp, IoDone, TypedActor
 from autoresponse.actors.kernel.cell import Cell, restart_and_dead_letter
 from autoresponse.actors.kernel.clock import Clock
@@ -214,10 +212,8 @@ class Runtime:
             self.cut_short(item, actor=cell.name, detail="still queued")
         elif type(item) is IoDone:
             self.cut_short(item.cause, actor=cell.name, detail="its I/O ended as the actor stopped")
-        elif getattr(item, "reply_to", None) is not None:  # someone waits on an ask: it fails
-            item.reply_to.set_exception(
-                exc_info=(pykka.ActorDeadError, pykka.ActorDeadError(f"{cell.name} stopped"), None)
-            )
+        elif hasattr(item, "reply_to"):  # one of pykka's letters: whoever waits on it is told
+            refuse(item, f"{cell.name} stopped")
 
     def __enter__(self) -> Runtime:
         return self.start() if self._state == "new" else self
