@@ -78,6 +78,26 @@ async def test_a_server_that_never_answers_is_a_timeout_not_a_hang(fake_llm: Fak
     assert len(fake_llm.requests) == 2
 
 
+async def test_a_connection_closed_before_any_answer_is_sent_again_at_once(fake_llm: FakeLLMServer) -> None:
+    """A kept-alive connection the server had just closed (llama.cpp's closes one after each
+    stream) is not the server's absence: the request goes again on a new connection, and
+    that costs none of the attempts."""
+    fake_llm.script(FakeResponse(drop=True), FakeResponse(content="on a new connection"))
+    async with engine_for(fake_llm, max_attempts=1) as engine:
+        assert await engine.complete(MESSAGES) == "on a new connection"
+    assert len(fake_llm.requests) == 2
+
+
+async def test_a_server_that_keeps_dropping_the_connection_is_reported_after_its_attempts(
+    fake_llm: FakeLLMServer,
+) -> None:
+    fake_llm.script(*[FakeResponse(drop=True)] * 6)
+    async with engine_for(fake_llm, max_attempts=2) as engine:
+        with pytest.raises(LLMError, match="cannot reach the LLM"):
+            await engine.complete(MESSAGES)
+    assert len(fake_llm.requests) == 3  # two attempts, and one resend at once, not more
+
+
 async def test_an_unreachable_server_is_retried_then_reported() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from autoresponse import Application
-from autoresponse.actors.routes import DISPATCHER, executor
-from autoresponse.messages import ActionRequest, LLMReply
+from autoresponse.actors.routes import DISPATCHER, LLM, executor
+from autoresponse.messages import ActionRequest, LLMReply, UserRequest
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.testing.llama_server import MODEL_NAME, QUESTIONS, LlamaServer, binary, find_model
 
@@ -108,6 +108,7 @@ def test_six_users_get_answers_from_a_real_small_model(
         allowed=["echo"],
     )
     replies, commands = app.runtime.probe(DISPATCHER), app.runtime.probe(executor("terminal"))
+    requests = app.runtime.probe(LLM)  # each chat's correlations, answered or not
     started = time.monotonic()
     asked = {user: fake_telegram.push_text(question, chat_id=user, user_id=user)
              for user, question in zip(USERS, QUESTIONS, strict=True)}
@@ -135,9 +136,8 @@ def test_six_users_get_answers_from_a_real_small_model(
                              f"usage={usage}]: {reply.text[:400]!r}"
                              + (f" tool_calls={[(c.name, c.arguments[:200]) for c in reply.tool_calls]}"
                                 if reply.tool_calls else ""))
-        correlations = {e.correlation_id for e in replies.envelopes
-                        if isinstance(e.body, LLMReply) and e.body.prompt.original_context is not None
-                        and e.body.prompt.original_context.chat_id == user}
+        correlations = {e.correlation_id for e in requests.envelopes
+                        if isinstance(e.body, UserRequest) and e.body.context.chat_id == user}
         for correlation in sorted(correlations):
             hops = [f"{h['actor']}:{h['type']}" + (f"({h['outcome']})" if h.get("outcome") not in (None, "ok") else "")
                     + (f"{h['notes']}" if h.get("notes") else "") for h in app.runtime.trace(correlation)]
@@ -149,7 +149,8 @@ def test_six_users_get_answers_from_a_real_small_model(
 
     stories = "\n".join(story(user) for user in USERS)
     summary = (f"{len(answered_at)}/{len(USERS)} answered in {elapsed:.0f}s; n_ctx {n_ctx}; "
-               f"commands the model chose: {chosen!r}; processes started: {processes!r}\n{stories}")
+               f"commands the model chose: {chosen!r}; processes started: {processes!r}\n{stories}\n"
+               f"llama-server's log, its failures:\n" + "\n".join(llama.errors()))
 
     # Every user gets an answer, in time.
     assert len(answered_at) == len(USERS), summary

@@ -556,3 +556,52 @@ def test_an_enforced_answer_that_loops_to_its_limit_gets_one_short_plain_try(
     first, second = fake_llm.requests
     assert "response_format" in first.body and "response_format" not in second.body
     assert second.body["max_tokens"] == 300
+
+
+#: What llama.cpp's server says when the grammar it built from a schema or the tools
+#: breaks on a token the model wrote (it ends that request; the next may not break).
+GRAMMAR_BROKE = 'got exception: Unexpected empty grammar stack after accepting piece: ."}]} (1025)'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("protocol", ["json_schema", "tools"])
+def test_a_grammar_that_breaks_mid_answer_gets_the_turn_asked_once_as_json_in_text(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, protocol: str, stream: bool
+) -> None:
+    """The server's enforcement of the format fails on one answer: that turn is asked once
+    more without it (not the same request again), the user gets the answer, and the
+    engine goes on speaking its protocol."""
+    broke = (FakeResponse(content=json.dumps({"actions": [say("The sky is")]}), stream_error=GRAMMAR_BROKE)
+             if stream else FakeResponse(status=500, body=json.dumps(
+                 {"error": {"code": 500, "message": GRAMMAR_BROKE, "type": "server_error"}})))
+    fake_llm.script(broke, actions(say("The sky is blue.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"protocol": protocol, "stream": stream})
+    assert [m.text for m in replies(app, "what colour is the sky?", manual_clock) if not m.preview] == [
+        "The sky is blue."]
+    first, second = fake_llm.requests
+    constrained = "response_format" if protocol == "json_schema" else "tools"
+    assert constrained in first.body
+    assert "response_format" not in second.body and "tools" not in second.body
+    assert '"actions"' in second.messages[0]["content"]  # asked for JSON in words instead
+    # Not learnt: the next turn is asked with the grammar again.
+    replies(app, "and the grass?", manual_clock)
+    assert constrained in fake_llm.requests[-1].body
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_an_error_event_in_a_stream_is_the_servers_own_words_and_retried_like_its_status(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A stream the server ends with an error event is a failure that says what the server
+    said (not 'the stream ended'); a 5xx is retried as such, here until it gives up."""
+    failing = FakeResponse(content=json.dumps({"actions": [say("half")]}), stream_error="the slot crashed")
+    fake_llm.script(failing, failing, failing)
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock,
+                   llm={"protocol": "json_schema", "stream": True, "max_attempts": 3})
+    sent = replies(app, "hello", manual_clock)
+    assert [m.notice for m in sent if not m.preview] == [True]
+    assert len(fake_llm.requests) == 3
+    assert all("response_format" in r.body for r in fake_llm.requests)  # not a grammar: asked as it was
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "llm unavailable" and "the slot crashed" in letter.detail
+    assert "in its stream" in letter.detail

@@ -17,16 +17,20 @@ from autoresponse.messages import PromptRequest, ToolCall, Usage
 
 class LLMError(Exception):
     """The LLM could not answer. ``status`` is the HTTP status when there was one;
-    ``context_exceeded`` says the request did not fit the model's context window."""
+    ``context_exceeded`` says the request did not fit the model's context window;
+    ``constraint_failed`` says the server's own enforcement of the answer's format (the
+    grammar it built from the schema or the tools) broke while the model wrote, so the
+    same request would break the same way, and asked without it, it may not."""
 
     def __init__(self, message: str, *, status: int | None = None,
                  retry_after: float | None = None, retryable: bool = False,
-                 context_exceeded: bool = False) -> None:
+                 context_exceeded: bool = False, constraint_failed: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
         self.retryable = retryable
         self.context_exceeded = context_exceeded
+        self.constraint_failed = constraint_failed
 
 
 @dataclass(frozen=True)

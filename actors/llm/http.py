@@ -18,7 +18,11 @@ finish reason come back with every answer.
 
 Retries 408, 409, 429, 5xx, timeouts and connection errors a bounded number of
 times, waiting as ``Retry-After`` says when the server says; never retries
-other 4xx, nor a 429 that reports an exhausted quota.
+other 4xx, nor a 429 that reports an exhausted quota. A connection that closes before
+any answer (a kept-alive one the server had just closed) is sent on again at once,
+once a call, without counting as an attempt. A 5xx (or an error event in
+a stream) saying the server's grammar broke while the model wrote is not retried as
+it was: that turn is asked once more as JSON in text.
 
 Every way a call can go wrong ends in an ``LLMError``: each attempt has a total
 timeout, the whole call a deadline, the body a size cap, and a body that is not
@@ -109,6 +113,13 @@ def split_credentials(base_url: str) -> tuple[str, str | None]:
         return base_url, None
     userinfo = f"{url.user or ''}:{url.password or ''}".encode()  # RFC 7617: UTF-8
     return str(url.with_user(None)), "Basic " + base64.b64encode(userinfo).decode("ascii")
+
+
+class _Unanswered(LLMError):
+    """The connection closed under a request before any answer came: most often a kept-alive
+    connection the server had just closed (llama.cpp's server closes one after each stream,
+    while saying keep-alive), reused before its close was seen. Sent again at once, on a new
+    connection, without counting as an attempt; once a call."""
 
 
 def _retry_wait(error: LLMError, attempt: int) -> float:
@@ -337,9 +348,10 @@ class HttpEngine:
         request fitted to the model's context window (one smaller try if the server
         still finds it too big)."""
         await self._discover()
-        shrunk = False
+        shrunk = loosened = False
         while True:
-            mode = self.mode
+            # Where the server's grammar broke, this call is asked once more as JSON in text.
+            mode: Protocol = "text" if loosened else self.mode
             budget = self.budget
             # A re-ask where a grammar holds the format goes without it, asked plainly.
             plain = mode == "json_schema" and prompt.reask > 0
@@ -373,6 +385,12 @@ class HttpEngine:
                 if exc.context_exceeded and not shrunk:
                     shrunk = True
                     self._too_big(str(exc))
+                    continue
+                if exc.constraint_failed and mode != "text" and not loosened:
+                    # Not learnt: the grammar holds for most answers, and broke on this one.
+                    loosened = True
+                    log.warning("the LLM server's %s grammar broke while the model wrote (%s); "
+                                "asking this turn once more as JSON in text", mode, str(exc)[:160])
                     continue
                 if not self._learn(exc, mode):
                     raise
@@ -491,6 +509,7 @@ class HttpEngine:
         assert self._slots is not None
         attempts = 0  # these two for the deadline's message
         last: LLMError | None = None
+        resent = False
         async with self._slots:
             try:
                 # The deadline cancels whatever is under way: an attempt or a wait.
@@ -499,6 +518,13 @@ class HttpEngine:
                         attempts += 1
                         try:
                             return await self._post(session, payload, watch)
+                        except _Unanswered as exc:
+                            last = exc
+                            if not resent:  # a stale connection: at once, on a new one
+                                resent, attempts = True, attempts - 1
+                                continue
+                            if attempts >= self.max_attempts:
+                                raise
                         except LLMError as exc:
                             if not exc.retryable or attempts >= self.max_attempts:
                                 raise
@@ -524,8 +550,10 @@ class HttpEngine:
 
     async def _post(self, session: aiohttp.ClientSession, payload: bytes,
                     on_text: Callable[[str], None] | None = None) -> Completion:
+        answered = False
         try:
             async with session.post(self.url, data=payload) as resp:
+                answered = True
                 if resp.status == 200 and resp.content_type == "text/event-stream":
                     return await self._streamed(resp, on_text)
                 raw = await self._read(resp)
@@ -538,7 +566,11 @@ class HttpEngine:
             raise LLMError(f"LLM request timed out ({self._timeouts_text})",
                            retryable=True) from exc
         except aiohttp.ClientError as exc:
-            raise LLMError(f"cannot reach the LLM at {self.url}: {exc}", retryable=True) from exc
+            # A connection made now and refused is the server's absence, not a stale connection.
+            unanswered = (not answered and isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+                          and not isinstance(exc, aiohttp.ClientConnectorError))
+            raise (_Unanswered if unanswered else LLMError)(f"cannot reach the LLM at {self.url}: {exc}",
+                                                            retryable=True) from exc
         return self._content(raw, encoding)
 
     async def _streamed(self, resp: aiohttp.ClientResponse,
@@ -568,9 +600,14 @@ class HttpEngine:
                 chunk = json.loads(data)
                 if not isinstance(chunk, dict):
                     raise TypeError("a chunk is not an object")
-                grew = stream.take(chunk)
+                error = chunk.get("error")
+                grew = False if error is not None else stream.take(chunk)
             except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
                 raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
+            if error is not None:  # the server failed part way (llama.cpp ends the stream here)
+                code = error.get("code") if isinstance(error, dict) else None
+                status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+                raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
             finished = finished or stream.finish_reason is not None
             if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
                 seen = clock()
@@ -626,17 +663,22 @@ class HttpEngine:
                           finish_reason=choice.get("finish_reason"), model=str(data.get("model") or ""))
 
     @staticmethod
-    def _http_error(status: int, retry_after_header: str | None, text: str) -> LLMError:
+    def _http_error(status: int, retry_after_header: str | None, text: str, *, streamed: bool = False) -> LLMError:
+        """What an error status (or an error event in a stream) says: whether to retry,
+        and whether the request did not fit or its grammar broke."""
         retry_after = parse_retry_after(retry_after_header)
         quota = status == 429 and "insufficient_quota" in text
-        retryable = (status in RETRY_STATUSES or status >= 500) and not quota
+        lower = text.lower()
+        # llama.cpp: "got exception: Unexpected empty grammar stack after accepting piece".
+        grammar_broke = status >= 500 and "grammar" in lower
+        retryable = (status in RETRY_STATUSES or status >= 500) and not quota and not grammar_broke
         if retry_after is not None and retry_after > LLM_MAX_RETRY_AFTER_SECONDS:
             retryable = False
         what = "quota exhausted" if quota else f"HTTP {status}"
-        lower = text.lower()
         exceeded = status == 400 and "context" in lower and any(w in lower for w in _CONTEXT_WORDS[1:])
-        return LLMError(f"LLM answered {what}: {text[:200]}", status=status,
-                        retry_after=retry_after, retryable=retryable, context_exceeded=exceeded)
+        return LLMError(f"LLM answered {what}{' in its stream' if streamed else ''}: {text[:200]}", status=status,
+                        retry_after=retry_after, retryable=retryable, context_exceeded=exceeded,
+                        constraint_failed=grammar_broke)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -46,13 +46,15 @@ class FakeResponse:
 
     The body served is ``raw`` bytes verbatim if given, else ``body`` text, else a
     completion of ``content`` (an error object for a status other than 200).
-    ``hang`` never answers (until the server stops). ``chunked`` streams the body
+    ``hang`` never answers (until the server stops); ``drop`` closes the connection
+    without an answer, as a server does with a kept-alive connection it has just closed. ``chunked`` streams the body
     in chunks without a Content-Length; ``drip`` sends the headers, then the body
     one byte every ``drip`` seconds (a server that is slow but never silent).
 
     A request that asks to ``stream`` gets the reply as server-sent events, as
     OpenAI streams it: ``piece`` characters a delta, one every ``every`` seconds;
-    ``unfinished`` cuts the stream off half way.
+    ``unfinished`` cuts the stream off half way, and ``stream_error`` ends it there
+    with an error event saying so (llama.cpp's ``data: {"error": ...}``, code 500).
     """
 
     status: int = 200
@@ -62,11 +64,13 @@ class FakeResponse:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     hang: bool = False
+    drop: bool = False
     chunked: bool = False
     drip: float | None = None
     piece: int = 16
     every: float = 0.0
     unfinished: bool = False
+    stream_error: str | None = None
     #: Native tool calls, as (name, arguments) pairs: the arguments an object or raw text.
     tool_calls: tuple[tuple[str, Any], ...] | None = None
     #: Sent in the message's ``reasoning_content`` (and streamed as reasoning deltas).
@@ -226,6 +230,9 @@ class FakeLLMServer(LoopbackServer):
         if scripted is not None and scripted.hang:
             await self.stopping.wait()
             raise web.HTTPServiceUnavailable()
+        if scripted is not None and scripted.drop and request.transport is not None:
+            request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         delay = scripted.delay if scripted is not None else self.delay
         if delay:
             await asyncio.sleep(delay)
@@ -249,7 +256,7 @@ class FakeLLMServer(LoopbackServer):
         response = web.StreamResponse(status=200, headers={"Cache-Control": "no-cache"})
         response.content_type = "text/event-stream"
         await response.prepare(request)
-        if scripted.unfinished:
+        if scripted.unfinished or scripted.stream_error is not None:
             content = content[:len(content) // 2]
         deltas: list[dict[str, Any]] = []
         if scripted.reasoning:
@@ -268,7 +275,10 @@ class FakeLLMServer(LoopbackServer):
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 if scripted.every and await self._stopped_within(scripted.every):
                     return response
-            if not scripted.unfinished:
+            if scripted.stream_error is not None:
+                error = {"error": {"code": 500, "message": scripted.stream_error, "type": "server_error"}}
+                await response.write(f"data: {json.dumps(error)}\n\n".encode())
+            elif not scripted.unfinished:
                 reason = "tool_calls" if calls else scripted.finish_reason
                 await response.write(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {}, 'finish_reason': reason}]})}\n\n".encode())
                 if (body.get("stream_options") or {}).get("include_usage"):

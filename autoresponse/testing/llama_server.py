@@ -244,6 +244,12 @@ class LlamaServer:
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
+    def errors(self, most: int = 40) -> list[str]:
+        """The last ``most`` log lines that tell of a failure: an error, or a request the
+        server answered with a 4xx or 5xx status."""
+        pattern = re.compile(r"error|exception|failed|abort|request: \S+ \S+ \S+ [45]\d\d", re.IGNORECASE)
+        return [line for line in self.log().splitlines() if pattern.search(line)][-most:]
+
     def context_errors(self) -> list[str]:
         """The log lines of requests that did not fit: refused as too big, or a cache that ran out."""
         pattern = re.compile(r"exceeds the available context size|larger than the max context size|"
