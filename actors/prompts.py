@@ -405,9 +405,20 @@ def _render_turn(turn: Turn, protocol: Protocol) -> dict[str, Any]:
             return {"role": "assistant", "content": turn.content or None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in turn.tool_calls]}
-        actions = [{"type": c.name, "payload": c.arguments} for c in turn.tool_calls]
+        actions = [{"type": c.name, "payload": _payload(c.arguments)} for c in turn.tool_calls]
         return {"role": "assistant", "content": json.dumps({"actions": actions}, ensure_ascii=False)}
     return {"role": turn.role, "content": turn.content}
+
+
+def _payload(arguments: str) -> Any:
+    """A tool call's arguments as an action's payload in text: the object they encode (a
+    model copies the shape it is shown, and a payload as a string is rejected), else the
+    text as it came."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -> list[dict[str, Any]]:

@@ -23,9 +23,11 @@ from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.interfaces.console import Console
-from autoresponse.messages import OutboundMessage
+from autoresponse.actors.prompts import build_chat_request
+from autoresponse.messages import OriginalContext, OutboundMessage
 
 MESSAGES = [{"role": "user", "content": "hello"}]
+CONSOLE = OriginalContext(interface_name="console", chat_id="console", user_id="me")
 
 
 def engine_for(server: FakeLLMServer, **kwargs: object) -> HttpEngine:
@@ -78,24 +80,28 @@ async def test_a_server_that_never_answers_is_a_timeout_not_a_hang(fake_llm: Fak
     assert len(fake_llm.requests) == 2
 
 
-async def test_a_connection_closed_before_any_answer_is_sent_again_at_once(fake_llm: FakeLLMServer) -> None:
-    """A kept-alive connection the server had just closed (llama.cpp's closes one after each
-    stream) is not the server's absence: the request goes again on a new connection, and
-    that costs none of the attempts."""
-    fake_llm.script(FakeResponse(drop=True), FakeResponse(content="on a new connection"))
-    async with engine_for(fake_llm, max_attempts=1) as engine:
-        assert await engine.complete(MESSAGES) == "on a new connection"
-    assert len(fake_llm.requests) == 2
-
-
-async def test_a_server_that_keeps_dropping_the_connection_is_reported_after_its_attempts(
+async def test_kept_alive_connections_closed_under_a_request_are_passed_over_at_once(
     fake_llm: FakeLLMServer,
 ) -> None:
-    fake_llm.script(*[FakeResponse(drop=True)] * 6)
+    """A pooled connection the server had just closed (llama.cpp's closes one after each
+    stream) is not the server's absence: the request goes on the next one at once, and
+    then on a new one, and none of that costs an attempt."""
+    async with engine_for(fake_llm, max_attempts=1) as engine:
+        await asyncio.gather(*(engine.complete(MESSAGES) for _ in range(3)))  # three connections kept
+        fake_llm.script(*[FakeResponse(drop=True)] * 3, FakeResponse(content="on a new connection"))
+        assert await engine.complete(MESSAGES) == "on a new connection"
+    assert len(fake_llm.requests) == 3 + 4
+
+
+async def test_a_new_connection_closed_without_an_answer_is_an_attempt(fake_llm: FakeLLMServer) -> None:
+    """Only a reused connection can be stale: a server that drops every request gets one
+    pass over the connection kept, then its attempts, and the call fails in bounded tries."""
+    fake_llm.script(FakeResponse(content="first"), *[FakeResponse(drop=True)] * 6)
     async with engine_for(fake_llm, max_attempts=2) as engine:
+        assert await engine.complete(MESSAGES) == "first"
         with pytest.raises(LLMError, match="cannot reach the LLM"):
             await engine.complete(MESSAGES)
-    assert len(fake_llm.requests) == 3  # two attempts, and one resend at once, not more
+    assert len(fake_llm.requests) == 1 + 3  # the kept connection, then two attempts on new ones
 
 
 async def test_an_unreachable_server_is_retried_then_reported() -> None:
@@ -228,6 +234,62 @@ async def test_the_deadline_bounds_the_waits_between_attempts(fake_llm: FakeLLMS
             await asyncio.wait_for(engine.complete(MESSAGES), 30)
         assert time.monotonic() - started < 10
     assert len(fake_llm.requests) == 1
+
+
+async def test_a_turn_asked_again_shares_its_deadline_and_says_why_it_was_asked_again(
+    fake_llm: FakeLLMServer,
+) -> None:
+    """A grammar that breaks late, then a server that hangs: the turn still ends at its one
+    deadline (not a second deadline for the second call), and its error says both."""
+    fake_llm.script(FakeResponse(delay=1.6, status=500, body='{"error": {"message": "got exception: '
+                                 'Unexpected empty grammar stack after accepting piece"}}'),
+                    FakeResponse(hang=True))
+    prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+    async with engine_for(fake_llm, read_timeout=30.0, request_timeout=30.0, deadline=2.0,
+                          protocol="json_schema") as engine:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match=r"2s deadline .*asked again after: .*grammar") as caught:
+            await asyncio.wait_for(engine.answer(prompt), 30)
+        elapsed = time.monotonic() - started
+    assert not caught.value.constraint_failed  # the turn failed by its deadline, not its grammar
+    assert [("response_format" in r.body) for r in fake_llm.requests] == [True, False]
+    # Its own deadline would have run to 3.6 s; the turn's ends at 2 s (and a loaded machine's lag).
+    assert elapsed < 3.2
+
+
+@pytest.mark.parametrize("status", [500, 503])
+async def test_a_5xx_naming_a_grammar_is_retried_as_such_when_the_request_had_none(
+    fake_llm: FakeLLMServer, status: int,
+) -> None:
+    """Only a request that carried a grammar can have broken one: any other 5xx that says
+    the word (a proxy's page) is retried like every 5xx."""
+    fake_llm.script(FakeResponse(status=status, body="upstream grammar-service unavailable"),
+                    FakeResponse(content="recovered"))
+    async with engine_for(fake_llm) as engine:
+        assert await engine.complete(MESSAGES) == "recovered"
+    assert len(fake_llm.requests) == 2
+
+
+async def test_an_error_event_in_a_stream_is_never_learnt_as_a_refusal(fake_llm: FakeLLMServer) -> None:
+    """A 400 in the middle of a stream is a failure of that answer: the server had taken
+    the request, so the engine does not step its protocol down for it."""
+    fake_llm.script(FakeResponse(content="x" * 40, stream_error_code=400,
+                                 stream_error="Failed to parse tool call arguments"),
+                    FakeResponse(content="{}"))
+    prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+    async with engine_for(fake_llm, stream=True, protocol="auto") as engine:
+        with pytest.raises(LLMError, match="in its stream: .*Failed to parse tool call") as caught:
+            await engine.answer(prompt, lambda text: None)
+        assert caught.value.status == 400
+        assert engine.mode == "tools" and engine.refused == set()
+    assert len(fake_llm.requests) == 1
+
+
+async def test_a_stream_line_longer_than_aiohttp_reads_is_a_malformed_stream(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(content="x" * 700_000, piece=700_000))  # one delta, one line of 700 kB
+    async with engine_for(fake_llm, stream=True, max_attempts=1) as engine:
+        with pytest.raises(LLMError, match="malformed LLM stream: a line too long"):
+            await engine.chat({"messages": MESSAGES}, lambda text: None)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

@@ -25,7 +25,7 @@ from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import executor, sender
-from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.messages import OriginalContext, OutboundMessage, ToolCall, Turn
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 
 MakeApp = Callable[..., Application]
@@ -605,3 +605,17 @@ def test_an_error_event_in_a_stream_is_the_servers_own_words_and_retried_like_it
     [letter] = app.runtime.dead_letters.letters()
     assert letter.reason == "llm unavailable" and "the slot crashed" in letter.detail
     assert "in its stream" in letter.detail
+
+
+def test_earlier_tool_calls_shown_as_json_in_text_carry_their_payload_as_an_object() -> None:
+    """A tools turn asked again as JSON in text shows the calls made before as actions the
+    extractor would take: a payload that is an object, not its JSON as a string."""
+    ctx = OriginalContext(interface_name="console", chat_id="console", user_id="me")
+    turns = (Turn(role="user", content="run it"),
+             Turn(role="assistant", content="", tool_calls=(
+                 ToolCall(id="c1", name="terminal", arguments='{"command": "echo hi"}'),
+                 ToolCall(id="c2", name="terminal", arguments="not json"))))
+    prompt = build_chat_request("and now?", ctx, allowed_actions=["terminal", "message_console"], turns=turns)
+    shown = json.loads(render_openai_messages(prompt, "text")[2]["content"])
+    assert shown["actions"] == [{"type": "terminal", "payload": {"command": "echo hi"}},
+                                {"type": "terminal", "payload": "not json"}]

@@ -18,11 +18,12 @@ finish reason come back with every answer.
 
 Retries 408, 409, 429, 5xx, timeouts and connection errors a bounded number of
 times, waiting as ``Retry-After`` says when the server says; never retries
-other 4xx, nor a 429 that reports an exhausted quota. A connection that closes before
-any answer (a kept-alive one the server had just closed) is sent on again at once,
-once a call, without counting as an attempt. A 5xx (or an error event in
-a stream) saying the server's grammar broke while the model wrote is not retried as
-it was: that turn is asked once more as JSON in text.
+other 4xx, nor a 429 that reports an exhausted quota. A kept-alive connection that
+closes under a request before any answer (the server had just closed it) is passed
+over at once, without counting as an attempt. Where a request carried a grammar (a
+response format, tools), a 5xx or an error event in the stream saying it broke while
+the model wrote is not retried as it was: that turn is asked once more as JSON in
+text. All the calls of one turn share its deadline.
 
 Every way a call can go wrong ends in an ``LLMError``: each attempt has a total
 timeout, the whole call a deadline, the body a size cap, and a body that is not
@@ -45,6 +46,7 @@ from typing import Any
 
 import aiohttp
 from pydantic import SecretStr
+from aiohttp.http_exceptions import LineTooLong
 from yarl import URL
 
 from autoresponse.actors.jsonbody import dump_json
@@ -116,10 +118,30 @@ def split_credentials(base_url: str) -> tuple[str, str | None]:
 
 
 class _Unanswered(LLMError):
-    """The connection closed under a request before any answer came: most often a kept-alive
-    connection the server had just closed (llama.cpp's server closes one after each stream,
-    while saying keep-alive), reused before its close was seen. Sent again at once, on a new
-    connection, without counting as an attempt; once a call."""
+    """A kept-alive connection closed under a request before any answer came: the server
+    had just closed it (llama.cpp's server closes one after each stream, while saying
+    keep-alive) and the pool handed it out before its close was seen. Sent again at once,
+    without counting as an attempt: each such connection is dropped as it fails, so the
+    pool runs out of them, and a new connection is not one of them."""
+
+
+class _FailedMidway(LLMError):
+    """The server took the request and failed while the model wrote: an error event in its
+    stream. Never a refusal of a feature, so never learnt as one."""
+
+
+async def _mark_reused(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
+    """A pooled connection carries the request whose ``trace_request_ctx`` this is."""
+    marks = context.trace_request_ctx
+    if isinstance(marks, dict):
+        marks["reused"] = True
+
+
+def _grammar_broke(exc: LLMError) -> bool:
+    """The server's grammar for the format broke while the model wrote: a 5xx or an error
+    event in the stream naming it (llama.cpp: 'Unexpected empty grammar stack after
+    accepting piece'). Asked the same way, the model would break it the same way."""
+    return "grammar" in str(exc).lower() and (isinstance(exc, _FailedMidway) or (exc.status or 0) >= 500)
 
 
 def _retry_wait(error: LLMError, attempt: int) -> float:
@@ -336,8 +358,10 @@ class HttpEngine:
             if self._authorization.get_secret_value():
                 headers["Authorization"] = self._authorization.get_secret_value()
             connector = aiohttp.TCPConnector(limit=self.max_in_flight)
+            reuse = aiohttp.TraceConfig()  # which requests a pooled connection carries (_Unanswered)
+            reuse.on_connection_reuseconn.append(_mark_reused)
             self._session = aiohttp.ClientSession(
-                headers=headers, timeout=self._timeout, connector=connector
+                headers=headers, timeout=self._timeout, connector=connector, trace_configs=[reuse]
             )
             self._slots = asyncio.Semaphore(self.max_in_flight)
         return self._session
@@ -346,9 +370,11 @@ class HttpEngine:
                      on_text: Callable[[str], None] | None = None) -> Completion:
         """The model's answer to ``prompt`` in the protocol this engine speaks now, the
         request fitted to the model's context window (one smaller try if the server
-        still finds it too big)."""
+        still finds it too big). Every call the turn makes shares one deadline."""
         await self._discover()
+        until = asyncio.get_running_loop().time() + self.deadline
         shrunk = loosened = False
+        asked_again: list[str] = []  # why, each time: for the error, if the turn fails after all
         while True:
             # Where the server's grammar broke, this call is asked once more as JSON in text.
             mode: Protocol = "text" if loosened else self.mode
@@ -373,27 +399,28 @@ class HttpEngine:
             if plain:
                 mode = "text"
             try:
-                completion = await self.chat(body, on_text, encoded=fixed)
+                completion = await self.chat(body, on_text, encoded=fixed, until=until)
                 if mode == "json_schema" and completion.finish_reason == "length" and not _complete_json(
                         completion.text):
                     # A small model can loop inside the enforced JSON until its limit: ask once
                     # more, shorter and unconstrained (without the response format); a plain
                     # answer is a reply too.
-                    completion = await self.chat(body, on_text, limit=LLM_SHORT_RETRY_TOKENS)
+                    completion = await self.chat(body, on_text, limit=LLM_SHORT_RETRY_TOKENS, until=until)
                     mode = "text"
             except LLMError as exc:
                 if exc.context_exceeded and not shrunk:
                     shrunk = True
                     self._too_big(str(exc))
-                    continue
-                if exc.constraint_failed and mode != "text" and not loosened:
+                elif exc.constraint_failed and mode != "text" and not loosened:
                     # Not learnt: the grammar holds for most answers, and broke on this one.
                     loosened = True
                     log.warning("the LLM server's %s grammar broke while the model wrote (%s); "
                                 "asking this turn once more as JSON in text", mode, str(exc)[:160])
-                    continue
-                if not self._learn(exc, mode):
+                elif not self._learn(exc, mode):
+                    if asked_again:
+                        exc.args = (f"{exc} (asked again after: {'; '.join(asked_again)})",)
                     raise
+                asked_again.append(str(exc)[:160])
                 continue
             return Completion(**{**completion.__dict__, "protocol": mode, "model": completion.model or self.model})
 
@@ -447,8 +474,8 @@ class HttpEngine:
 
     def _learn(self, exc: LLMError, mode: Protocol) -> bool:
         """A refusal of a feature this call used: note it, and say whether to ask again."""
-        if exc.status not in (400, 422):
-            return False
+        if exc.status not in (400, 422) or isinstance(exc, _FailedMidway):
+            return False  # a refusal comes before the answer, not in the middle of it
         text = str(exc).lower()
         if mode == "tools" and "tool_choice" in text and "tool_choice" not in self.refused:
             self.refused.add("tool_choice")
@@ -468,9 +495,10 @@ class HttpEngine:
         return (await self.chat({"messages": messages}, on_text)).text
 
     async def chat(self, body: dict[str, Any], on_text: Callable[[str], None] | None = None, *,
-                   limit: int | None = None, encoded: bytes = b"") -> Completion:
+                   limit: int | None = None, encoded: bytes = b"", until: float | None = None) -> Completion:
         """POST ``body`` (messages and protocol fields; the model, limits and stream are
-        added here) with retries under the deadline. With ``on_text`` (and ``stream`` on)
+        added here) with retries under the deadline (or until the loop's time ``until``,
+        when a turn of several calls shares one). With ``on_text`` (and ``stream`` on)
         the answer is streamed and ``on_text`` sees it grow. ``encoded`` holds members of
         the body already encoded as JSON (``"tools": [...]``), sent as they are."""
         watch = on_text if self.stream else None
@@ -493,14 +521,19 @@ class HttpEngine:
             if encoded:  # spliced in before the closing brace: ``sent`` is never empty
                 payload = b"%s,%s}" % (payload[:-1], encoded)
             try:
-                return await self._send(payload, watch)
+                return await self._send(payload, watch, constrained=bool(encoded) or "tools" in body
+                                        or "response_format" in body, until=until)
             except LLMError as exc:
-                if not (exc.status == 400 and self._refused_parameter(str(exc).lower())):
+                if isinstance(exc, _FailedMidway) or not (
+                        exc.status == 400 and self._refused_parameter(str(exc).lower())):
                     raise
 
-    async def _send(self, payload: bytes, watch: Callable[[str], None] | None) -> Completion:
+    async def _send(self, payload: bytes, watch: Callable[[str], None] | None, *,
+                    constrained: bool = False, until: float | None = None) -> Completion:
         """POST ``payload``, retrying what ``LLMError.retryable`` allows, at most
-        ``max_attempts`` times in all, every attempt and wait under the deadline.
+        ``max_attempts`` times in all, every attempt and wait under the deadline (or
+        ``until``). Where the request carries a grammar (``constrained``: a response
+        format, tools) and it broke, the error says so and is not retried as it was.
 
         A plain loop rather than tenacity's ``AsyncRetrying``, which was built and stepped
         through on every call: about 12 µs of the event loop's CPU per answer.
@@ -509,23 +542,22 @@ class HttpEngine:
         assert self._slots is not None
         attempts = 0  # these two for the deadline's message
         last: LLMError | None = None
-        resent = False
         async with self._slots:
             try:
                 # The deadline cancels whatever is under way: an attempt or a wait.
-                async with asyncio.timeout(self.deadline):
+                async with asyncio.timeout_at(until if until is not None
+                                              else asyncio.get_running_loop().time() + self.deadline):
                     while True:
                         attempts += 1
                         try:
                             return await self._post(session, payload, watch)
-                        except _Unanswered as exc:
-                            last = exc
-                            if not resent:  # a stale connection: at once, on a new one
-                                resent, attempts = True, attempts - 1
-                                continue
-                            if attempts >= self.max_attempts:
-                                raise
+                        except _Unanswered as exc:  # a stale pooled connection, now dropped
+                            last, attempts = exc, attempts - 1
+                            continue
                         except LLMError as exc:
+                            if constrained and _grammar_broke(exc):
+                                exc.constraint_failed, exc.retryable = True, False
+                                raise
                             if not exc.retryable or attempts >= self.max_attempts:
                                 raise
                             last = exc
@@ -550,9 +582,9 @@ class HttpEngine:
 
     async def _post(self, session: aiohttp.ClientSession, payload: bytes,
                     on_text: Callable[[str], None] | None = None) -> Completion:
-        answered = False
+        answered, connection = False, {"reused": False}
         try:
-            async with session.post(self.url, data=payload) as resp:
+            async with session.post(self.url, data=payload, trace_request_ctx=connection) as resp:
                 answered = True
                 if resp.status == 200 and resp.content_type == "text/event-stream":
                     return await self._streamed(resp, on_text)
@@ -566,11 +598,11 @@ class HttpEngine:
             raise LLMError(f"LLM request timed out ({self._timeouts_text})",
                            retryable=True) from exc
         except aiohttp.ClientError as exc:
-            # A connection made now and refused is the server's absence, not a stale connection.
-            unanswered = (not answered and isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
-                          and not isinstance(exc, aiohttp.ClientConnectorError))
-            raise (_Unanswered if unanswered else LLMError)(f"cannot reach the LLM at {self.url}: {exc}",
-                                                            retryable=True) from exc
+            # Only a reused connection can be stale; a new one that fails is the server's doing.
+            stale = (connection["reused"] and not answered
+                     and isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)))
+            raise (_Unanswered if stale else LLMError)(f"cannot reach the LLM at {self.url}: {exc}",
+                                                       retryable=True) from exc
         return self._content(raw, encoding)
 
     async def _streamed(self, resp: aiohttp.ClientResponse,
@@ -585,33 +617,36 @@ class HttpEngine:
         stream = _Stream()
         size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
         clock = asyncio.get_running_loop().time
-        async for raw_line in resp.content:
-            size += len(raw_line)
-            if size > self.max_response_bytes:
-                raise LLMError(f"LLM response is larger than {self.max_response_bytes} bytes")
-            line = raw_line.strip()
-            if not line.startswith(b"data:"):
-                continue  # comments, blank lines between events
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                finished = True
-                break
-            try:
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict):
-                    raise TypeError("a chunk is not an object")
-                error = chunk.get("error")
-                grew = False if error is not None else stream.take(chunk)
-            except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
-                raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
-            if error is not None:  # the server failed part way (llama.cpp ends the stream here)
-                code = error.get("code") if isinstance(error, dict) else None
-                status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-                raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
-            finished = finished or stream.finish_reason is not None
-            if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
-                seen = clock()
-                on_text(stream.partial())
+        try:
+            async for raw_line in resp.content:
+                size += len(raw_line)
+                if size > self.max_response_bytes:
+                    raise LLMError(f"LLM response is larger than {self.max_response_bytes} bytes")
+                line = raw_line.strip()
+                if not line.startswith(b"data:"):
+                    continue  # comments, blank lines between events
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    finished = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                    if not isinstance(chunk, dict):
+                        raise TypeError("a chunk is not an object")
+                    error = chunk.get("error")
+                    grew = False if error is not None else stream.take(chunk)
+                except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
+                    raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
+                if error is not None:  # the server failed part way (llama.cpp ends the stream here)
+                    code = error.get("code") if isinstance(error, dict) else None
+                    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+                    raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
+                finished = finished or stream.finish_reason is not None
+                if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
+                    seen = clock()
+                    on_text(stream.partial())
+        except LineTooLong as exc:  # aiohttp's own bound on a line, which our size check never sees
+            raise LLMError("malformed LLM stream: a line too long to read") from exc
         if not finished:
             raise LLMError("the LLM's stream ended before the reply did", retryable=True)
         return stream.completion()
@@ -664,21 +699,19 @@ class HttpEngine:
 
     @staticmethod
     def _http_error(status: int, retry_after_header: str | None, text: str, *, streamed: bool = False) -> LLMError:
-        """What an error status (or an error event in a stream) says: whether to retry,
-        and whether the request did not fit or its grammar broke."""
+        """What an error status (or, ``streamed``, an error event in a stream) says: whether
+        to retry, and whether the request did not fit."""
         retry_after = parse_retry_after(retry_after_header)
         quota = status == 429 and "insufficient_quota" in text
-        lower = text.lower()
-        # llama.cpp: "got exception: Unexpected empty grammar stack after accepting piece".
-        grammar_broke = status >= 500 and "grammar" in lower
-        retryable = (status in RETRY_STATUSES or status >= 500) and not quota and not grammar_broke
+        retryable = (status in RETRY_STATUSES or status >= 500) and not quota
         if retry_after is not None and retry_after > LLM_MAX_RETRY_AFTER_SECONDS:
             retryable = False
         what = "quota exhausted" if quota else f"HTTP {status}"
+        lower = text.lower()
         exceeded = status == 400 and "context" in lower and any(w in lower for w in _CONTEXT_WORDS[1:])
-        return LLMError(f"LLM answered {what}{' in its stream' if streamed else ''}: {text[:200]}", status=status,
-                        retry_after=retry_after, retryable=retryable, context_exceeded=exceeded,
-                        constraint_failed=grammar_broke)
+        return (_FailedMidway if streamed else LLMError)(
+            f"LLM answered {what}{' in its stream' if streamed else ''}: {text[:200]}", status=status,
+            retry_after=retry_after, retryable=retryable, context_exceeded=exceeded)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -54,7 +54,8 @@ class FakeResponse:
     A request that asks to ``stream`` gets the reply as server-sent events, as
     OpenAI streams it: ``piece`` characters a delta, one every ``every`` seconds;
     ``unfinished`` cuts the stream off half way, and ``stream_error`` ends it there
-    with an error event saying so (llama.cpp's ``data: {"error": ...}``, code 500).
+    with an error event saying so (llama.cpp's ``data: {"error": ...}``, of
+    ``stream_error_code``).
     """
 
     status: int = 200
@@ -71,6 +72,7 @@ class FakeResponse:
     every: float = 0.0
     unfinished: bool = False
     stream_error: str | None = None
+    stream_error_code: int = 500
     #: Native tool calls, as (name, arguments) pairs: the arguments an object or raw text.
     tool_calls: tuple[tuple[str, Any], ...] | None = None
     #: Sent in the message's ``reasoning_content`` (and streamed as reasoning deltas).
@@ -276,7 +278,8 @@ class FakeLLMServer(LoopbackServer):
                 if scripted.every and await self._stopped_within(scripted.every):
                     return response
             if scripted.stream_error is not None:
-                error = {"error": {"code": 500, "message": scripted.stream_error, "type": "server_error"}}
+                error = {"error": {"code": scripted.stream_error_code, "message": scripted.stream_error,
+                                   "type": "server_error"}}
                 await response.write(f"data: {json.dumps(error)}\n\n".encode())
             elif not scripted.unfinished:
                 reason = "tool_calls" if calls else scripted.finish_reason
