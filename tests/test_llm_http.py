@@ -257,6 +257,45 @@ async def test_a_turn_asked_again_shares_its_deadline_and_says_why_it_was_asked_
     assert elapsed < 3.2
 
 
+async def test_finding_out_what_the_server_is_counts_against_the_turns_deadline(fake_llm: FakeLLMServer) -> None:
+    fake_llm.props_delay = 30.0  # past discovery's own 5 s bound, and the turn's
+    prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+    async with engine_for(fake_llm, deadline=1.0) as engine:
+        with pytest.raises(LLMError, match="1s deadline .*still finding out what the server is"):
+            await asyncio.wait_for(engine.answer(prompt), 30)
+    assert fake_llm.requests == []  # nothing was asked after its deadline
+
+
+async def test_a_call_waiting_for_a_free_slot_is_cut_off_by_its_deadline(fake_llm: FakeLLMServer) -> None:
+    """The wait for one of ``max_in_flight`` slots is part of the call: a call queued behind
+    a slow one ends at its own deadline, and says it never got to ask."""
+    fake_llm.script(FakeResponse(hang=True), FakeResponse(content="too late"))
+    async with engine_for(fake_llm, max_in_flight=1, deadline=5.0, read_timeout=30.0) as engine:
+        slow = asyncio.ensure_future(engine.complete(MESSAGES))
+        while not fake_llm.requests:  # the slow call holds the one slot
+            await asyncio.sleep(0.01)
+        with pytest.raises(LLMError, match="still waiting for one of the 1 calls in flight"):
+            await asyncio.wait_for(engine.chat({"messages": MESSAGES},
+                                               until=asyncio.get_running_loop().time() + 0.5), 30)
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+    assert len(fake_llm.requests) == 1
+
+
+@pytest.mark.parametrize("location", ["/v1/chat/completions", "http://127.0.0.1:9/v1/chat/completions"],
+                         ids=["itself", "a dead port"])
+async def test_a_redirect_is_a_clear_error_never_followed(fake_llm: FakeLLMServer, location: str) -> None:
+    """An LLM endpoint that redirects is a base URL to fix: said once, with where it leads,
+    never followed (a hop on a new connection would pass for a stale kept-alive one)."""
+    fake_llm.script(*[FakeResponse(status=307, headers={"Location": location})] * 3)
+    async with engine_for(fake_llm) as engine:
+        with pytest.raises(LLMError, match=r"HTTP 307: it redirects to .*point the base URL there") as caught:
+            await engine.complete(MESSAGES)
+    assert location in str(caught.value)
+    assert len(fake_llm.requests) == 1
+
+
 @pytest.mark.parametrize("status", [500, 503])
 async def test_a_5xx_naming_a_grammar_is_retried_as_such_when_the_request_had_none(
     fake_llm: FakeLLMServer, status: int,

@@ -23,7 +23,8 @@ closes under a request before any answer (the server had just closed it) is pass
 over at once, without counting as an attempt. Where a request carried a grammar (a
 response format, tools), a 5xx or an error event in the stream saying it broke while
 the model wrote is not retried as it was: that turn is asked once more as JSON in
-text. All the calls of one turn share its deadline.
+text. All the calls of one turn share its deadline. A redirect is not followed: it is
+an error that says where it leads.
 
 Every way a call can go wrong ends in an ``LLMError``: each attempt has a total
 timeout, the whole call a deadline, the body a size cap, and a body that is not
@@ -371,8 +372,13 @@ class HttpEngine:
         """The model's answer to ``prompt`` in the protocol this engine speaks now, the
         request fitted to the model's context window (one smaller try if the server
         still finds it too big). Every call the turn makes shares one deadline."""
-        await self._discover()
         until = asyncio.get_running_loop().time() + self.deadline
+        try:
+            async with asyncio.timeout_at(until):
+                await self._discover()
+        except TimeoutError as exc:
+            raise LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s deadline "
+                           f"(still finding out what the server is)") from exc
         shrunk = loosened = False
         asked_again: list[str] = []  # why, each time: for the error, if the turn fails after all
         while True:
@@ -542,11 +548,12 @@ class HttpEngine:
         assert self._slots is not None
         attempts = 0  # these two for the deadline's message
         last: LLMError | None = None
-        async with self._slots:
-            try:
-                # The deadline cancels whatever is under way: an attempt or a wait.
-                async with asyncio.timeout_at(until if until is not None
-                                              else asyncio.get_running_loop().time() + self.deadline):
+        try:
+            # The deadline cancels whatever is under way: the wait for a slot, an attempt,
+            # or a wait between attempts.
+            async with asyncio.timeout_at(until if until is not None
+                                          else asyncio.get_running_loop().time() + self.deadline):
+                async with self._slots:
                     while True:
                         attempts += 1
                         try:
@@ -562,8 +569,8 @@ class HttpEngine:
                                 raise
                             last = exc
                         await asyncio.sleep(_retry_wait(last, attempts))
-            except TimeoutError as exc:  # _post turns its own timeouts into LLMError
-                raise self._deadline_error(attempts, last) from exc
+        except TimeoutError as exc:  # _post turns its own timeouts into LLMError
+            raise self._deadline_error(attempts, last) from exc
 
     def _refused_parameter(self, text: str) -> bool:
         """A 400 naming ``max_tokens`` or ``stream_options``: ask the other way, once."""
@@ -576,6 +583,9 @@ class HttpEngine:
 
     def _deadline_error(self, attempts: int, last: LLMError | None) -> LLMError:
         """The deadline passed: say how many attempts were made and how the last one ended."""
+        if not attempts:
+            return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s deadline "
+                            f"(still waiting for one of the {self.max_in_flight} calls in flight to end)")
         because = f"; last error: {last}" if last is not None else ""
         return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s "
                         f"deadline ({attempts} attempt(s)){because}")
@@ -584,7 +594,10 @@ class HttpEngine:
                     on_text: Callable[[str], None] | None = None) -> Completion:
         answered, connection = False, {"reused": False}
         try:
-            async with session.post(self.url, data=payload, trace_request_ctx=connection) as resp:
+            # Never redirected: an answer at another address is a configuration to fix, and
+            # following it would mix the hops' connections (see _Unanswered).
+            async with session.post(self.url, data=payload, trace_request_ctx=connection,
+                                    allow_redirects=False) as resp:
                 answered = True
                 if resp.status == 200 and resp.content_type == "text/event-stream":
                     return await self._streamed(resp, on_text)
@@ -592,6 +605,9 @@ class HttpEngine:
                 if resp.status != 200:
                     # Only the start of an error body is shown; bad bytes are fine there.
                     text = raw.decode("utf-8", errors="replace")
+                    if 300 <= resp.status < 400:
+                        text = (f"it redirects to {resp.headers.get('Location', '?')[:200]!r}; point the "
+                                f"base URL there. {text}")
                     raise self._http_error(resp.status, resp.headers.get("Retry-After"), text)
                 encoding = resp.charset or "utf-8"  # JSON is UTF-8 unless the server says
         except asyncio.TimeoutError as exc:
@@ -600,7 +616,8 @@ class HttpEngine:
         except aiohttp.ClientError as exc:
             # Only a reused connection can be stale; a new one that fails is the server's doing.
             stale = (connection["reused"] and not answered
-                     and isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)))
+                     and isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+                     and not isinstance(exc, aiohttp.ClientConnectorError))
             raise (_Unanswered if stale else LLMError)(f"cannot reach the LLM at {self.url}: {exc}",
                                                        retryable=True) from exc
         return self._content(raw, encoding)

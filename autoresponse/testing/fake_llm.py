@@ -173,8 +173,10 @@ class FakeLLMServer(LoopbackServer):
         super().__init__(port=port, name="fake-llm")
         #: A context window in (estimated) tokens: a bigger request gets llama.cpp's 400.
         self.context = context
-        #: Served at GET /props, as llama.cpp's server describes itself (None: 404).
+        #: Served at GET /props, as llama.cpp's server describes itself (None: 404), after
+        #: ``props_delay`` seconds (a server slow to say what it is).
         self.props = props
+        self.props_delay = 0.0
         self.delay = delay
         #: The fraction of first answers (not re-asks) that add an invalid action.
         self.mistakes = mistakes
@@ -359,6 +361,8 @@ class FakeLLMServer(LoopbackServer):
         return True
 
     async def _props(self, request: web.Request) -> web.Response:
+        if self.props_delay and await self._stopped_within(self.props_delay):
+            raise web.HTTPServiceUnavailable()
         if self.props is None:
             raise web.HTTPNotFound()
         return web.json_response(self.props)
