@@ -24,13 +24,14 @@ class LLMError(Exception):
 
     def __init__(self, message: str, *, status: int | None = None,
                  retry_after: float | None = None, retryable: bool = False,
-                 context_exceeded: bool = False, constraint_failed: bool = False) -> None:
+                 context_exceeded: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after
         self.retryable = retryable
         self.context_exceeded = context_exceeded
-        self.constraint_failed = constraint_failed
+        #: Set by the engine that sent the grammar, which alone knows it did.
+        self.constraint_failed = False
 
 
 @dataclass(frozen=True)

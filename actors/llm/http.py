@@ -377,8 +377,7 @@ class HttpEngine:
             async with asyncio.timeout_at(until):
                 await self._discover()
         except TimeoutError as exc:
-            raise LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s deadline "
-                           f"(still finding out what the server is)") from exc
+            raise self._deadline_error(0, None, still="finding out what the server is") from exc
         shrunk = loosened = False
         asked_again: list[str] = []  # why, each time: for the error, if the turn fails after all
         while True:
@@ -570,7 +569,8 @@ class HttpEngine:
                             last = exc
                         await asyncio.sleep(_retry_wait(last, attempts))
         except TimeoutError as exc:  # _post turns its own timeouts into LLMError
-            raise self._deadline_error(attempts, last) from exc
+            raise self._deadline_error(attempts, last, still=None if attempts else
+                                       f"waiting for one of the {self.max_in_flight} calls in flight to end") from exc
 
     def _refused_parameter(self, text: str) -> bool:
         """A 400 naming ``max_tokens`` or ``stream_options``: ask the other way, once."""
@@ -581,14 +581,12 @@ class HttpEngine:
                 return True
         return False
 
-    def _deadline_error(self, attempts: int, last: LLMError | None) -> LLMError:
-        """The deadline passed: say how many attempts were made and how the last one ended."""
-        if not attempts:
-            return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s deadline "
-                            f"(still waiting for one of the {self.max_in_flight} calls in flight to end)")
+    def _deadline_error(self, attempts: int, last: LLMError | None, *, still: str | None = None) -> LLMError:
+        """The deadline passed: say what was ``still`` under way before any attempt, or how
+        many attempts were made and how the last one ended."""
         because = f"; last error: {last}" if last is not None else ""
-        return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s "
-                        f"deadline ({attempts} attempt(s)){because}")
+        where = f"still {still}" if still else f"{attempts} attempt(s)"
+        return LLMError(f"LLM request timed out: no answer within the {self.deadline:g}s deadline ({where}){because}")
 
     async def _post(self, session: aiohttp.ClientSession, payload: bytes,
                     on_text: Callable[[str], None] | None = None) -> Completion:

@@ -47,9 +47,10 @@ class FakeResponse:
     The body served is ``raw`` bytes verbatim if given, else ``body`` text, else a
     completion of ``content`` (an error object for a status other than 200).
     ``hang`` never answers (until the server stops); ``drop`` closes the connection
-    without an answer, as a server does with a kept-alive connection it has just closed. ``chunked`` streams the body
-    in chunks without a Content-Length; ``drip`` sends the headers, then the body
-    one byte every ``drip`` seconds (a server that is slow but never silent).
+    without an answer, as a server does with a kept-alive connection it has just
+    closed. ``chunked`` streams the body in chunks without a Content-Length; ``drip``
+    sends the headers, then the body one byte every ``drip`` seconds (a server that
+    is slow but never silent).
 
     A request that asks to ``stream`` gets the reply as server-sent events, as
     OpenAI streams it: ``piece`` characters a delta, one every ``every`` seconds;
