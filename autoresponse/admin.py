@@ -369,6 +369,8 @@ class AdminServer:
         correlation = request.match_info["correlation"]
         hops = await asyncio.to_thread(self.runtime.trace, correlation)
         if not hops:
+            if self.runtime.tracer is None:
+                return _error(404, f"no trace of {correlation!r}: this daemon records none (runtime.trace = false)")
             return _error(404, f"no trace of {correlation!r}: unknown, or older than what is kept")
         return web.json_response({"correlation_id": correlation, "hops": hops})
 
@@ -377,7 +379,7 @@ class AdminServer:
         tracer = self.runtime.tracer
         recent = tracer.correlations()[-50:] if tracer is not None else []
         return web.json_response({"in_flight": self.runtime.inflight.correlations()[:200],
-                                  "recent": list(reversed(recent))})
+                                  "recent": list(reversed(recent)), "traced": tracer is not None})
 
     async def _replay(self, request: web.Request) -> web.Response:
         try:

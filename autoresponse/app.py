@@ -165,6 +165,7 @@ class Application:
             max_open=settings.runtime.max_open,
             clock=clock if clock is not None else Clock(),
             event_loop=settings.runtime.event_loop,
+            trace=settings.runtime.trace,
         )
         self.engine = engine or make_engine(settings.llm, self.runtime.clock)
         #: Tokens used, per model, turn kind and chat (and each chat's daily budget).

@@ -261,7 +261,8 @@ def status(args: argparse.Namespace) -> int:
     core = data.get("cpu_core")
     view = Tree(f"autoresponse  in flight {data['in_flight']}  dead letters {data['dead_letters_total']}"
                 + "".join(f"  {k}={v}" for k, v in sorted(data["dead_letters"].items()))
-                + (f"  on core {core}" if core is not None else ""))
+                + (f"  on core {core}" if core is not None else "")
+                + ("" if data.get("traced", True) else "  untraced"))
     for name, failing in (data.get("failing") or {}).items():  # what fails comes first, in red
         view.add(f"[bold red]{escape(name)} is failing {escape(_failing_since(failing, now))}: "
                  f"{escape(failing['reason'])}[/]")

@@ -113,6 +113,10 @@ def setup(runtime: Runtime, settings: OtelSettings, environ: Mapping[str, str] =
     nothing of OpenTelemetry is imported."""
     if not wanted(settings, environ):
         return None
+    if runtime.tracer is None:  # asked for by the environment; the setting says otherwise
+        log.warning("OpenTelemetry is asked for, but runtime.trace = false: its spans are made "
+                    "from every hop's trace; running without it")
+        return None
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
         import opentelemetry.sdk.trace  # noqa: F401

@@ -131,20 +131,26 @@ def render_tree(status: Status, rates: Mapping[str, float]) -> str:
             '<th class="n">per s</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
 
 
-def _id_list(ids: list[str], empty: str) -> str:
+def _id_list(ids: list[str], empty: str, *, linked: bool = True) -> str:
     if not ids:
         return f'<p class="empty">{empty}</p>'
-    return '<ul class="ids">' + "".join(f"<li>{trace_link(i)}</li>" for i in ids) + "</ul>"
+    item = trace_link if linked else _plain_id
+    return '<ul class="ids">' + "".join(f"<li>{item(i)}</li>" for i in ids) + "</ul>"
 
 
-def render_requests(in_flight: list[str], recent: list[str]) -> str:
-    """``recent`` newest first; those still in flight are listed once, under in flight."""
+def _plain_id(correlation: str) -> str:
+    return f'<span class="id">{esc(correlation)}</span>'
+
+def render_requests(in_flight: list[str], recent: list[str], *, traced: bool = True) -> str:
+    """``recent`` newest first; those still in flight are listed once, under in flight.
+    Untraced (``runtime.trace = false``), no request has a trace to link to or list."""
     going = set(in_flight)
     done = [c for c in recent if c not in going][:REQUESTS_SHOWN]
     return (f"<h3>In flight ({len(in_flight)})</h3>"
-            + _id_list(in_flight[:REQUESTS_SHOWN], "Nothing in flight.")
-            + "<h3>Recent</h3>" + _id_list(done, "None traced yet."))
-
+            + _id_list(in_flight[:REQUESTS_SHOWN], "Nothing in flight.", linked=traced)
+            + "<h3>Recent</h3>"
+            + (_id_list(done, "None traced yet.") if traced
+               else '<p class="empty">Not traced: runtime.trace = false.</p>'))
 
 def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int]) -> str:
     """``letters`` newest first."""
@@ -164,7 +170,6 @@ def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int]) ->
     return (f'<p class="tally">{tally}</p><table><thead><tr><th class="n">#</th><th>when</th>'
             '<th>reason</th><th>actor</th><th>request</th><th></th></tr></thead>'
             '<tbody>' + "".join(rows) + "</tbody></table>")
-
 
 class Feed:
     """One page's view of the runtime: each call to ``changes`` is one push, holding only
@@ -189,13 +194,12 @@ class Feed:
         parts = {
             "summary": render_summary(status),
             "tree": render_tree(status, self.rates.update(status)),
-            "requests": render_requests(self.runtime.inflight.correlations(), recent),
+            "requests": render_requests(self.runtime.inflight.correlations(), recent, traced=tracer is not None),
             "deadletters": self._letters,
         }
         changed = {name: text for name, text in parts.items() if self._sent.get(name) != text}
         self._sent.update(changed)
         return changed
-
 
 class StatusPage:
     """The handlers of GET / and GET /events; ``close`` ends every event stream."""
@@ -254,7 +258,6 @@ class StatusPage:
         finally:
             self._streams -= 1
         return response
-
 
 PAGE = """<!doctype html>
 <html lang="en">

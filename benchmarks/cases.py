@@ -333,6 +333,8 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         # Like for like: both on one core. Beside it, raw pykka as the scheduler places it.
         "runtime_vs_same_work": best["runtime"].rate / best["raw pykka, same work, one core"].rate,
         "runtime_vs_same_work_every_core": best["runtime"].rate / best["raw pykka, same work"].rate,
+        # A daemon with runtime.trace = false: nothing recorded, as raw pykka records nothing.
+        "untraced_vs_same_work": best["runtime, no trace"].rate / best["raw pykka, same work, one core"].rate,
         "one_core_vs_every_core": best["runtime"].rate / best["runtime, every core"].rate,
         "runtime_vs_tuples": best["runtime"].rate / best["raw pykka, tuples"].rate,
         "journal_vs_none": best["runtime + journal"].rate / best["runtime"].rate,

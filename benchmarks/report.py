@@ -53,13 +53,20 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
         runs = c["runs"]
         ratio, cpu = c["runtime_vs_same_work"], c["cpu_us_per_delivery"]
         same_core, every = runs["raw pykka, same work, one core"], runs["runtime, every core"]
-        out.append(("1. in process, offline engine: the runtime against raw pykka doing the same work, "
-                    "both on one core as a daemon runs",
+        out.append(("1. in process, offline engine: the runtime as a daemon runs by default (every hop of every "
+                    "request traced) against raw pykka doing the same work (tracing none), both on one core",
                     f"{runs['runtime']['per_second']:,.0f} vs {same_core['per_second']:,.0f} deliveries/s: "
                     f"**{ratio:.2f}** (raw pykka left on every core: "
                     f"{runs['raw pykka, same work']['per_second']:,.0f}/s, "
                     f"{c['runtime_vs_same_work_every_core']:.2f})",
                     f"≥ 1.0: {_verdict(ratio >= 1.0)}"))
+        untraced = c.get("untraced_vs_same_work",
+                         runs["runtime, no trace"]["per_second"] / same_core["per_second"])
+        out.append(("1. the same with `runtime.trace = false` (a daemon setting): no hop recorded, "
+                    "as raw pykka records none",
+                    f"{runs['runtime, no trace']['per_second']:,.0f} vs {same_core['per_second']:,.0f} deliveries/s: "
+                    f"**{untraced:.2f}**",
+                    f"≥ 1.0: {_verdict(untraced >= 1.0)}"))
         out.append(("1. what one core buys: the runtime left on every core",
                     f"{every['per_second']:,.0f}/s, {every['cpu_us_per_delivery']:.0f} µs of CPU per delivery: "
                     f"one core does **{c['one_core_vs_every_core']:.2f}×** its deliveries/s",

@@ -65,6 +65,8 @@ class Status(BaseModel):
     cluster: dict[str, Any] | None = None
     #: The one CPU core the process's threads run on (``runtime.cpu_core``); None: every core.
     cpu_core: int | None = None
+    #: Whether every hop of every request is recorded (``runtime.trace``).
+    traced: bool = True
     #: Sections the application reports: ``llm`` (each engine's protocol and circuit,
     #: tokens used by turn kind).
     reports: dict[str, Any] = Field(default_factory=dict)
@@ -127,6 +129,7 @@ def snapshot(runtime: Runtime, *, details: bool = True) -> Status:
         dead_letters_total=sum(counts.values()),
         cluster=_cluster(runtime) if details else None,
         cpu_core=pinned_core(),
+        traced=runtime.tracer is not None,
         reports=_reports(runtime) if details else {},
     )
 

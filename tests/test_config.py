@@ -332,3 +332,9 @@ def test_a_directory_where_the_journal_goes_is_refused(tmp_path: Path) -> None:
                                           r"cannot be used: it is a directory$"):
         Settings.load(data_dir=tmp_path, journal={"path": tmp_path / "j"}).check_data_dir()
     assert Settings.load(data_dir=tmp_path, journal={"enabled": False}).check_data_dir() == tmp_path
+
+
+def test_spans_asked_for_without_the_trace_they_are_made_from_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"otel\.enabled = true needs runtime\.trace = true"):
+        Settings.load(otel={"enabled": True}, runtime={"trace": False})
+    assert Settings.load(runtime={"trace": False}).runtime.trace is False  # off alone is fine

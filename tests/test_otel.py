@@ -280,3 +280,16 @@ async def test_an_llm_call_that_raises_is_an_error_span_and_still_raises() -> No
     assert span.context.trace_id == otel.trace_id_of("c-raise")
     assert span.parent is not None and span.parent.span_id == otel.span_id_of(env.message_id)
     provider.shutdown()
+
+
+def test_an_endpoint_in_the_environment_with_runtime_trace_off_runs_without_spans_and_says_why(
+    make_app: Callable[..., Application], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Asked for by the environment (a setting would be refused as the config loads).
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    with caplog.at_level("WARNING", logger="autoresponse.otel"):
+        app = make_app(runtime={"trace": False})
+    assert app.telemetry is None and app.runtime.tracer is None
+    assert any("runtime.trace = false" in r.getMessage() for r in caplog.records)
+    envelope = app.runtime.send("interface.console", ConsoleInput(text="run echo spanless"))
+    assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, timeout=15)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import ask, environment, wait_for
+from conftest import ask, console_text, environment, wait_for
 from pydantic import BaseModel
 
 from autoresponse import Application
@@ -252,3 +252,28 @@ def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request(
         assert rt.wait_idle(timeout=10)
         assert [(h["actor"], h["attempt"], h["outcome"]) for h in rt.trace("dies")] == [
             ("flaky", 3, "handled"), ("sink", 1, "handled")]
+
+
+def test_a_daemon_with_runtime_trace_off_serves_and_says_it_keeps_no_trace(
+    make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    from autoresponse.page import render_requests
+
+    app = make_app(admin=ADMIN, runtime={"trace": False})
+    envelope = ask(app, "run echo untraced-but-served")
+    assert "untraced-but-served" in console_text(app)  # the user is answered all the same
+    assert app.runtime.tracer is None and app.runtime.trace(envelope.correlation_id) == []
+    # Each place that shows traces says why there is none, not "unknown".
+    done = cli(app, "trace", envelope.correlation_id)
+    assert done.returncode == 2 and "records none (runtime.trace = false)" in done.stderr
+    status = cli(app, "status")
+    assert status.returncode == 0 and "untraced" in status.stdout.splitlines()[0]
+    assert json.loads(cli(app, "status", "--json").stdout)["traced"] is False
+    page = render_requests([envelope.correlation_id], [], traced=False)
+    assert "#trace/" not in page and "Not traced: runtime.trace = false." in page
+    # Traced, as by default, the same request has its trace, and the status says nothing of it.
+    traced = make_app(admin=ADMIN, data_dir=tmp_path / "traced")
+    again = ask(traced, "run echo traced")
+    assert cli(traced, "trace", again.correlation_id).returncode == 0
+    assert "untraced" not in cli(traced, "status").stdout
+    assert f"#trace/{again.correlation_id}" in render_requests([], [again.correlation_id])
