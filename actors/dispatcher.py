@@ -241,6 +241,7 @@ class ActionDispatcher(TypedActor):
                 continue
             fitted, fitted_key = action.fitted(ctx), key
             if fitted is not action:
+                log.info("action %d (%s): dropped what cannot apply in this chat", slot.index, slot.type)
                 self._noted(env, f"action {slot.index} ({slot.type}): dropped what cannot apply in this chat")
                 action, slot = fitted, replace(slot, action=fitted)
                 fitted_key = action_key(action)

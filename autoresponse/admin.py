@@ -370,7 +370,8 @@ class AdminServer:
         hops = await asyncio.to_thread(self.runtime.trace, correlation)
         if not hops:
             if self.runtime.tracer is None:
-                return _error(404, f"no trace of {correlation!r}: this daemon records none (runtime.trace = false)")
+                return _error(404, f"no trace of {correlation!r}: "
+                                   "this daemon records none (runtime.trace = false)")
             return _error(404, f"no trace of {correlation!r}: unknown, or older than what is kept")
         return web.json_response({"correlation_id": correlation, "hops": hops})
 

@@ -131,15 +131,16 @@ def render_tree(status: Status, rates: Mapping[str, float]) -> str:
             '<th class="n">per s</th></tr></thead><tbody>' + "".join(rows) + "</tbody></table>")
 
 
-def _id_list(ids: list[str], empty: str, *, linked: bool = True) -> str:
+def _request(correlation: str, *, traced: bool) -> str:
+    """A request's id: a link to its trace, or plain where the daemon records none."""
+    return trace_link(correlation) if traced else f'<span class="id">{esc(correlation)}</span>'
+
+
+def _id_list(ids: list[str], empty: str, *, traced: bool = True) -> str:
     if not ids:
         return f'<p class="empty">{empty}</p>'
-    item = trace_link if linked else _plain_id
-    return '<ul class="ids">' + "".join(f"<li>{item(i)}</li>" for i in ids) + "</ul>"
+    return '<ul class="ids">' + "".join(f"<li>{_request(i, traced=traced)}</li>" for i in ids) + "</ul>"
 
-
-def _plain_id(correlation: str) -> str:
-    return f'<span class="id">{esc(correlation)}</span>'
 
 def render_requests(in_flight: list[str], recent: list[str], *, traced: bool = True) -> str:
     """``recent`` newest first; those still in flight are listed once, under in flight.
@@ -147,13 +148,13 @@ def render_requests(in_flight: list[str], recent: list[str], *, traced: bool = T
     going = set(in_flight)
     done = [c for c in recent if c not in going][:REQUESTS_SHOWN]
     return (f"<h3>In flight ({len(in_flight)})</h3>"
-            + _id_list(in_flight[:REQUESTS_SHOWN], "Nothing in flight.", linked=traced)
+            + _id_list(in_flight[:REQUESTS_SHOWN], "Nothing in flight.", traced=traced)
             + "<h3>Recent</h3>"
             + (_id_list(done, "None traced yet.") if traced
                else '<p class="empty">Not traced: runtime.trace = false.</p>'))
 
-def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int]) -> str:
-    """``letters`` newest first."""
+def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int], *, traced: bool = True) -> str:
+    """``letters`` newest first; their requests linked to their traces, when ``traced``."""
     if not letters:
         return '<p class="empty">No dead letters.</p>'
     rows = []
@@ -164,12 +165,13 @@ def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int]) ->
         rows.append(
             f'<tr data-letter="{d.id}"><td class="n">{d.id}</td><td>{clock(d.time)}</td>'
             f'<td class="reason">{esc(d.reason)}</td><td>{esc(d.actor or "")}</td>'
-            f"<td>{trace_link(d.correlation_id)}</td><td>{replay}</td></tr>"
+            f"<td>{_request(d.correlation_id, traced=traced)}</td><td>{replay}</td></tr>"
             f'<tr class="detail"><td></td><td colspan="5">{why}</td></tr>')
     tally = " · ".join(f"{esc(reason)}: {n}" for reason, n in sorted(counts.items()))
     return (f'<p class="tally">{tally}</p><table><thead><tr><th class="n">#</th><th>when</th>'
             '<th>reason</th><th>actor</th><th>request</th><th></th></tr></thead>'
             '<tbody>' + "".join(rows) + "</tbody></table>")
+
 
 class Feed:
     """One page's view of the runtime: each call to ``changes`` is one push, holding only
@@ -188,13 +190,13 @@ class Feed:
         if status.dead_letters != self._counts:
             self._counts = status.dead_letters
             newest = self.runtime.dead_letters.letters(limit=LETTERS_SHOWN)
-            self._letters = render_dead_letters(newest[::-1], status.dead_letters)
+            self._letters = render_dead_letters(newest[::-1], status.dead_letters, traced=status.traced)
         tracer = self.runtime.tracer
         recent = tracer.correlations()[-2 * REQUESTS_SHOWN:][::-1] if tracer is not None else []
         parts = {
             "summary": render_summary(status),
             "tree": render_tree(status, self.rates.update(status)),
-            "requests": render_requests(self.runtime.inflight.correlations(), recent, traced=tracer is not None),
+            "requests": render_requests(self.runtime.inflight.correlations(), recent, traced=status.traced),
             "deadletters": self._letters,
         }
         changed = {name: text for name, text in parts.items() if self._sent.get(name) != text}

@@ -257,7 +257,11 @@ def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request(
 def test_a_daemon_with_runtime_trace_off_serves_and_says_it_keeps_no_trace(
     make_app: Callable[..., Application], tmp_path: Path
 ) -> None:
-    from autoresponse.page import render_requests
+    from autoresponse.page import Feed, render_requests
+
+    def lost_id(app: Application) -> str:
+        [letter] = app.runtime.dead_letters.letters()
+        return letter.correlation_id
 
     app = make_app(admin=ADMIN, runtime={"trace": False})
     envelope = ask(app, "run echo untraced-but-served")
@@ -269,8 +273,12 @@ def test_a_daemon_with_runtime_trace_off_serves_and_says_it_keeps_no_trace(
     status = cli(app, "status")
     assert status.returncode == 0 and "untraced" in status.stdout.splitlines()[0]
     assert json.loads(cli(app, "status", "--json").stdout)["traced"] is False
-    page = render_requests([envelope.correlation_id], [], traced=False)
-    assert "#trace/" not in page and "Not traced: runtime.trace = false." in page
+    lost = app.runtime.send("no-such-actor", "hello")  # a dead letter, for the page's table
+    assert lost is None
+    page = Feed(app.runtime).changes()
+    assert "Not traced: runtime.trace = false." in page["requests"] and lost_id(app) in page["deadletters"]
+    assert "#trace/" not in page["requests"] + page["deadletters"]  # no link to a trace there is not
+    assert "#trace/" not in render_requests([envelope.correlation_id], [], traced=False)
     # Traced, as by default, the same request has its trace, and the status says nothing of it.
     traced = make_app(admin=ADMIN, data_dir=tmp_path / "traced")
     again = ask(traced, "run echo traced")
