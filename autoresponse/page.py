@@ -153,6 +153,7 @@ def render_requests(in_flight: list[str], recent: list[str], *, traced: bool = T
             + (_id_list(done, "None traced yet.") if traced
                else '<p class="empty">Not traced: runtime.trace = false.</p>'))
 
+
 def render_dead_letters(letters: list[DeadLetter], counts: Mapping[str, int], *, traced: bool = True) -> str:
     """``letters`` newest first; their requests linked to their traces, when ``traced``."""
     if not letters:
@@ -202,6 +203,7 @@ class Feed:
         changed = {name: text for name, text in parts.items() if self._sent.get(name) != text}
         self._sent.update(changed)
         return changed
+
 
 class StatusPage:
     """The handlers of GET / and GET /events; ``close`` ends every event stream."""
@@ -260,6 +262,7 @@ class StatusPage:
         finally:
             self._streams -= 1
         return response
+
 
 PAGE = """<!doctype html>
 <html lang="en">
