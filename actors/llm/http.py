@@ -46,8 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from pydantic import SecretStr
 from aiohttp.http_exceptions import LineTooLong
+from pydantic import SecretStr
 from yarl import URL
 
 from autoresponse.actors.jsonbody import dump_json
