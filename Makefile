@@ -84,10 +84,13 @@ bench: $(STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m benchmarks $(if $(CASE),--case $(CASE))
 
 # Where the in-process and loopback cases spend their CPU, every thread profiled, and where
-# their threads wait: benchmarks/results/profiles/<case>.md (make profile CASE=runtime+journal).
+# their threads wait: benchmarks/results/profiles/<case>.md (make profile CASE=runtime+journal);
+# then, unless one case is asked for, case 1 counted in bytecodes, which no machine's load
+# moves: benchmarks/results/profiles/bytecodes.md.
 profile: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks.profile $(if $(CASE),--case $(CASE))
+	$(if $(CASE),,$(BIN)/python -m benchmarks.bytecodes)
 
 # The manual (docs/, mkdocs.yml): mkdocs-material and mkdocstrings from the `docs` extra,
 # built in strict mode into site/, so a broken link, a page missing from the navigation or
