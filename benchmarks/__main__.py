@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from benchmarks import cases, local_model, plots, reask, report
+from benchmarks import bytecodes, cases, local_model, plots, reask, report
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -46,6 +46,8 @@ def main() -> None:
     steps: list[tuple[str, str, Callable[[], Any]]] = [
         ("in_process", "1 and 5: in process, raw pykka, journal",
          lambda: cases.in_process(1 if quick else 3, seconds=0.5 if quick else 2.0)),
+        ("bytecodes", "1, counted: bytecodes a delivery",
+         lambda: bytecodes.figures(500 if quick else 2_000, quick)),
         ("loopback_http", "2: loopback HTTP",
          lambda: cases.loopback_http(32, 1 if quick else 3, seconds=0.5 if quick else 2.0)),
         ("latency_bound", "3: bound by LLM latency",

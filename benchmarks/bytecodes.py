@@ -46,17 +46,21 @@ VARIANTS: dict[str, str] = {
     "runtime + journal": "the same with the SQLite journal a daemon always has",
 }
 
-#: Areas, by where a function's file is (the first that matches); the rest is the work.
-AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tracing (actors/kernel/trace.py)", ("actors/kernel/trace.py",)),
+#: Areas, by where a function's file is (the first that matches; the rest is the work):
+#: its key in the results file, what the page calls it, the files.
+AREAS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("tracing", "tracing (actors/kernel/trace.py)", ("actors/kernel/trace.py",)),
     # The envelope is the kernel's, as pykka's own is pykka's.
-    ("the kernel (actors/kernel/, the rest; messages/envelope.py)", ("actors/kernel/", "messages/envelope.py")),
-    ("pykka, and the standard library's threads and queues (raw pykka's substrate)",
+    ("kernel", "the kernel (actors/kernel/, the rest; messages/envelope.py)",
+     ("actors/kernel/", "messages/envelope.py")),
+    ("substrate", "pykka, and the standard library's threads and queues (raw pykka's substrate)",
      ("site-packages/pykka/", "stdlib/threading.py", "stdlib/queue.py", "stdlib/_weakrefset.py")),
-    ("the journal (actors/journal/)", ("actors/journal/",)),
-    ("the benchmark's driver (benchmarks/)", ("benchmarks/",)),
+    ("journal", "the journal (actors/journal/)", ("actors/journal/",)),
+    ("driver", "the benchmark's driver (benchmarks/)", ("benchmarks/",)),
 )
-THE_WORK = "the work: the actors' handlers, messages, prompts, extraction, pydantic, json"
+THE_WORK = "work"
+WORK_LABEL = "the work: the actors' handlers, messages, prompts, extraction, pydantic, json"
+LABELS = {key: label for key, label, _ in AREAS} | {THE_WORK: WORK_LABEL}
 #: The benchmark's own actors' handlers (raw pykka's hops, the null sender): the work, not the driver.
 HANDLERS = frozenset({("benchmarks/cases.py", "on_receive"), ("benchmarks/cases.py", "_complete"),
                       ("benchmarks/harness.py", "on_message")})
@@ -104,13 +108,22 @@ def count_bytecodes(work: Callable[[], Any]) -> Counter[Function]:
 
 
 def area(function: Function) -> str:
+    """The key of the area ``function`` is in (``AREAS``, or ``THE_WORK``)."""
     filename = function[0]
     if (filename, function[2]) in HANDLERS:
         return THE_WORK
-    for name, prefixes in AREAS:
+    for key, _, prefixes in AREAS:
         if any(filename.startswith(prefix) for prefix in prefixes):
-            return name
+            return key
     return THE_WORK
+
+
+def by_area(counts: Counter[Function], requests: int) -> dict[str, float]:
+    """Bytecodes a delivery in each area, every area named."""
+    areas = dict.fromkeys(LABELS, 0.0)
+    for function, count in counts.items():
+        areas[area(function)] += count / requests
+    return areas
 
 
 @contextmanager
@@ -148,13 +161,15 @@ def page(counted: dict[str, Counter[Function]], requests: int, quick: bool) -> s
     names = list(counted)
     per = {name: {f: c / requests for f, c in counts.items()} for name, counts in counted.items()}
     total = {name: sum(values.values()) for name, values in per.items()}
+    areas = {name: by_area(counts, requests) for name, counts in counted.items()}
     base = total[names[0]]
     lines = [
         "# Profile: bytecodes a delivery",
         "",
         "Case 1's work counted instead of timed: the Python bytecodes each function executes, in every "
-        "thread, per delivery. Written by `make profile` (`python -m benchmarks.bytecodes`); not hand-edited. "
-        "A count does not move with the machine's load or speed (runs agree within about 2%); it does not weigh what a bytecode does (a call into C, a lock, SQLite), nor waits.",
+        "thread, per delivery. Written by `make profile` (`python -m benchmarks.bytecodes`); not "
+        "hand-edited. A count does not move with the machine's load or speed (runs agree within about "
+        "2%); it does not weigh what a bytecode does (a call into C, a lock, SQLite), nor waits.",
         "",
         f"- machine: {machine()}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}{' (--quick)' if quick else ''}",
@@ -165,12 +180,8 @@ def page(counted: dict[str, Counter[Function]], requests: int, quick: bool) -> s
     ]
     lines += [f"| {VARIANTS[name]} | {total[name]:,.0f} | {total[name] / base:.2f} |" for name in names]
     lines += ["", "## By area", "", "| area | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    areas = [name for name, _ in AREAS] + [THE_WORK]
-    by_area = {name: Counter({a: 0.0 for a in areas}) for name in names}
-    for name in names:
-        for function, count in per[name].items():
-            by_area[name][area(function)] += count
-    lines += [f"| {a} | " + " | ".join(f"{by_area[name][a]:,.0f}" for name in names) + " |" for a in areas]
+    lines += [f"| {label} | " + " | ".join(f"{areas[name][key]:,.0f}" for name in names) + " |"
+              for key, label in LABELS.items()]
     lines += ["", f"## The {TOP} functions that execute the most (bytecodes a delivery)", "",
               "| function | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     functions = sorted({f for values in per.values() for f in values},
@@ -181,16 +192,26 @@ def page(counted: dict[str, Counter[Function]], requests: int, quick: bool) -> s
     return "\n".join(lines) + "\n"
 
 
+def figures(requests: int, quick: bool, warm_up: int = 300) -> dict[str, Any]:
+    """Count every variant, write the page, and return what the results file keeps: each
+    variant's bytecodes a delivery, in all and by area (``python -m benchmarks --case bytecodes``)."""
+    counted = measure(requests, warm_up)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bytecodes.md").write_text(page(counted, requests, quick))
+    return {
+        "requests": requests,
+        "per_delivery": {name: round(sum(counts.values()) / requests) for name, counts in counted.items()},
+        "by_area": {name: {key: round(n) for key, n in by_area(counts, requests).items()}
+                    for name, counts in counted.items()},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     args = parser.parse_args()
-    requests = 500 if args.quick else 2_000
-    counted = measure(requests, warm_up=300)
-    OUT.mkdir(parents=True, exist_ok=True)
-    target = OUT / "bytecodes.md"
-    target.write_text(page(counted, requests, args.quick))
-    print(f"bytecodes: wrote {target.relative_to(REPO)}", flush=True)
+    figures(500 if args.quick else 2_000, args.quick)
+    print(f"bytecodes: wrote {(OUT / 'bytecodes.md').relative_to(REPO)}", flush=True)
     return 0
 
 

@@ -122,6 +122,20 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
                         f"{runs['runtime']['per_second']:,.0f} traced vs {runs['runtime, no trace']['per_second']:,.0f}/s "
                         f"untraced: **{cost:.1%}**",
                         f"≤ 10%: {_verdict(cost <= 0.10)}"))
+    if "bytecodes" in f:
+        c = f["bytecodes"]
+        per, areas = c["per_delivery"], c["by_area"]
+        raw, untraced = areas["raw pykka, same work"], areas["runtime, no trace"]
+        kernel = (untraced["kernel"] + untraced["substrate"]) - (raw["kernel"] + raw["substrate"])
+        base = per["raw pykka, same work"]
+        out.append(("1. counted, not timed: Python bytecodes a delivery, every thread (a count no machine's "
+                    "load or speed moves)",
+                    f"raw pykka doing the same work {base:,}; the runtime untraced "
+                    f"{per['runtime, no trace']:,} (**{per['runtime, no trace'] / base:.2f}×**: its kernel "
+                    f"{kernel:+,} over pykka's, its actors' handlers {untraced['work'] - raw['work']:+,} over the "
+                    f"baseline's), traced {per['runtime']:,} (**{per['runtime'] / base:.2f}×**), with the journal "
+                    f"{per['runtime + journal']:,}",
+                    "(reported)"))
     if "loopback_http" in f:
         c = f["loopback_http"]
         runs = c["runs"]

@@ -50,20 +50,14 @@ def test_work_in_a_thread_started_while_counting_is_counted_the_same_each_time(b
 def test_the_page_compares_the_runtime_traced_and_not_with_raw_pykka_by_area(bytecodes: Any) -> None:
     counted = bytecodes.measure(requests=60, warm_up=20)
     assert list(counted) == list(bytecodes.VARIANTS)
-    per_area = {name: {area: 0 for area, _ in bytecodes.AREAS} for name in counted}
-    for name, counts in counted.items():
-        for function, count in counts.items():
-            area = bytecodes.area(function)
-            if area in per_area[name]:
-                per_area[name][area] += count
-    tracing, kernel, substrate, journal, _ = (area for area, _ in bytecodes.AREAS)
-    assert per_area["raw pykka, same work"][tracing] == 0 and per_area["runtime, no trace"][tracing] == 0
-    assert per_area["runtime"][tracing] > 0
-    assert per_area["raw pykka, same work"][substrate] > per_area["runtime"][substrate]  # pykka's loop and queues
-    assert per_area["runtime + journal"][journal] > per_area["runtime"][journal]
+    areas = {name: bytecodes.by_area(counts, 60) for name, counts in counted.items()}
+    assert areas["raw pykka, same work"]["tracing"] == 0 and areas["runtime, no trace"]["tracing"] == 0
+    assert areas["runtime"]["tracing"] > 0
+    assert areas["raw pykka, same work"]["substrate"] > areas["runtime"]["substrate"]  # pykka's loop and queues
+    assert areas["runtime + journal"]["journal"] > areas["runtime"]["journal"]
     text = bytecodes.page(counted, 60, quick=True)
-    for variant in bytecodes.VARIANTS.values():
+    for name, variant in bytecodes.VARIANTS.items():
         row = next(line for line in text.splitlines() if line.startswith(f"| {variant} |"))
-        assert float(row.split("|")[2].replace(",", "")) > 0  # bytecodes a delivery
-    assert "| raw pykka doing the same work (cases.raw_pykka_same_work) |" in text
-    assert text.count("| 1.00 |") >= 1
+        assert float(row.split("|")[2].replace(",", "")) == pytest.approx(sum(areas[name].values()), abs=1)
+    assert "| raw pykka doing the same work (cases.raw_pykka_same_work) | " in text
+    assert text.count("| 1.00 |") == 1  # raw pykka, the baseline
