@@ -37,8 +37,8 @@ from benchmarks.profile import OUT, REPO, where
 #: A function, as counted: its file as a reader finds it, its first line, its name.
 Function = tuple[str, int, str]
 
-#: The variants, each a function of the number of requests; named as the table of
-#: docs/benchmarks.md names them.
+#: The variants counted, in order: each one's key in the results file (the names case 1's
+#: runs have), and what the page calls it. The first is the baseline.
 VARIANTS: dict[str, str] = {
     "raw pykka, same work": "raw pykka doing the same work (cases.raw_pykka_same_work)",
     "runtime, no trace": "the runtime with `runtime.trace = false` (cases.runtime_offline, trace=False)",
