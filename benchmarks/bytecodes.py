@@ -93,13 +93,14 @@ def count_bytecodes(work: Callable[[], Any]) -> Counter[Function]:
             return counting
         return counting
 
+    before, before_in_threads = sys.gettrace(), threading.gettrace()  # a debugger's, say: put back after
     threading.settrace(entered)
     sys.settrace(entered)
     try:
         work()
     finally:
-        sys.settrace(None)
-        threading.settrace(None)  # type: ignore[arg-type]  # None removes it, as for sys.settrace
+        sys.settrace(before)
+        threading.settrace(before_in_threads)  # type: ignore[arg-type]  # None removes it, as for sys.settrace
     merged: Counter[Function] = Counter()
     for counter in counters:
         for code, count in counter.items():
