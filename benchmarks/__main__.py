@@ -47,7 +47,7 @@ def main() -> None:
         ("in_process", "1 and 5: in process, raw pykka, journal",
          lambda: cases.in_process(1 if quick else 3, seconds=0.5 if quick else 2.0)),
         ("bytecodes", "1, counted: bytecodes a delivery",
-         lambda: bytecodes.figures(500 if quick else 2_000, quick)),
+         lambda: bytecodes.figures(bytecodes.REQUESTS[quick], quick)),
         ("loopback_http", "2: loopback HTTP",
          lambda: cases.loopback_http(32, 1 if quick else 3, seconds=0.5 if quick else 2.0)),
         ("latency_bound", "3: bound by LLM latency",

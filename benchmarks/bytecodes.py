@@ -3,9 +3,9 @@ thread, for raw pykka doing the same work and for the runtime (``make profile``,
 ``python -m benchmarks.bytecodes [--quick]``).
 
 CPU time on a shared VM moves by a fifth between runs, and by four times between machines;
-a count of the bytecodes each function executes does neither (runs agree within about 2%:
+a count of the bytecodes each function executes barely moves (runs agree within about 2%:
 only how often a thread found its queue empty and slept differs), so it says what the
-runtime adds to the same work wherever it runs.
+runtime adds to the same work on any machine with the same Python and packages.
 It does not say what a bytecode costs: one may be an attribute read, another a call into C
 (a lock, pydantic's validator, SQLite), and waits and wakes cost nothing here. It writes
 ``benchmarks/results/profiles/bytecodes.md``: the totals, the totals by area (the kernel,
@@ -21,6 +21,7 @@ itself, the benchmark's driver), and the functions that execute the most::
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import threading
@@ -50,59 +51,82 @@ VARIANTS: dict[str, str] = {
 #: its key in the results file, what the page calls it, the files.
 AREAS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("tracing", "tracing (actors/kernel/trace.py)", ("actors/kernel/trace.py",)),
+    # What both sides run alike is the substrate: the event loop thread raw pykka borrows
+    # from the kernel, and the futures the journal's commits resolve.
+    ("substrate", "the substrate: pykka, the standard library's threads, queues and futures, the event loop's thread",
+     ("site-packages/pykka/", "stdlib/threading.py", "stdlib/queue.py", "stdlib/_weakrefset.py",
+      "stdlib/concurrent/", "actors/kernel/_loop.py")),
+    # Both sides set up a run alike: their threads placed on one core, the collector tuned.
+    ("driver", "the benchmark's driver and each run's setup (benchmarks/; threads placed, the collector tuned)",
+     ("benchmarks/", "actors/kernel/cores.py", "actors/kernel/heap.py")),
     # The envelope is the kernel's, as pykka's own is pykka's.
     ("kernel", "the kernel (actors/kernel/, the rest; messages/envelope.py)",
      ("actors/kernel/", "messages/envelope.py")),
-    ("substrate", "pykka, and the standard library's threads and queues (raw pykka's substrate)",
-     ("site-packages/pykka/", "stdlib/threading.py", "stdlib/queue.py", "stdlib/_weakrefset.py")),
-    ("journal", "the journal (actors/journal/)", ("actors/journal/",)),
-    ("driver", "the benchmark's driver (benchmarks/)", ("benchmarks/",)),
+    ("journal", "the journal (actors/journal/; a sender's ledger is the sender's work)", ("actors/journal/",)),
 )
 THE_WORK = "work"
-WORK_LABEL = "the work: the actors' handlers, messages, prompts, extraction, pydantic, json"
+WORK_LABEL = "the work: the actors' handlers, and the messages, prompts, extraction, pydantic and json they use"
 LABELS = {key: label for key, label, _ in AREAS} | {THE_WORK: WORK_LABEL}
-#: The benchmark's own actors' handlers (raw pykka's hops, the null sender): the work, not the driver.
+#: The work, wherever its file is: the benchmark's own actors' handlers (raw pykka's hops, the
+#: null sender), and the send ledger a sender keeps (in the journal's module; without a journal
+#: it asks nothing of one).
 HANDLERS = frozenset({("benchmarks/cases.py", "on_receive"), ("benchmarks/cases.py", "_complete"),
-                      ("benchmarks/harness.py", "on_message")})
+                      ("benchmarks/harness.py", "on_message"), ("actors/journal/journal.py", "_key"),
+                      ("actors/journal/journal.py", "already_sent"), ("actors/journal/journal.py", "confirm")})
 
 #: The functions listed, by the most any variant executes.
 TOP = 30
+#: How long the threads a count started may take to end once its work has returned.
+THREADS_END_SECONDS = 10.0
+#: Deliveries a variant, in a full run and in a quick one.
+REQUESTS = {False: 2_000, True: 500}
 
 
 def count_bytecodes(work: Callable[[], Any]) -> Counter[Function]:
     """The bytecodes ``work`` executes, by function, in this thread and in every thread
-    started while it runs (``threading.settrace``): threads started before it are not
-    counted, so ``work`` must start the ones it uses (each case's run starts its own)."""
-    mine = threading.local()
+    started while it runs (``threading.settrace``), those waited for to end once it returns
+    (up to ``THREADS_END_SECONDS``; what one does later is not counted). Threads started
+    before it are not counted, so ``work`` must start the ones it uses (each case's run
+    starts its own)."""
+    this_thread = threading.local()
     counters: list[Counter[Any]] = []  # one a thread, merged at the end: no increment lost
-    made = threading.Lock()
+    counters_lock = threading.Lock()
+    over = False  # set once counting ends: a thread still running counts no more
 
-    def entered(frame: FrameType, event: str, arg: Any) -> Any:
-        counts = getattr(mine, "counts", None)
+    def on_call(frame: FrameType, event: str, arg: Any) -> Any:
+        counts = getattr(this_thread, "counts", None)
         if counts is None:
-            counts = mine.counts = Counter()
-            with made:
+            counts = this_thread.counts = Counter()
+            with counters_lock:
                 counters.append(counts)
         code = frame.f_code
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
 
         def counting(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "opcode":
+            if event == "opcode" and not over:
                 counts[code] += 1
             return counting
         return counting
 
+    running = set(threading.enumerate())
     before, before_in_threads = sys.gettrace(), threading.gettrace()  # a debugger's, say: put back after
-    threading.settrace(entered)
-    sys.settrace(entered)
+    threading.settrace(on_call)
+    sys.settrace(on_call)
     try:
         work()
     finally:
         sys.settrace(before)
         threading.settrace(before_in_threads)  # type: ignore[arg-type]  # None removes it, as for sys.settrace
+        # An actor's thread ends a moment after its stop is answered: its last steps are the run's.
+        until = time.monotonic() + THREADS_END_SECONDS
+        for thread in set(threading.enumerate()) - running:
+            thread.join(max(0.0, until - time.monotonic()))
+        over = True
+    with counters_lock:
+        copies = [counter.copy() for counter in counters]  # a copy is one step: no thread can change it midway
     merged: Counter[Function] = Counter()
-    for counter in counters:
+    for counter in copies:
         for code, count in counter.items():
             merged[(where(code.co_filename), code.co_firstlineno, code.co_name)] += count
     return merged
@@ -129,20 +153,23 @@ def by_area(counts: Counter[Function], requests: int) -> dict[str, float]:
 
 @contextmanager
 def _runners() -> Iterator[dict[str, Callable[[int], Any]]]:
+    """Case 1's variants, each on one core as case 1 runs them (and a daemon)."""
     from benchmarks import cases
+    from benchmarks.harness import on_one_core
 
     with tempfile.TemporaryDirectory() as tmp:
-        def journaled(n: int) -> Any:
-            journal_dir = Path(tmp) / f"journal-{time.monotonic_ns()}"
-            journal_dir.mkdir()
-            return cases.runtime_offline(n, journal_dir)
+        def untraced(n: int) -> Any:
+            return cases.runtime_offline(n, trace=False)
 
-        yield {
+        def journaled(n: int) -> Any:
+            return cases.runtime_offline(n, Path(tempfile.mkdtemp(dir=tmp)))  # a journal of its own each run
+
+        yield {name: on_one_core(run) for name, run in {
             "raw pykka, same work": cases.raw_pykka_same_work,
-            "runtime, no trace": lambda n: cases.runtime_offline(n, trace=False),
+            "runtime, no trace": untraced,
             "runtime": cases.runtime_offline,
             "runtime + journal": journaled,
-        }
+        }.items()}
 
 
 def measure(requests: int, warm_up: int) -> dict[str, Counter[Function]]:
@@ -152,7 +179,7 @@ def measure(requests: int, warm_up: int) -> dict[str, Counter[Function]]:
     with _runners() as runners:
         for name, run in runners.items():
             run(warm_up)
-            counted[name] = count_bytecodes(lambda run=run: run(requests))  # type: ignore[misc]
+            counted[name] = count_bytecodes(functools.partial(run, requests))
     return counted
 
 
@@ -169,8 +196,9 @@ def page(counted: dict[str, Counter[Function]], requests: int, quick: bool) -> s
         "",
         "Case 1's work counted instead of timed: the Python bytecodes each function executes, in every "
         "thread, per delivery. Written by `make profile` (`python -m benchmarks.bytecodes`); not "
-        "hand-edited. A count does not move with the machine's load or speed (runs agree within about "
-        "2%); it does not weigh what a bytecode does (a call into C, a lock, SQLite), nor waits.",
+        "hand-edited. The machine's load and speed barely move a count (runs agree within about 2%; "
+        "Python's and the packages' versions do); it does not weigh what a bytecode does (a call into C, "
+        "a lock, SQLite), nor waits. Each variant runs on one core, as case 1 does.",
         "",
         f"- machine: {machine()}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M')}{' (--quick)' if quick else ''}",
@@ -211,7 +239,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     args = parser.parse_args()
-    figures(500 if args.quick else 2_000, args.quick)
+    figures(REQUESTS[args.quick], args.quick)
     print(f"bytecodes: wrote {(OUT / 'bytecodes.md').relative_to(REPO)}", flush=True)
     return 0
 

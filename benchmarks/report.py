@@ -128,13 +128,13 @@ def rows(f: dict[str, Any]) -> list[tuple[str, str, str]]:
         raw, untraced = areas["raw pykka, same work"], areas["runtime, no trace"]
         kernel = (untraced["kernel"] + untraced["substrate"]) - (raw["kernel"] + raw["substrate"])
         base = per["raw pykka, same work"]
-        out.append(("1. counted, not timed: Python bytecodes a delivery, every thread (a count no machine's "
-                    "load or speed moves)",
+        out.append(("1. counted, not timed: Python bytecodes a delivery, every thread (a count the machine's "
+                    "load and speed barely move)",
                     f"raw pykka doing the same work {base:,}; the runtime untraced "
                     f"{per['runtime, no trace']:,} (**{per['runtime, no trace'] / base:.2f}×**: its kernel "
-                    f"{kernel:+,} over pykka's, its actors' handlers {untraced['work'] - raw['work']:+,} over the "
-                    f"baseline's), traced {per['runtime']:,} (**{per['runtime'] / base:.2f}×**), with the journal "
-                    f"{per['runtime + journal']:,}",
+                    f"{kernel:+,} over pykka's, the work of its handlers {untraced['work'] - raw['work']:+,} over "
+                    f"the baseline's), traced {per['runtime']:,} (**{per['runtime'] / base:.2f}×**), with the "
+                    f"journal {per['runtime + journal']:,}",
                     "(reported)"))
     if "loopback_http" in f:
         c = f["loopback_http"]

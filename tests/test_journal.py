@@ -336,7 +336,7 @@ def test_a_log_held_from_starting_over_is_cut_back_once_it_does(tmp_path: Path) 
 def test_the_file_gives_back_what_compaction_frees(tmp_path: Path) -> None:
     """A spell of many large items, once compacted away, leaves the database file at the size
     of what is kept, not at its peak (free pages go back at the next compaction): a daemon's
-    disk follows its load and does not keep the highest it ever had."""
+    disk follows its load and does not keep the highest it ever had, across a restart too."""
     path = tmp_path / "j.sqlite3"
     text = "x" * 4000  # a page each
 
