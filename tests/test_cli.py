@@ -374,6 +374,46 @@ def _has_loaded(pid: int, library: str) -> bool:
         return False
 
 
+#: A Ctrl-C that lands inside a weakref's callback while the command loads (Python calls an
+#: import lock's, say): what the handler raises there is dropped by Python, not passed on.
+_CTRL_C_IN_A_CALLBACK = """
+import os, signal, sys, weakref
+
+class Dropped:
+    pass
+
+def callback(_: object) -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10_000):  # the handler runs among these
+        pass
+
+class WhileLoading:
+    def find_spec(self, name, path=None, target=None):
+        if name == "argparse":  # the first import after the command's handler is in place
+            sys.meta_path.remove(self)
+            dropped = Dropped()
+            ref = weakref.ref(dropped, callback)
+            del dropped
+        return None
+
+sys.meta_path.insert(0, WhileLoading())
+sys.argv = ["autoresponse", "config", "show"]
+from autoresponse.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_python_drops_while_the_command_loads_still_ends_it_with_one_line(tmp_path: Path) -> None:
+    """In CI a Ctrl-C 0.2 s into loading once landed in such a callback: the daemon went on
+    to start and serve, under a traceback, and the test's Ctrl-C was never obeyed."""
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_CALLBACK], capture_output=True, text=True,
+                          timeout=60, env=environment(AUTORESPONSE_DATA_DIR=str(tmp_path)),
+                          preexec_fn=default_signals)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines() == ["autoresponse: interrupted"]
+    assert done.stdout == ""  # the command never ran
+
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc to see how far the start got")
 @pytest.mark.parametrize("later", [0.0, 0.2, 0.5])
 def test_a_ctrl_c_while_the_daemon_starts_stops_it_without_a_traceback(later: float, tmp_path: Path) -> None:
