@@ -85,8 +85,8 @@ bench: $(STAMP) $(LLAMA_STAMP)
 
 # Where the in-process and loopback cases spend their CPU, every thread profiled, and where
 # their threads wait: benchmarks/results/profiles/<case>.md (make profile CASE=runtime+journal);
-# then, unless one case is asked for, case 1 counted in bytecodes, which no machine's load
-# moves: benchmarks/results/profiles/bytecodes.md.
+# then, unless one case is asked for, case 1 counted in bytecodes, which the machine's load
+# barely moves: benchmarks/results/profiles/bytecodes.md.
 profile: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks.profile $(if $(CASE),--case $(CASE))

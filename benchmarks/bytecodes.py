@@ -8,9 +8,9 @@ only how often a thread found its queue empty and slept differs), so it says wha
 runtime adds to the same work on any machine with the same Python and packages.
 It does not say what a bytecode costs: one may be an attribute read, another a call into C
 (a lock, pydantic's validator, SQLite), and waits and wakes cost nothing here. It writes
-``benchmarks/results/profiles/bytecodes.md``: the totals, the totals by area (the kernel,
-its tracing, pykka and the standard library's threads and queues, the journal, the work
-itself, the benchmark's driver), and the functions that execute the most::
+``benchmarks/results/profiles/bytecodes.md``: the totals, the totals by area (``AREAS``:
+tracing, the substrate both sides run on, the driver, the kernel, the journal; the rest is
+the handlers' work), and the functions that execute the most::
 
     >>> from benchmarks.bytecodes import count_bytecodes
     >>> counts = count_bytecodes(lambda: sum(range(3)))
