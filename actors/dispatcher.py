@@ -55,6 +55,8 @@ ProseRule = Literal["reply", "reask"]
 #: Text of the runtime's own instructions: a reply that quotes them is no answer for a user.
 _RUNTIME_WORDS = ("$defs", "system_message", "full_json_instructions", "error_retry_policy",
                   "Allowed action types in this turn")
+#: Any of them, in one search in C (asked of every reply's text).
+_RUNTIME_WORDS_FOUND = re.compile("|".join(map(re.escape, _RUNTIME_WORDS))).search
 
 
 def turn_key(correlation_id: str, prompt: PromptRequest) -> str:
@@ -85,8 +87,12 @@ _CHAT_ID = re.compile(r"-?[0-9]+")
 
 def echoes_runtime(text: str) -> bool:
     """True when ``text`` quotes the runtime's schema or instructions (a small model
-    copying its prompt): never sent to a user as a reply."""
-    return any(word in text for word in _RUNTIME_WORDS)
+    copying its prompt): never sent to a user as a reply.
+
+    >>> echoes_runtime("see #/$defs/Payload"), echoes_runtime("error_retry_policy: 3"), echoes_runtime("Paris.")
+    (True, True, False)
+    """
+    return _RUNTIME_WORDS_FOUND(text) is not None
 
 
 #: Words a model puts in ``target`` when it means the chat it is answering.
@@ -210,7 +216,7 @@ class ActionDispatcher(TypedActor):
                 self._withdraw(prompt.original_context, turn_key(env.correlation_id, prompt), env)
             settle_receipt(self, prompt.original_context, env, ok=True, detail="nothing to say")
             return
-        errors = [e for e in found.errors if not any(e == slot.error for slot in found.slots)]
+        errors = [e for e in found.errors if not any(e == slot.error for slot in found.slots)] if found.errors else []
         carried_out = list(prompt.carried_out)
         sent = list(prompt.sent)
         turn = turn_key(env.correlation_id, prompt)
@@ -218,10 +224,11 @@ class ActionDispatcher(TypedActor):
         # What became of each place: made into ``Position``s only for a re-ask (they are its).
         positions: list[tuple[Slot, bool, str]] = []
         kept: list[tuple[int, Slot, str]] = []  # (place in the reply, slot, its key) of what goes out
-        valid = [slot for slot in found.slots if slot.action is not None]
-        may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
-            "message" if v.action.kind == "message" else "command" for v in valid]), strict=True)) \
-            if prompt.reask else {}
+        may_go: dict[int, bool] = {}  # id(slot) → whether it may go out (a re-ask's answer only)
+        if prompt.reask:
+            valid = [slot for slot in found.slots if slot.action is not None]
+            may_go = dict(zip((id(v) for v in valid), replacing(prompt.positions, [
+                "message" if v.action.kind == "message" else "command" for v in valid]), strict=True))
         seen: dict[str, str] = {}  # key → why it was refused ("" when it went on)
         for index, slot in enumerate(found.slots):
             action = slot.action
@@ -253,8 +260,7 @@ class ActionDispatcher(TypedActor):
                 seen[key] = problem
                 continue
             kept.append((index, slot, fitted_key))
-        commands = tuple(describe(s.action) for _, s, _ in kept  # type: ignore[union-attr]
-                         if s.action.kind != "message" and not self._gated(s.action))  # type: ignore[union-attr]
+        commands: tuple[str, ...] | None = None  # the batch of the reply's commands, once one goes
         run = 0  # commands sent so far: each one's place in the batch
         replaced_preview = False
         for index, slot, key in kept:
@@ -263,10 +269,14 @@ class ActionDispatcher(TypedActor):
             problem = ""
             if action.kind == "message":
                 problem = self._message(action, prompt, env, message_key(turn, index), sent)
-                replaced_preview |= index == 0 and not problem and str(action.payload.target or ctx.chat_id) == str(ctx.chat_id)
+                replaced_preview |= (reply.previewed and index == 0 and not problem
+                                     and str(action.payload.target or ctx.chat_id) == str(ctx.chat_id))
             elif self._gated(action):
                 self._ask_approval(action, ctx, message_key(turn, index), env)
             else:
+                if commands is None:
+                    commands = tuple(describe(s.action) for _, s, _ in kept  # type: ignore[union-attr]
+                                     if s.action.kind != "message" and not self._gated(s.action))  # type: ignore[union-attr]
                 batch = Batch(key=turn, index=run, commands=commands) if len(commands) > 1 else None
                 self.send(route_of(action), ActionRequest(action=action, context=ctx, batch=batch), cause=env)
                 run += 1
@@ -344,9 +354,10 @@ class ActionDispatcher(TypedActor):
         if echoes_runtime(text):
             return f"{action.type}: the text quotes the runtime's instructions; write the answer for the user"
         # A topic's thread, on the platforms whose payloads have one (asked for an attribute
-        # it lacks, a pydantic model raises, slowly: on every reply).
+        # it lacks, a pydantic model raises, slowly; and its ``model_fields`` is Python
+        # code: on every reply). ``__pydantic_fields__`` is the same dict, a class attribute.
         payload = action.payload
-        thread = payload.message_thread_id if "message_thread_id" in type(payload).model_fields else None
+        thread = payload.message_thread_id if "message_thread_id" in type(payload).__pydantic_fields__ else None
         message = OutboundMessage.reply(ctx, text, chat_id=target, key=key)
         if thread is not None:
             message = message.model_copy(update={"thread_id": thread})

@@ -341,6 +341,13 @@ def _decode_unclosed(text: str, start: int, found: _Decoded) -> None:
 # --------------------------------------------------------- from JSON to actions
 
 
+def _may_carry_system_message(text: str) -> bool:
+    """Whether JSON decoded from ``text`` can hold a ``system_message`` key: only when
+    the text spells it, or has a ``\\u`` escape (the only escape that makes a letter).
+    Most replies do not: they skip the walk of ``_carries_system_message``, on every turn."""
+    return "system_message" in text or "\\u" in text
+
+
 def _carries_system_message(value: Any) -> bool:
     """Whether an object anywhere in ``value`` has a ``system_message`` key.
 
@@ -420,7 +427,7 @@ def extract_actions(text: str, allowed: Collection[str], *,
             reason = "no JSON found"
         prose = reason == "no JSON found" and bool(text.strip())
         return Extraction((), (f"your reply is not an action list: {reason}",), prose=prose)
-    if _carries_system_message(found.values):
+    if _may_carry_system_message(text) and _carries_system_message(found.values):
         return Extraction((), (_ECHO_ERROR,))
     errors: list[str] = [f"part of your reply was not read: {_TOO_DEEP}"] if found.too_deep else []
     raws = _raw_actions(found.values)
@@ -449,7 +456,7 @@ def extract_tool_calls(calls: Sequence[ToolCall], allowed: Collection[str], *,
             errors.append(f"tool call {call.name!r}: {_TOO_DEEP}")
             raws.append((None, call.id))
             continue
-        if _carries_system_message(arguments):
+        if _may_carry_system_message(call.arguments) and _carries_system_message(arguments):
             return Extraction((), (_ECHO_ERROR,))
         raws.append(({"type": call.name, "payload": arguments}, call.id))
     return _checked(raws, allowed, errors, max_actions, may_stay_silent, named=[c.name for c in calls])

@@ -44,7 +44,7 @@ from autoresponse.actors.extractor import extract_actions
 from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY
 from autoresponse.actors.llm.client import chat_key
 from autoresponse.actors.llm.usage import UsageMeter, turn_kind
-from autoresponse.actors.journal import SqliteJournal
+from autoresponse.actors.journal import SendLedger, SqliteJournal
 from autoresponse.actors.llm import HttpEngine, OfflineEngine
 from autoresponse.actors.prompts import build_chat_request, render_openai_messages
 from autoresponse.interfaces.telegram.settings import TELEGRAM_MAX_CONCURRENT_SENDS
@@ -210,11 +210,17 @@ class _DispatchHop(pykka.ThreadingActor):
 
 
 class _SendHop(pykka.ThreadingActor):
+    """Raw pykka doing the null sender's work: its send ledger asked, as a real sender asks
+    it (``harness.NullSender``; without a journal nothing was sent before)."""
+
     def __init__(self, done: Callable[[OutboundMessage], None]) -> None:
         super().__init__()
-        self.done = done
+        self.done, self.ledger = done, SendLedger(None)
 
     def on_receive(self, message: OutboundMessage) -> None:
+        if self.ledger.already_sent(message, 0):
+            return
+        self.ledger.confirm(message, 0)
         self.done(message)
 
 

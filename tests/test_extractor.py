@@ -13,8 +13,9 @@ from typing import Any, TypeVar
 import pytest
 
 from autoresponse.actors import extractor
-from autoresponse.actors.extractor import Extraction, extract_actions
+from autoresponse.actors.extractor import Extraction, extract_actions, extract_tool_calls
 from autoresponse.actors.limits import MAX_ACTIONS_PER_REPLY, MAX_JSON_DEPTH, MAX_REPLY_CHARS
+from autoresponse.messages import ToolCall
 
 ALL = ("terminal", "message_console", "event")
 TERMINAL = '{"type": "terminal", "payload": {"command": "df -h"}}'
@@ -93,6 +94,20 @@ def test_an_echo_inside_broken_json_is_never_executed() -> None:
     found = extract_actions(echo, ALL)
     assert found.actions == ()
     assert found.errors == ("your reply carries a system_message; that is runtime data and is never executed",)
+
+
+@pytest.mark.parametrize("key", [r"system\u005fmessage", r"\u0073ystem_message"])
+def test_an_echo_spelled_with_json_escapes_is_never_executed(key: str) -> None:
+    """JSON decodes ``\\u005f`` to ``_``: the key is the same, in a reply or a tool call."""
+    echo = f'{{"{key}": {{"type": "output", "outputs": []}}, "actions": [{TERMINAL}]}}'
+    assert "system_message" not in echo and json.loads(echo).keys() >= {"system_message"}
+    found = extract_actions(echo, ALL)
+    assert found.actions == ()
+    assert found.errors == (extractor._ECHO_ERROR,)
+    call = ToolCall(id="c1", name="terminal", arguments=f'{{"command": "df -h", "nested": {{"{key}": 1}}}}')
+    called = extract_tool_calls((call,), ALL)
+    assert called.actions == ()
+    assert called.errors == (extractor._ECHO_ERROR,)
 
 
 def test_the_module_example_holds() -> None:

@@ -182,6 +182,29 @@ def test_a_blocking_mailbox_stops_waiting_but_still_takes_the_letter() -> None:
         assert rt.dead_letters.letters() == []
 
 
+def test_a_blocking_mailbox_never_holds_up_the_event_loop() -> None:
+    """Every actor's I/O completes on the loop's thread: a send from there to a full mailbox
+    is queued at once, where any other thread would wait ``block_seconds`` for room."""
+    gate = threading.Event()
+    with running(("sink", Recorder)) as rt:
+        rt.spawn("gated", Gated, gate, capacity=1, overflow=OverflowPolicy.BLOCK, block_seconds=30)
+        rt.send("gated", Ping(n=1))
+        time.sleep(0.1)  # the first is being handled
+        rt.send("gated", Ping(n=3))  # the lane is full now
+
+        async def from_the_loop() -> float:
+            started = time.monotonic()
+            rt.send("gated", Ping(n=4))
+            return time.monotonic() - started
+
+        waited = rt.io.run(from_the_loop(), timeout=60)
+        gate.set()
+        assert waited < 5, f"the loop's thread waited {waited:.1f} s for room"
+        assert rt.wait_idle(timeout=10)
+        assert rt.cell("gated").mailbox.overflowed >= 1
+        assert rt.dead_letters.letters() == []
+
+
 class Holder(TypedActor):
     """Waits on a gate for each message and keeps its number; sends nothing on."""
 

@@ -82,11 +82,12 @@ class Mailbox:
         #: Letters queued while the work lane was at or over capacity.
         self.overflowed = 0
 
-    def put(self, envelope: Envelope, *, may_block: bool = True) -> None:
+    def put(self, envelope: Envelope, *, may_block: Callable[[], bool] | None = None) -> None:
         """Queue ``envelope`` as work (or pykka's letter around one: an ``ask``).
 
-        Under ``BLOCK`` a full work lane makes the caller wait (unless ``may_block``
-        is false) up to ``block_seconds``; it is queued either way.
+        Under ``BLOCK`` a full work lane makes the caller wait (unless ``may_block()``
+        says it must not: asked then, not on every put) up to ``block_seconds``; it is
+        queued either way.
         """
         lock = self._lock
         lock.acquire()  # not ``with``: it binds two methods of the lock, on every hop
@@ -94,7 +95,7 @@ class Mailbox:
             if self._closed:
                 raise MailboxClosed
             if len(self._work) >= self.capacity:
-                if may_block and self.policy is OverflowPolicy.BLOCK:
+                if self.policy is OverflowPolicy.BLOCK and (may_block is None or may_block()):
                     self._wait_for_room()
                 if len(self._work) >= self.capacity:
                     self.overflowed += 1

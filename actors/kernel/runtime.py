@@ -88,6 +88,9 @@ class Runtime:
         if self.tracer is not None:
             self.dead_letters.observer = self.tracer.dead_letter
         self.io = EventLoopThread(kind=event_loop)
+        # Asked by a full mailbox under BLOCK: never block the event loop's thread, where
+        # every actor's I/O completes (made once, not on every hop).
+        self._off_loop: Callable[[], bool] = lambda: not self.io.in_loop_thread()
         self.inflight = InFlight()
         self.crash_policy: Callable[[Cell, Envelope | None, BaseException], None] = (
             restart_and_dead_letter
@@ -261,9 +264,7 @@ class Runtime:
             self.tracer.queued(envelope, to)
         mailbox = cell.mailbox
         try:
-            # Never block the event loop thread: every actor's I/O completes there.
-            mailbox.put(envelope,
-                        may_block=mailbox.policy is OverflowPolicy.BLOCK and not self.io.in_loop_thread())
+            mailbox.put(envelope, may_block=self._off_loop)
         except MailboxClosed:
             self.cut_short(envelope, actor=to, detail="its actor has stopped")
             return None
