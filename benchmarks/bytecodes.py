@@ -158,15 +158,14 @@ def _runners() -> Iterator[dict[str, Callable[[int], Any]]]:
     from benchmarks.harness import on_one_core
 
     with tempfile.TemporaryDirectory() as tmp:
-        def untraced(n: int) -> Any:
-            return cases.runtime_offline(n, trace=False)
-
         def journaled(n: int) -> Any:
-            return cases.runtime_offline(n, Path(tempfile.mkdtemp(dir=tmp)))  # a journal of its own each run
+            # A journal of its own each run, removed after the count (not ``cases._journaled``,
+            # whose removal of its directory would be counted as the run's work).
+            return cases.runtime_offline(n, Path(tempfile.mkdtemp(dir=tmp)))
 
         yield {name: on_one_core(run) for name, run in {
             "raw pykka, same work": cases.raw_pykka_same_work,
-            "runtime, no trace": untraced,
+            "runtime, no trace": cases.runtime_untraced,
             "runtime": cases.runtime_offline,
             "runtime + journal": journaled,
         }.items()}

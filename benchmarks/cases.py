@@ -267,7 +267,8 @@ def _journaled(requests: int) -> Run:
         return runtime_offline(requests, Path(tmp))
 
 
-def _untraced(requests: int) -> Run:
+def runtime_untraced(requests: int) -> Run:
+    """The runtime with ``runtime.trace = false``: what tracing every hop costs, beside it."""
     return runtime_offline(requests, trace=False)
 
 
@@ -293,7 +294,7 @@ def in_process(repeats: int, *, seconds: float) -> dict[str, Any]:
         "raw pykka, same work, one core": on_one_core(raw_pykka_same_work),
         # As a daemon runs (runtime.cpu_core = "auto"): every thread on one core.
         "runtime": on_one_core(runtime_offline),
-        "runtime, no trace": on_one_core(_untraced),
+        "runtime, no trace": on_one_core(runtime_untraced),
         "runtime + journal": on_one_core(_journaled),
         # What that placement buys: the runtime left to the scheduler, on every core.
         "runtime, every core": runtime_offline,
