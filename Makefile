@@ -78,8 +78,9 @@ wheel-check: $(STAMP)
 	cd / && $(CURDIR)/.wheel-venv/bin/python $(CURDIR)/tests/import_every_module.py $(CURDIR)
 	rm -rf build
 
-# One case alone: make bench CASE=local-model (python -m benchmarks --list names them).
-bench: $(STAMP) $(LLAMA_STAMP)
+# One case alone: make bench CASE=in-process (python -m benchmarks --list names them);
+# llama-server is built only for the case that needs it (every case, or CASE=local-model).
+bench: $(STAMP) $(if $(filter-out local-model,$(CASE)),,$(LLAMA_STAMP))
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,nats]'
 	$(BIN)/python -m benchmarks $(if $(CASE),--case $(CASE))
 

@@ -431,8 +431,11 @@ def _converse(args: argparse.Namespace, settings: Settings, texts: list[str]) ->
                     continue
                 correlation = envelope.correlation_id
                 finished = app.runtime.wait_idle(correlation, timeout=args.timeout)
+                # A notice is no reply to a request (it says it failed), but it is the answer to
+                # a command: /forget, /cancel.
+                command = text.lstrip().startswith("/")
                 answered = [e for e in replies.envelopes
-                            if e.correlation_id == correlation and not e.body.notice]
+                            if e.correlation_id == correlation and (command or not e.body.notice)]
                 if not answered:
                     unanswered += 1
                     why = [f"{d.reason}: {d.detail}" for d in app.runtime.dead_letters.letters(correlation)]
@@ -472,7 +475,7 @@ def history(args: argparse.Namespace) -> int:
 
     CHAT is a chat key (``telegram:42:``, as ``history`` without one lists them) or a chat id.
     """
-    settings = Settings.load(args.config)
+    settings = Settings.load(args.config, defaults=DEMO_DEFAULTS if args.demo else None)
     if settings.journal.backend == "nats":
         return _shared_history(args, settings)
     path = settings.data_path / "memory.sqlite3"
@@ -484,7 +487,7 @@ def history(args: argparse.Namespace) -> int:
     except StoreUnreadable as exc:
         raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
     try:
-        return _show_history(args, store)
+        return _show_history(args, store, str(path))
     finally:
         store.close()
 
@@ -500,15 +503,18 @@ def _shared_history(args: argparse.Namespace, settings: Settings) -> int:
         print(f"autoresponse: {exc}", file=sys.stderr)
         return 1
     try:
-        return _show_history(args, SharedConversationStore(journal, max_tokens=settings.memory.max_tokens))
+        return _show_history(args, SharedConversationStore(journal, max_tokens=settings.memory.max_tokens),
+                             settings.nats.url)
     finally:
         journal.close()
 
 
-def _show_history(args: argparse.Namespace, store: ConversationStore | Any) -> int:
-    """Print the chats with memory, or one chat's entries (``store``: either kind)."""
+def _show_history(args: argparse.Namespace, store: ConversationStore | Any, where: str) -> int:
+    """Print the chats with memory, or one chat's entries (``store``: either kind, at ``where``)."""
     known = store.chats_with_memory()
     if args.chat is None:
+        if not known:
+            print(f"no chat has memory at {where}")
         for chat, count in known:
             print(f"{chat}  ({count} entries)")
         return 0
@@ -594,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_history.add_argument("chat", nargs="?", help="a chat key or chat id (default: list the chats)")
     p_history.add_argument("--json", action="store_true", help="print the entries as JSON")
     p_history.add_argument("--config", help="a TOML settings file")
+    p_history.add_argument("--demo", action="store_true", help="the memory of `autoresponse demo`, not the daemon's")
     p_history.set_defaults(func=history)
 
     p_journal = commands.add_parser("journal", help="check the delivery journal")

@@ -2,7 +2,9 @@
 
 Runs every case (see ``cases``), shows a progress bar, prints a table, saves the
 figures to ``benchmarks/results/latest.json``, draws a plot per case next to it,
-and rewrites the README's benchmark table from the JSON (``report``).
+and rewrites the manual's benchmark table (``docs/benchmarks.md``) from the JSON
+(``report``). ``--quick`` saves to ``benchmarks/results/quick.json`` instead, and
+touches neither the figures of full runs, nor their plots, nor the table.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short runs, for a first look (not for the README)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"short runs, for a first look: saved to {report.QUICK_RESULTS.name}, never to the table")
     parser.add_argument("--case", action="append", default=[], metavar="NAME",
                         help="run only this case (repeatable; e.g. local-model); its figures are merged into "
-                             "the results file, and the README's table is left as it is")
+                             "the results file, and the manual's table is left as it is")
     parser.add_argument("--list", action="store_true", help="name the cases and exit")
     args = parser.parse_args()
     quick = args.quick
@@ -92,21 +95,22 @@ def main() -> None:
     figures["seconds"] = round(time.time() - started, 1)
 
     RESULTS.mkdir(exist_ok=True)
+    saved = report.QUICK_RESULTS if quick else report.RESULTS
     if chosen:  # a case or two: into the last full run's figures, each with its own date
         for key, _, _ in steps:
             figures[key] = {**figures[key], "date": figures["date"], "machine": figures["machine"], "quick": quick}
-        earlier = json.loads((RESULTS / "latest.json").read_text()) if (RESULTS / "latest.json").exists() else {}
+        earlier = json.loads(saved.read_text()) if saved.exists() else {}
         figures = {**earlier, **{key: figures[key] for key, _, _ in steps}}
         figures.setdefault("machine", machine())
         figures.setdefault("date", time.strftime("%Y-%m-%d %H:%M"))
         figures.setdefault("seconds", 0.0)
-    (RESULTS / "latest.json").write_text(json.dumps(figures, indent=2))
-    drawn = plots.draw(figures, RESULTS)
+    saved.write_text(json.dumps(figures, indent=2))
+    drawn = [] if quick else plots.draw(figures, RESULTS)  # a full run's plots stay its own
     console.print(report.table(figures))
-    console.print(f"saved {RESULTS / 'latest.json'}" + (f" and {len(drawn)} plots" if drawn else ""))
+    console.print(f"saved {saved}" + (f" and {len(drawn)} plots" if drawn else ""))
     if not quick and not chosen:
         report.update_readme(figures)
-        console.print("README's benchmark table regenerated from the results")
+        console.print(f"the benchmark table of {report.README.name} regenerated from the results")
 
 
 if __name__ == "__main__":

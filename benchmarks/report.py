@@ -17,6 +17,8 @@ from rich.table import Table
 #: The page that holds the table (the README links to it; it is the manual's benchmarks page).
 README = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 RESULTS = Path(__file__).parent / "results" / "latest.json"
+#: Where ``--quick`` saves its figures: a first look, never the manual's table.
+QUICK_RESULTS = RESULTS.with_name("quick.json")
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -266,7 +268,19 @@ def markdown(f: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def quick_cases(f: dict[str, Any]) -> list[str]:
+    """The cases of ``f`` measured with ``--quick`` (the whole run's, when it was one)."""
+    if f.get("quick"):
+        return ["every case"]
+    return [key for key, case in f.items() if isinstance(case, dict) and case.get("quick")]
+
+
 def update_readme(f: dict[str, Any], readme: Path = README) -> None:
+    """Rewrite the table of ``readme`` from the figures ``f``; figures of short runs
+    (``--quick``) are refused, so that none can reach the manual."""
+    if quick := quick_cases(f):
+        raise ValueError(f"quick figures ({', '.join(quick)}) are a first look, not the manual's table: "
+                         "run `make bench` for it")
     text = readme.read_text()
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
@@ -274,5 +288,8 @@ def update_readme(f: dict[str, Any], readme: Path = README) -> None:
 
 
 if __name__ == "__main__":
-    update_readme(json.loads(RESULTS.read_text()))
+    try:
+        update_readme(json.loads(RESULTS.read_text()))
+    except ValueError as error:
+        raise SystemExit(f"{RESULTS}: {error}") from None
     print(f"{README} updated from {RESULTS}")

@@ -125,8 +125,8 @@ def test_the_daemon_exits_with_one_clear_line_when_it_cannot_start() -> None:
         port = busy.getsockname()[1]
         done = autoresponse("run", env=environment(AUTORESPONSE_ADMIN__PORT=str(port)), timeout=60)
     assert done.returncode == 1
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "WARNING" in line]
+    assert len(errors) == 1, done.stderr  # nothing about the actors it stopped on its way out
     assert f"cannot start: the admin endpoint cannot listen on 127.0.0.1:{port}" in errors[0]
 
 

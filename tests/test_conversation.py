@@ -364,3 +364,14 @@ def test_forget_in_a_burst_takes_its_turn_and_leaves_nothing_before_it(
 
     ask(app, "what is my password?")
     assert [m["role"] for m in chat_turns(fake_llm)[-1].messages] == ["system", "user"]
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_offline_engine_offers_only_commands_it_can_run(make_app: MakeApp, terminal: bool) -> None:
+    app = make_app(terminal=terminal)  # base_url None: the built-in offline engine
+    ask(app, "hello")
+    greeting = console_text(app)
+    assert "Hello! I'm synth" in greeting
+    assert ("`run df -h`" in greeting) is terminal
+    if not terminal:
+        assert "The terminal executor is off" in greeting

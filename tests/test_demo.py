@@ -61,3 +61,28 @@ def test_a_data_dir_of_ones_own_is_used_and_never_emptied_by_fresh(tmp_path: Pat
     again = demo(home, fake_llm, "what did I ask you before?", AUTORESPONSE_DATA_DIR=str(data))
     assert said(again, "kept-in-my-dir")  # ... and the directory's own memory is still there,
     assert not said(again, "only-in-a-scratch-memory")  # without the fresh run's turns
+
+
+def test_history_reads_the_demos_memory_with_demo_and_says_when_none_has_any(
+    tmp_path: Path, fake_llm: FakeLLMServer
+) -> None:
+    home = tmp_path / "home"
+    env = environment(HOME=str(home), XDG_DATA_HOME=str(home / "xdg"))
+
+    def history(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autoresponse", "history", *args], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+
+    demo(home, fake_llm, "run echo what-the-demo-said")
+    assert "console:console:" in history("--demo").stdout
+    shown = json.loads(history("--demo", "console", "--json").stdout)
+    assert shown[0]["content"] == "run echo what-the-demo-said"
+    daemons = history()  # the daemon's own data dir: the demo never wrote there
+    assert daemons.returncode == 0 and "console:console:" not in daemons.stdout
+    # /forget is answered (by a notice: exit 0), and a memory that holds no chat says so,
+    # rather than printing nothing.
+    forget = subprocess.run([sys.executable, "-m", "autoresponse", "demo", "/forget"], capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
+    assert forget.returncode == 0 and "forgotten" in forget.stdout, forget.stderr
+    empty = history("--demo")
+    assert empty.returncode == 0 and empty.stdout.startswith("no chat has memory at "), empty.stdout

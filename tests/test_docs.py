@@ -38,6 +38,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,16 +252,35 @@ def test_the_collector_reads_markers_and_fences(tmp_path: Path) -> None:
     assert "AUTORESPONSE_A" in prose and "$ output" not in prose
 
 
-def test_the_benchmark_figures_come_from_the_results_file() -> None:
+def _report() -> Any:
     spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
     assert spec is not None and spec.loader is not None
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def test_the_benchmark_figures_come_from_the_results_file() -> None:
+    report = _report()
     results = json.loads(report.RESULTS.read_text())
+    assert report.quick_cases(results) == []  # full runs only
     text = report.README.read_text()
     assert report.README.is_relative_to(ROOT / "docs")
     table = text.split(report.START, 1)[1].split(report.END, 1)[0]
     assert table.strip() == report.markdown(results).strip()
+
+
+def test_quick_figures_never_reach_the_table(tmp_path: Path) -> None:
+    report = _report()
+    results = json.loads(report.RESULTS.read_text())
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"before\n{report.START}\nthe table\n{report.END}\nafter\n")
+    for quick in ({**results, "quick": True}, {**results, "soak": {**results["soak"], "quick": True}}):
+        with pytest.raises(ValueError, match="quick figures"):
+            report.update_readme(quick, page)
+    assert "the table" in page.read_text()
+    report.update_readme(results, page)
+    assert "the table" not in page.read_text() and page.read_text().startswith("before")
 
 
 def test_the_readme_is_a_front_door() -> None:

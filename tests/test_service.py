@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, actors, environment, wait_for
+from conftest import Daemon, actors, environment, free_port, wait_for
 
 import autoresponse
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DRAIN_SECONDS
@@ -342,3 +342,101 @@ def test_the_systemd_unit_waits_for_ready_and_gives_the_drain_its_time(tmp_path:
         done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0 and unit.name not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------- a job of a terminal
+
+
+class _Terminal:
+    """An interactive bash on a pseudo-terminal of its own, with job control, as a user
+    types into it: what it prints is read all along (a full terminal would block its jobs)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import pty
+        import termios
+        import threading
+
+        master, slave = pty.openpty()
+
+        def controlling_terminal() -> None:  # in the child, after setsid: the pty is its terminal
+            import fcntl
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.shell = subprocess.Popen(["bash", "--norc", "--noprofile", "-i"], stdin=slave, stdout=slave,
+                                      stderr=slave, start_new_session=True, preexec_fn=controlling_terminal,
+                                      env={**env, "PS1": "$ ", "TERM": "dumb"})
+        os.close(slave)
+        self.master, self.output = master, b""
+        self._reader = threading.Thread(target=self._read, name="terminal", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the shell is gone
+                return
+            if not chunk:
+                return
+            self.output += chunk
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode())
+
+    def printed(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def close(self) -> None:
+        self.shell.kill()
+        self.shell.wait(10)
+        os.close(self.master)
+        self._reader.join(10)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or not hasattr(os, "tcgetpgrp"), reason="needs bash and a pty")
+def test_a_daemon_started_with_an_ampersand_keeps_serving_and_reads_once_in_the_foreground(tmp_path: Path) -> None:
+    port = free_port()
+    terminal = _Terminal(environment(AUTORESPONSE_ADMIN__PORT=str(port), AUTORESPONSE_DATA_DIR=str(tmp_path / "d"),
+                                     HOME=str(tmp_path)))
+    daemon_pid = None
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    try:
+        terminal.type(f"{sys.executable} -m autoresponse run &\n")
+        daemon_pid = int(wait_for(lambda: re.search(r"\[1\] (\d+)", terminal.printed()), 30).group(1))
+        wait_for(healthy, 30)
+        # The user types ahead while the shell runs something: a line waits in the terminal,
+        # and a daemon that read it would be stopped by it (SIGTTIN), its admin endpoint too.
+        terminal.type("sleep 2; jobs -l\n")
+        terminal.type(": typed ahead, for the shell\n")
+        wait_for(lambda: re.search(rf"{daemon_pid} (Running|Stopped)", terminal.printed()), 30)
+        assert re.search(rf"{daemon_pid} Running", terminal.printed()), terminal.printed()
+        assert healthy()
+        assert "the console waits" in terminal.printed()  # and the log says why it does not read
+        # Brought to the foreground, it reads the terminal: a request gets its reply.
+        terminal.type("fg\n")
+        terminal.type("hello from the foreground\n")
+        wait_for(lambda: "#1" in terminal.printed() and "↳#1" in terminal.printed(), 30)
+        terminal.type("\x03")  # Ctrl-C: the daemon drains and exits
+        wait_for(lambda: _gone(daemon_pid), 30)
+        daemon_pid = None
+    finally:
+        if daemon_pid is not None and not _gone(daemon_pid):
+            os.kill(daemon_pid, signal.SIGKILL)
+        terminal.close()
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a child of the shell: once the shell reaps it, or kill finds none)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split(") ", 1)[1].startswith("Z")

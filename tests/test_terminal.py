@@ -271,6 +271,18 @@ def test_argument_rules_come_from_toml_and_the_environment(tmp_path: Path,
         parse_command("echo -ne 'a\\tb'", terminal.allowed_commands, terminal.arguments)
 
 
+def test_the_rules_the_daemon_page_shows_are_the_shipped_ones() -> None:
+    """A user who copies the manual's example keeps every rule that ships."""
+    import tomllib
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "daemon.md").read_text()
+    example = tomllib.loads(page.split("```toml\n", 1)[1].split("```", 1)[0])
+    shown = {name: ArgumentRule(**rule) for name, rule in example["terminal"]["arguments"].items()}
+    assert shown == {name: DEFAULT_ARGUMENT_RULES[name] for name in shown}
+    assert set(shown) == {"date", "hostname"}  # and the prose names the third: uptime's
+    assert "`uptime FILE`" in page
+
+
 @pytest.mark.parametrize(
     ("rule", "error"),
     [({"refused": ["-f"]}, "Extra inputs are not permitted"),  # a typo must not allow everything

@@ -381,7 +381,7 @@ class JetStreamJournal:
         return found
 
     async def _nats_error(self, exc: Exception) -> None:
-        log.warning("NATS: %s", exc)
+        log.warning("NATS: %r", exc)
 
     # ---------------------------------------------------------------- journal
 
@@ -430,7 +430,7 @@ class JetStreamJournal:
             except Exception as exc:  # the server is away: the client reconnects
                 if self._closed:
                     return
-                log.warning("taking work from NATS failed: %s", exc)
+                log.warning("taking work from NATS failed: %r", exc)  # %r: some say nothing but their type
                 await asyncio.sleep(1.0)
                 continue
             for msg in msgs:
@@ -485,7 +485,7 @@ class JetStreamJournal:
                 try:
                     await msg.in_progress()
                 except Exception as exc:
-                    log.debug("progress not reported: %s", exc)
+                    log.debug("progress not reported: %r", exc)
 
     def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None:
         """The item ended here (``done`` or ``dead``): ack it, which deletes it; its
@@ -656,7 +656,7 @@ class JetStreamJournal:
         try:
             self.run(shut(), timeout=15)
         except Exception as exc:
-            log.warning("closing the NATS journal: %s", exc)
+            log.warning("closing the NATS journal: %r", exc)
         self._stop_loop()
 
     def _stop_loop(self) -> None:

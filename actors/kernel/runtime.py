@@ -170,8 +170,8 @@ class Runtime:
         if self._state != "running":
             return True
         for name in first:
-            if name in self._cells:
-                self._cells[name].stop(timeout=drain)
+            if name in self._cells:  # as every actor below: even with no drain, a second to stop
+                self._cells[name].stop(timeout=max(drain, 1.0))
         until = time.monotonic() + drain
         drained = self.inflight.wait(timeout=0)
         while not drained and not self._hurry.is_set() and time.monotonic() < until:

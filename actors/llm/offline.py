@@ -90,6 +90,9 @@ class OfflineEngine:
 
     name = "offline"
 
+    def __repr__(self) -> str:
+        return "OfflineEngine()"
+
     async def answer(self, prompt: PromptRequest, on_text: Callable[[str], None] | None = None) -> Completion:
         """The answer to ``prompt``, read from the prompt itself (no rendering needed)."""
         if prompt.system_message is not None:
@@ -136,6 +139,9 @@ class OfflineEngine:
                 return [_message(allowed, "I can't schedule reminders here: events are off.")]
             return [{"type": "event", "payload": _reminder(*remind.groups())}]
         if _GREETING.match(text):
+            if "terminal" not in allowed:  # offer nothing it would then refuse
+                return [_message(allowed, "Hello! I'm synth, on the built-in offline engine. The terminal "
+                                          "executor is off here, so there is no command to run.")]
             return [_message(allowed, "Hello! I'm synth, on the built-in offline engine. "
                                       "Ask me to `run df -h`, `run uptime` or `run date`.")]
         return [_message(allowed, "I'm the offline engine, so I only understand `run <command>`. "

@@ -8,6 +8,7 @@ Such a line is an answer for the approvals desk, not a request.
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import re
 import select
@@ -22,11 +23,23 @@ from autoresponse.interfaces.console.console import Console, ConsoleInput
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
 from autoresponse.messages.approval import ApprovalAnswer
 
+log = logging.getLogger(__name__)
+
 INTERFACE_NAME = "console"
 #: A longer line is cut: the LLM would be asked to fix an overlong request anyway.
 MAX_LINE_CHARS = 16_000
 #: An answer to an approval prompt: ``/approve`` or ``/deny``, with the approval's id or not.
 _ANSWER = re.compile(r"^/(approve|deny)(?:\s+(\S+))?$", re.IGNORECASE)
+
+
+def in_background(fd: int) -> bool:
+    """True when ``fd`` is a terminal that another process group has in the foreground:
+    the daemon was started with ``&`` (or sent there with Ctrl-Z and ``bg``), and a read
+    would stop it, admin endpoint and every platform with it, until brought back."""
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:  # a terminal, but not this session's: reading it stops nobody
+        return False
 
 
 class StdinReader:
@@ -55,8 +68,16 @@ class StdinReader:
             fd = self._stream.fileno()
         except (AttributeError, OSError, ValueError):
             return
-        pending = b""
+        pending, told = b"", False
         while not self._stop.is_set():
+            if in_background(fd):  # a read now would stop the whole daemon (SIGTTIN)
+                if not told:
+                    log.warning("the console waits: the daemon is a background job of this terminal, and reads "
+                                "its requests once brought to the foreground (console.read_stdin = false "
+                                "turns reading off)")
+                    told = True
+                self._stop.wait(0.2)
+                continue
             ready, _, _ = select.select([fd], [], [], 0.2)
             if not ready:
                 continue
