@@ -19,12 +19,13 @@ message can name its target chat instead of giving its id.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -35,6 +36,8 @@ from autoresponse.actors.limits import (
     MEMORY_RETENTION_SECONDS,
 )
 from autoresponse.messages import ActionResult, OriginalContext, Turn
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memory (
@@ -76,6 +79,30 @@ class Entry(BaseModel):
     content: str
     tokens: int
     time: float
+
+
+#: The columns of a memory row, in the order ``history`` selects them: an Entry's fields.
+_ENTRY_COLUMNS = ("id", "chat", "role", "kind", "content", "tokens", "time")
+
+
+def newest_within(rows: Iterable[Any], limit: int, chat: str) -> list[Entry]:
+    """The newest of ``rows`` (newest first, each an Entry's fields) that fit ``limit``
+    tokens, oldest first. A damaged one is left out, with a warning: the chat goes on
+    without it rather than failing on it at every request."""
+    kept: list[Entry] = []
+    total = 0
+    for row in rows:
+        try:
+            entry = Entry.model_validate(row)
+        except ValueError:  # a ValidationError
+            log.warning("memory entry %s of chat %s is unreadable, and left out",
+                        row.get("id") if isinstance(row, dict) else "?", chat)
+            continue
+        total += entry.tokens
+        if total > limit:
+            break
+        kept.append(entry)
+    return kept[::-1]
 
 
 class KnownChat(BaseModel):
@@ -164,7 +191,8 @@ class ConversationStore:
     def _trim(self, chat: str) -> None:
         total, cutoff = 0, None
         for row_id, tokens in self._db.execute(
-                "SELECT id, tokens FROM memory WHERE chat = ? ORDER BY id DESC", (chat,)):
+                # CAST: a damaged row counts as nothing, and goes with the older ones
+                "SELECT id, CAST(tokens AS INTEGER) FROM memory WHERE chat = ? ORDER BY id DESC", (chat,)):
             total += tokens
             if total > self.max_tokens:
                 cutoff = row_id
@@ -182,14 +210,7 @@ class ConversationStore:
         with self._lock:
             rows = self._db.execute("SELECT id, chat, role, kind, content, tokens, time FROM memory "
                                     "WHERE chat = ? ORDER BY id DESC", (chat,)).fetchall()
-        kept, total = [], 0
-        for row in rows:
-            total += row[5]
-            if total > limit:
-                break
-            kept.append(Entry(id=row[0], chat=row[1], role=row[2], kind=row[3], content=row[4],
-                              tokens=row[5], time=row[6]))
-        return kept[::-1]
+        return newest_within((dict(zip(_ENTRY_COLUMNS, row)) for row in rows), limit, chat)
 
     def forget(self, chat: str) -> int:
         """Forget a chat's memory (a user's ``/forget``); how many entries went."""

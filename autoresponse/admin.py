@@ -206,7 +206,12 @@ def cross_site(request: web.Request) -> bool:
     if site is not None and site not in ("same-origin", "none"):
         return True
     origin = request.headers.get("Origin")
-    return origin is not None and urlsplit(origin).netloc != request.headers.get("Host")
+    if origin is None:
+        return False
+    try:
+        return urlsplit(origin).netloc != request.headers.get("Host")
+    except ValueError:  # an Origin that does not parse ("http://[::1") is nobody's: not this one
+        return True
 
 
 class AdminServer:
@@ -283,7 +288,10 @@ class AdminServer:
             return _error(403, "refused: a cross-site request")
         if request.path == "/" and "token" in request.query:
             return self._sign_in()
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge as exc:  # aiohttp's own is plain text
+            return _error(413, exc.text or "the body is too large")
 
     def _authorized(self, request: web.Request) -> bool:
         """The bearer header, the page's cookie, or (to get that cookie) GET /?token=."""
@@ -386,7 +394,7 @@ class AdminServer:
         try:
             letter_id = int(request.match_info["id"])
             envelope = self.runtime.replay(letter_id)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, OverflowError):  # OverflowError: an id past SQLite's integers
             return _error(404, f"no replayable dead letter #{request.match_info['id']}")
         if envelope is None:
             return _error(409, "the replay was refused; see the new dead letter")

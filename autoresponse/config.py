@@ -598,6 +598,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8") from None
+    except RecursionError:  # tomllib recurses into each nested array or table
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
 
@@ -798,7 +800,7 @@ class _Sources:
                 continue
             try:
                 json.loads(value)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
                 members = _members(found.annotation)
                 listed = any(issubclass(get_origin(a) or a, (Sequence, AbstractSet)) for a in members)
                 expected = 'a JSON list, e.g. ["a", "b"]' if listed else 'a JSON object, e.g. {"k": "v"}'

@@ -125,6 +125,45 @@ def test_dead_letters_are_listed_and_replayed(make_app: MakeApp) -> None:
     assert code == 404
 
 
+def test_what_a_client_sends_gets_a_json_answer_never_a_500(make_app: MakeApp) -> None:
+    app = make_app(admin=ADMIN)
+    url = admin_url(app)
+    code, body = call(f"{url}/deadletters/{'9' * 25}/replay", "POST", {})  # past SQLite's integers
+    assert code == 404 and "no replayable dead letter" in json.loads(body)["error"]
+    request = urllib.request.Request(f"{url}/inject/interface.console", method="POST", data=b'{"text": "hi"}',
+                                     headers={"Origin": "http://[::1", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # an Origin that does not parse is not ours
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403
+    assert json.loads(refused.value.read())["error"] == "refused: a cross-site request"
+    code, answer = post_raw(f"{url}/inject/interface.console", b"[" + b" " * (2 << 20) + b"]")
+    assert code == 413 and "Maximum request body size" in answer["error"]
+
+
+def test_a_damaged_dead_letter_or_trace_in_the_journal_is_left_out(make_app: MakeApp, tmp_path: Any) -> None:
+    import sqlite3
+
+    app = make_app(admin=ADMIN, data_dir=tmp_path / "data")
+    for junk in ("one", "two"):
+        app.runtime.send("dispatcher", junk)  # no handler: two dead letters, kept in the journal
+    traced = ask(app, "hello").correlation_id
+    assert app.runtime.wait_idle(timeout=10)
+    [_, correlation] = [letter.correlation_id for letter in app.runtime.dead_letters.letters()]
+    app.stop()
+    with sqlite3.connect(tmp_path / "data" / "journal.sqlite3") as db:
+        first = db.execute("SELECT MIN(id) FROM dead_letters").fetchone()[0]
+        db.execute("UPDATE dead_letters SET summary = ? WHERE id = ?", ("[" * 100_000, first))
+        assert db.execute("UPDATE traces SET hops = 'not json' WHERE correlation = ?", (traced,)).rowcount == 1
+    again = make_app(admin=ADMIN, data_dir=tmp_path / "data")
+    url = admin_url(again)
+    code, body = call(f"{url}/deadletters")
+    assert code == 200 and [d["envelope"]["correlation_id"] for d in json.loads(body)["letters"]] == [correlation]
+    assert call(f"{url}/deadletters/{first}/replay", "POST", {})[0] == 404
+    assert call(f"{url}/")[0] == 200  # the status page lists the rest
+    code, body = call(f"{url}/trace/{traced}")
+    assert code == 404 and "no trace of" in json.loads(body)["error"], body  # nothing to show, said as ever
+
+
 def test_binding_outside_loopback_needs_a_token() -> None:
     rt = Runtime().start()
     try:

@@ -77,6 +77,31 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "config file not found" in done.stderr
 
 
+def test_a_line_with_no_end_at_the_console_is_one_request_cut_short(tmp_path: Path) -> None:
+    env = environment(AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            preexec_fn=default_signals)
+    try:
+        out = _lines(proc.stdout)
+        assert proc.stdin is not None
+        proc.stdin.write("x" * 1_000_000)  # a megabyte with no newline: once it was 15 requests
+        proc.stdin.write("\nrun echo after-the-long-line\n")
+        proc.stdin.flush()
+        seen: list[str] = []
+        while not any("`echo after-the-long-line` finished" in line for line in seen):
+            seen.append(out.get(timeout=60))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    asked = [line.split("│", 1)[0].split()[1] for line in seen if line.startswith("you")]
+    assert asked == ["#1", "#2"], asked  # the long line cut to one request, then the next line
+
+
 def _lines(stream) -> queue.Queue[str]:  # type: ignore[no-untyped-def]
     lines: queue.Queue[str] = queue.Queue()
 

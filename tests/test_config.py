@@ -51,6 +51,20 @@ def test_a_toml_file_that_does_not_parse_names_the_file_line_and_column(tmp_path
         Settings.load(config)
 
 
+@pytest.mark.parametrize("value", ["[" * 100_000 + "]" * 100_000, "{b = " * 5_000 + "1" + "}" * 5_000])
+def test_a_toml_file_nested_past_any_parser_is_one_line_too(tmp_path: Path, value: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f"a = {value}\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: not valid TOML: nested too deeply"):
+        Settings.load(config)
+
+
+def test_a_json_variable_nested_past_any_parser_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTORESPONSE_TELEGRAM__ALLOWED_USERS", "[" * 100_000)
+    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_TELEGRAM__ALLOWED_USERS is .*expected a JSON list"):
+        Settings.load()
+
+
 def test_a_value_that_does_not_validate_names_its_variable_the_value_and_what_was_expected(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -375,3 +375,24 @@ def test_the_offline_engine_offers_only_commands_it_can_run(make_app: MakeApp, t
     assert ("`run df -h`" in greeting) is terminal
     if not terminal:
         assert "The terminal executor is off" in greeting
+
+
+@pytest.mark.parametrize(("column", "value"), [("role", "robot"), ("content", b"\xff\xfe"), ("tokens", "many")])
+def test_a_damaged_memory_row_is_left_out_and_the_chat_goes_on(
+    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path, column: str, value: object
+) -> None:
+    import sqlite3
+
+    app = make_app(base_url=fake_llm.base_url, data_dir=tmp_path / "data")
+    ask(app, "the first question")
+    app.stop()
+    with sqlite3.connect(tmp_path / "data" / "memory.sqlite3") as db:  # damaged by hand, or another version
+        db.execute(f"UPDATE memory SET {column} = ? WHERE content = 'the first question'", (value,))
+    again = make_app(base_url=fake_llm.base_url, data_dir=tmp_path / "data")
+    ask(again, "the second question")
+    ask(again, "the third question")
+    assert again.runtime.dead_letters.letters() == []
+    last = chat_turns(fake_llm)[-1].messages
+    said = [m["content"] for m in last if m["role"] == "user"]
+    assert "the second question" in said and said[-1] == "the third question"
+    assert "the first question" not in said

@@ -728,3 +728,32 @@ def test_the_replies_to_new_work_read_nothing_from_the_journal(make_app: Callabl
     text = console_text(app)
     assert text.count("`uname -s` finished") == 1 and "Linux" in text
     assert reads == []
+
+
+@pytest.mark.parametrize("payload", ['{"text": 42}', "not json at all", "[" * 100_000, b"\xff\xfe\x00binary"],
+                         ids=["wrong type", "garbage", "deeply nested", "a blob"])
+def test_an_unreadable_open_item_is_closed_and_the_rest_resumes(tmp_path: Path, payload: str | bytes) -> None:
+    """A journal written by another version, or damaged: the item that cannot be read closes
+    as dead with its reason, and the daemon starts and answers the rest."""
+    path = tmp_path / "data" / "journal.sqlite3"
+    path.parent.mkdir()
+    journal = SqliteJournal(path)
+    try:
+        for n, correlation in enumerate(["broken", "fine"]):
+            envelope = Envelope.new(ConsoleInput(text=f"hello {n}"), correlation_id=correlation)
+            assert journal.accept(envelope, actor=interface("console")).result(5)
+    finally:
+        journal.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE items SET payload = ? WHERE correlation = 'broken'", (payload,))
+    daemon = Daemon(tmp_path, AUTORESPONSE_EVENTS__ENABLED="false").start()
+    try:
+        assert daemon.cli("status", "--json").returncode == 0
+    finally:
+        assert daemon.stop() == 0
+    log = daemon.log()
+    assert "cannot resume broken: its payload is unreadable" in log
+    assert "resumed 1 unfinished work items" in log
+    with sqlite3.connect(path) as db:
+        states = dict(db.execute("SELECT correlation, state FROM items"))
+    assert states == {"broken": "dead", "fine": "done"}

@@ -8,10 +8,13 @@ import io
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
 from autoresponse.actors.limits import LLM_MAX_TOKENS
 from conftest import ask, free_port
@@ -21,10 +24,10 @@ from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
 from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import LLM, sender
+from autoresponse.actors.routes import DISPATCHER, LLM, sender
 from autoresponse.interfaces.console import Console
 from autoresponse.actors.prompts import build_chat_request
-from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 CONSOLE = OriginalContext(interface_name="console", chat_id="console", user_id="me")
@@ -388,3 +391,143 @@ async def test_a_deeply_nested_body_is_malformed_not_a_recursion_error(
         with pytest.raises(LLMError, match="malformed LLM response"):
             await engine.complete(MESSAGES)
     assert len(fake_llm.requests) == 1
+
+
+# --- A field of the wrong type in an answer: unknown where it only informs, a malformed
+# answer where the reply depends on it; never an exception that crashes the llm actor. ---
+
+
+class RawStreamLLM(FakeLLMServer):
+    """Streams each answer as the chunks given, verbatim (what follows ``data: ``), then
+    ``[DONE]``: what a hostile server can send and ``FakeResponse`` cannot say (a model
+    that is not text, JSON's ``1e999``)."""
+
+    def __init__(self, *streams: list[str]) -> None:
+        super().__init__()
+        self.streams = deque(streams)
+
+    async def _events(self, request: web.Request, scripted: FakeResponse,
+                      body: dict[str, Any]) -> web.StreamResponse:
+        if not self.streams:
+            return await super()._events(request, scripted, body)
+        response = web.StreamResponse(status=200)
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        for chunk in [*self.streams.popleft(), "[DONE]"]:
+            await response.write(f"data: {chunk}\n\n".encode())
+        await response.write_eof()
+        return response
+
+
+def hello(**fields: str) -> str:
+    """A whole completion saying "Hello there.", with ``fields`` (raw JSON) put in."""
+    choice = fields.pop("choice", "")
+    return ('{"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there."}'
+            + (f", {choice}" if choice else ', "finish_reason": "stop"') + "}]"
+            + "".join(f', "{name}": {value}' for name, value in fields.items()) + "}")
+
+
+HELLO_CHUNK = '{"model": "fake", "choices": [{"index": 0, "delta": {"content": "Hello there."}}]}'
+
+
+def answered(app: Application) -> tuple[list[OutboundMessage], list[LLMReply]]:
+    """What the console got for one "hello", and the replies the llm actor passed on."""
+    with app.runtime.probe(sender("console")) as out, app.runtime.probe(DISPATCHER) as passed:
+        ask(app, "hello")
+        return out.bodies(OutboundMessage), passed.bodies(LLMReply)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_model_or_finish_reason_that_is_not_text_is_unknown_never_a_crash(
+    make_app: Callable[..., Application], stream: bool
+) -> None:
+    """Both only inform: the user gets the answer, the configured model's name stands in,
+    why it stopped is unknown, and the llm actor never restarts over them."""
+    whole = hello(choice='"finish_reason": {"why": "stop"}', model="42")
+    chunks = ['{"model": 42, "choices": [{"index": 0, "delta": {"content": "Hello there."}}]}',
+              '{"model": ["x"], "choices": [{"index": 0, "delta": {}, "finish_reason": 7}]}']
+    with RawStreamLLM(chunks) as llm:
+        llm.script(*([] if stream else [FakeResponse(body=whole)] * 3))
+        app = make_app(base_url=llm.base_url, llm={"stream": stream, "model": "configured"})
+        sent, [reply] = answered(app)
+        assert [m.text for m in sent if not m.preview] == ["Hello there."]
+        assert (reply.model, reply.finish_reason) == ("configured", None)
+        assert app.runtime.dead_letters.letters() == []
+        assert app.runtime.cell(LLM).restarts == 0
+        assert len(llm.requests) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_usage_too_large_to_read_is_unknown_never_a_crash(
+    make_app: Callable[..., Application], stream: bool
+) -> None:
+    """JSON's ``1e999`` reads as an infinite float, which no count is: the usage is unknown
+    (as any unreadable usage), the answer stands, and nobody is told the LLM was away."""
+    usage = '{"prompt_tokens": 1e999, "completion_tokens": 3, "total_tokens": 1e999}'
+    with RawStreamLLM([HELLO_CHUNK, '{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}',
+                       f'{{"choices": [], "usage": {usage}}}']) as llm:
+        llm.script(*([] if stream else [FakeResponse(body=hello(usage=usage))] * 3))
+        app = make_app(base_url=llm.base_url, llm={"stream": stream})
+        sent, [reply] = answered(app)
+        assert [m.text for m in sent if not m.preview] == ["Hello there."]
+        assert reply.usage is None and reply.finish_reason == "stop"
+        assert app.runtime.dead_letters.letters() == []
+        assert app.runtime.cell(LLM).restarts == 0
+
+
+@pytest.mark.parametrize("piece", [
+    '{"index": 1e999, "id": "call_0", "function": {"name": "message_console", "arguments": "{}"}}',
+    '{"index": -1, "id": "call_0", "function": {"name": "message_console", "arguments": "{}"}}',
+    '{"index": 0, "id": 5, "function": {"name": "message_console", "arguments": "{}"}}',
+    '{"index": 0, "id": "call_0", "function": {"name": {"a": 1}, "arguments": "{}"}}',
+], ids=["index-1e999", "index-negative", "id-number", "name-object"])
+def test_a_streamed_tool_call_that_cannot_be_read_is_a_malformed_stream_never_a_crash(
+    make_app: Callable[..., Application], piece: str
+) -> None:
+    """Which call a piece belongs to, and its id and name, are the reply itself: one that
+    cannot be read is a malformed answer for that call (not retried, as any malformed
+    answer), the user gets the notice, and the llm actor goes on."""
+    chunk = f'{{"model": "fake", "choices": [{{"index": 0, "delta": {{"tool_calls": [{piece}]}}}}]}}'
+    done = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}'
+    with RawStreamLLM(*[[chunk, done]] * 3) as llm:
+        app = make_app(base_url=llm.base_url, llm={"stream": True})
+        sent, replies = answered(app)
+        assert [(m.notice, m.text) for m in sent if not m.preview] == [(True, UNREACHABLE_NOTICE)]
+        assert replies == []
+        [letter] = app.runtime.dead_letters.letters()
+        assert letter.reason == "llm unavailable" and "malformed LLM stream" in letter.detail
+        assert app.runtime.cell(LLM).restarts == 0
+        assert len(llm.requests) == 1
+
+
+@pytest.mark.parametrize("call", [
+    '{"id": 5, "type": "function", "function": {"name": "message_console", "arguments": "{}"}}',
+    '{"id": "call_0", "type": "function", "function": {"name": ["message_console"], "arguments": "{}"}}',
+], ids=["id-number", "name-list"])
+async def test_a_tool_call_whose_id_or_name_is_not_text_is_a_malformed_response(
+    fake_llm: FakeLLMServer, call: str
+) -> None:
+    fake_llm.script(FakeResponse(body='{"choices": [{"index": 0, "message": {"role": "assistant", '
+                                      f'"content": null, "tool_calls": [{call}]}}, "finish_reason": "tool_calls"}}]}}'))
+    async with engine_for(fake_llm) as engine:
+        with pytest.raises(LLMError, match="malformed LLM response"):
+            await engine.complete(MESSAGES)
+    assert len(fake_llm.requests) == 1
+
+
+@pytest.mark.parametrize("props", [
+    {"default_generation_settings": [1], "chat_template_caps": "tools"},
+    {"n_ctx": float("inf"), "default_generation_settings": {"n_ctx": -5}},
+    {"n_ctx": True},
+], ids=["members-not-objects", "windows-not-counts", "window-a-truth-value"])
+async def test_what_a_server_says_of_itself_unreadably_is_unknown_never_a_failed_call(
+    props: dict[str, Any],
+) -> None:
+    """Discovery never fails a call: a /props whose members are of the wrong type says
+    nothing, and the call goes on unfitted."""
+    with FakeLLMServer(props=props) as llm:
+        prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+        async with engine_for(llm) as engine:
+            await engine.answer(prompt)
+            assert engine.context_tokens is None and engine.server_facts == {"server": "llama.cpp",
+                                                                              "context_tokens": None}

@@ -306,6 +306,17 @@ def test_a_malformed_update_is_dead_lettered_acknowledged_and_the_rest_flow_on(
     assert bot.runtime.cell("interface.telegram").restarts == 0
 
 
+def test_an_unreadable_answer_to_getupdates_is_a_failed_poll_and_polling_goes_on(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    for body in (b'{"ok": true}', b'{"ok": false}', b"[" * 100_000 + b"]" * 100_000, b"\xff garbage"):
+        fake_telegram.answer_next("getUpdates", body)
+    fake_telegram.push_text("run echo after the garbage", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=30)
+    assert "after the garbage" in json.dumps(sent.params)
+    assert bot.runtime.cell("interface.telegram").restarts == 0  # backed off and polled again, not crashed
+
+
 def test_an_update_with_text_that_is_not_unicode_is_dead_lettered_and_acknowledged(
     bot: Application, fake_telegram: FakeTelegramServer
 ) -> None:

@@ -147,6 +147,24 @@ def check_journal(path: Path) -> list[str]:
     return [] if problems == ["ok"] else problems
 
 
+def _stored(text: Any, what: str) -> Any:
+    """JSON the journal wrote, read back; None, with a warning, when a damaged row (or one
+    of another version) holds something else: the rest are read as ever."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        log.warning("the journal's %s is unreadable, and left out", what)
+        return None
+
+
+def _text(value: Any) -> str:
+    """A column of an item as text, whatever a damaged row holds (a blob, a number): such an
+    item then fails to rebuild on its own, and the rest resume."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value if isinstance(value, str) else str(value)
+
+
 class JournalItem(BaseModel):
     correlation: str
     actor: str
@@ -597,7 +615,8 @@ class SqliteJournal:
             rows = self._db.execute(
                 "SELECT correlation, actor, type, payload FROM items WHERE state = 'open' ORDER BY created"
             ).fetchall()
-        return [JournalItem(correlation=r[0], actor=r[1], type=r[2], payload=r[3]) for r in rows]
+        return [JournalItem(correlation=_text(r[0]), actor=_text(r[1]), type=_text(r[2]), payload=_text(r[3]))
+                for r in rows]
 
     def record_trace(self, correlation: str, trace: Any) -> concurrent.futures.Future[bool]:
         """Keep the trace of finished work that had no item (``finish`` keeps an item's),
@@ -616,19 +635,19 @@ class SqliteJournal:
                                      (correlation,)).fetchall()
         if not kept:
             return None
-        return json.loads(max(kept, key=lambda row: row[0] or 0.0)[1])
+        return _stored(max(kept, key=lambda row: row[0] or 0.0)[1], f"trace of {correlation}")
 
     def dead_letters(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` dead letters, oldest first."""
         with self._db_lock:
             rows = self._db.execute("SELECT summary FROM dead_letters ORDER BY id DESC LIMIT ?",
                                     (limit,)).fetchall()
-        return [json.loads(r[0]) for r in reversed(rows)]
+        return [letter for r in reversed(rows) if (letter := _stored(r[0], "a dead letter")) is not None]
 
     def dead_letter(self, letter_id: int) -> dict[str, Any] | None:
         with self._db_lock:
             row = self._db.execute("SELECT summary FROM dead_letters WHERE id = ?", (letter_id,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else _stored(row[0], f"dead letter #{letter_id}")
 
     def last_dead_letter_id(self) -> int:
         with self._db_lock:

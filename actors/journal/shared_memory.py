@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from autoresponse.actors.journal.jetstream import compare_and_set, kv_key
 from autoresponse.actors.limits import MEMORY_MAX_TOKENS, MEMORY_RETENTION_SECONDS
-from autoresponse.actors.memory import Entry, Kind, KnownChat, Role, estimate_tokens, matching_chats
+from autoresponse.actors.memory import (
+    Entry,
+    Kind,
+    KnownChat,
+    Role,
+    estimate_tokens,
+    matching_chats,
+    newest_within,
+)
 from autoresponse.messages import OriginalContext, Turn
 
 if TYPE_CHECKING:
@@ -83,13 +91,8 @@ class SharedConversationStore:
     def history(self, chat: str, budget: int | None = None) -> list[Entry]:
         limit = self.max_tokens if budget is None else budget
         value, _ = self._journal.run(self._read(chat))
-        kept, total = [], 0
-        for raw in reversed(value["entries"]):
-            total += raw["tokens"]
-            if total > limit:
-                break
-            kept.append(Entry(chat=chat, **raw))
-        return kept[::-1]
+        return newest_within(({**raw, "chat": chat} if isinstance(raw, dict) else raw
+                              for raw in reversed(value["entries"])), limit, chat)
 
     def forget(self, chat: str) -> int:
         """Forget a chat's memory (a user's ``/forget``); how many entries went."""

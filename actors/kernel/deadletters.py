@@ -73,6 +73,15 @@ class DeadLetterStore(Protocol):
     def dead_letter_counts(self) -> dict[str, int]: ...
 
 
+def _from_store(data: Any) -> DeadLetter | None:
+    """A letter kept by an earlier run; None, with a warning, when it lacks what one has."""
+    try:
+        return DeadLetter.from_summary(data)
+    except (KeyError, TypeError, ValueError):
+        log.warning("a kept dead letter is unreadable, and left out")
+        return None
+
+
 def _no_redaction(text: str) -> str:
     return text
 
@@ -141,7 +150,7 @@ class DeadLetterOffice:
             store = self._store
         if store is not None:
             first = recent[0].id if recent else None
-            older = [DeadLetter.from_summary(d) for d in store.dead_letters(limit or self._keep)]
+            older = [d for d in map(_from_store, store.dead_letters(limit or self._keep)) if d is not None]
             recent = [d for d in older if first is None or d.id < first] + recent
         if correlation_id is not None:
             recent = [d for d in recent if d.correlation_id == correlation_id]
@@ -153,7 +162,7 @@ class DeadLetterOffice:
             store = self._store
         if found is None and store is not None:
             data = store.dead_letter(letter_id)
-            found = DeadLetter.from_summary(data) if data is not None else None
+            found = _from_store(data) if data is not None else None
         return found
 
     def counts(self) -> dict[str, int]:

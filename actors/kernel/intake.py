@@ -243,9 +243,9 @@ class Intake:
             return 0
         resumed = 0
         for item in self.journal.unfinished():
-            body = self.runtime.rebuild(item.actor, item.type, item.payload)
-            if body is None:
-                log.error("cannot resume %s: %s does not handle %s", item.correlation, item.actor, item.type)
+            body, why = self._rebuilt(item)
+            if body is None:  # one item that cannot run must not keep the daemon from starting
+                log.error("cannot resume %s: %s", item.correlation, why)
                 self.journal.finish(item.correlation, "dead")
                 continue
             with self._lock:
@@ -256,13 +256,22 @@ class Intake:
             resumed += 1
         return resumed
 
+    def _rebuilt(self, item: JournalItem) -> tuple[Any, str]:
+        """The message ``item`` holds, or None and why not: its actor does not handle its
+        type, or its payload was written by another version or is corrupt (it can run nowhere)."""
+        try:
+            body = self.runtime.rebuild(item.actor, item.type, item.payload)
+        except (ValueError, TypeError, RecursionError) as exc:  # a ValidationError is a ValueError
+            first = str(exc).split("\n", 1)[0]  # its name, not the payload it quotes after
+            return None, f"its payload is unreadable ({type(exc).__name__}: {first})"
+        if body is None:
+            return None, f"{item.actor} does not handle {item.type}"
+        return body, ""
+
     def _take(self, item: JournalItem) -> bool:
         """Start one of the cluster's work items here (called by a distributed journal's
         feed); False when there is no room now, and the item goes back for later."""
-        try:
-            body = self.runtime.rebuild(item.actor, item.type, item.payload)
-        except ValueError:  # written by another version, or corrupt: it cannot run anywhere
-            body = None
+        body, why = self._rebuilt(item)
         with self._lock:
             if self.runtime.stopping or item.correlation in self._open or not self._has_room():
                 return False
@@ -270,7 +279,7 @@ class Intake:
             if body is None:
                 self._failed.add(item.correlation)
         if body is None:
-            log.error("cannot run %s: %s does not handle %s", item.correlation, item.actor, item.type)
+            log.error("cannot run %s: %s", item.correlation, why)
             self.finished(item.correlation)
             return True
         self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation,

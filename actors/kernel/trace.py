@@ -211,9 +211,12 @@ _DEAD = "dead letter: "
 def hops_of(kept: Any) -> list[dict[str, Any]]:
     """The hops of a trace as ``on_finished`` handed it over, read back from a journal
     (JSON); a journal written before traces were kept as events holds the hops themselves."""
-    if isinstance(kept, dict) and isinstance(kept.get("events"), list):
-        return _hops(kept["events"])
-    return kept if isinstance(kept, list) else []
+    try:
+        if isinstance(kept, dict) and isinstance(kept.get("events"), list):
+            return _hops(kept["events"])
+        return [dict(hop) for hop in kept] if isinstance(kept, list) else []
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError):  # damaged, or another version's
+        return []
 
 
 def _hops(events: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:

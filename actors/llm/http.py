@@ -28,8 +28,10 @@ an error that says where it leads.
 
 Every way a call can go wrong ends in an ``LLMError``: each attempt has a total
 timeout, the whole call a deadline, the body a size cap, and a body that is not
-text or not JSON (however deeply nested) is a malformed response. Credentials
-in the base URL are sent as basic auth and never appear in a message or repr.
+text or not JSON (however deeply nested) is a malformed response, and so is a field
+the reply is made of (a tool call's index, id, name) that is of the wrong type; one
+that only informs (the model's name, the finish reason, usage) is then unknown.
+Credentials in the base URL are sent as basic auth and never appear in a message or repr.
 """
 
 from __future__ import annotations
@@ -186,14 +188,53 @@ def refused_feature(exc: LLMError, feature: str) -> bool:
     return exc.status in (400, 422) and any(word in text for word in _FEATURE_WORDS.get(feature, (feature,)))
 
 
+# Reading the server's JSON: every field is checked for its type where it is read, by
+# these three, so that whatever a server sends ends as a malformed answer (an LLMError for
+# that one call) or as a field left unknown, never as an exception further on (a pydantic
+# model refusing it when the reply is built crashed the llm actor).
+
+
+def _text(value: Any) -> str | None:
+    """A field of the answer that is text (a tool call's id, name): None when absent; a
+    TypeError, read as a malformed answer, when it is something else."""
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{type(value).__name__} where text belongs")
+
+
+def _note(value: Any) -> str | None:
+    """A field that only informs (the model's name, why it stopped): its text, else None,
+    as if absent. The answer stands without it, so a user would rather have that answer
+    than lose it to a server's odd label; the configured model's name stands in, as it
+    does when a server names none."""
+    return value if isinstance(value, str) else None
+
+
+def _count(value: Any) -> int:
+    """A count or an index: a whole number from 0, as a number or its text (some servers
+    send one); a ValueError for anything else. JSON's ``1e999`` reads as an infinite float,
+    which no count is (``int`` raises OverflowError on it)."""
+    if isinstance(value, bool):
+        raise ValueError("a truth value is not a count")
+    try:
+        number = int(value)
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"{type(value).__name__} is not a count") from exc
+    if number < 0:
+        raise ValueError("a count is never negative")
+    return number
+
+
 def _usage(data: Any) -> Usage | None:
+    """What the call cost; None (unknown) where the server does not say it readably: usage
+    only informs, and the answer stands without it."""
     if not isinstance(data, dict):
         return None
     try:
-        return Usage(prompt_tokens=int(data.get("prompt_tokens") or 0),
-                     completion_tokens=int(data.get("completion_tokens") or 0),
-                     total_tokens=int(data.get("total_tokens") or 0))
-    except (TypeError, ValueError):
+        return Usage(prompt_tokens=_count(data.get("prompt_tokens") or 0),
+                     completion_tokens=_count(data.get("completion_tokens") or 0),
+                     total_tokens=_count(data.get("total_tokens") or 0))
+    except ValueError:
         return None
 
 
@@ -209,7 +250,7 @@ def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
         arguments = function.get("arguments")
         if not isinstance(arguments, str):  # some servers send the object itself
             arguments = json.dumps(arguments if arguments is not None else {})
-        calls.append(ToolCall(id=str(call.get("id") or f"call_{n}"), name=str(function.get("name") or ""),
+        calls.append(ToolCall(id=_text(call.get("id")) or f"call_{n}", name=_text(function.get("name")) or "",
                               arguments=arguments))
     return tuple(calls)
 
@@ -228,31 +269,29 @@ class _Stream:
 
     def take(self, chunk: dict[str, Any]) -> bool:
         """Read one chunk; True when it added answer text or tool arguments."""
-        self.model = chunk.get("model") or self.model
+        self.model = _note(chunk.get("model")) or self.model
         if chunk.get("usage"):
             self.usage = _usage(chunk["usage"])
         choices = chunk.get("choices")
         if not choices:  # the usage chunk has none
             return False
         choice = choices[0]
-        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        self.finish_reason = _note(choice.get("finish_reason")) or self.finish_reason
         delta = choice.get("delta") or {}
-        thought = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(thought, str) and thought:
+        thought = _note(delta.get("reasoning_content") or delta.get("reasoning"))
+        if thought:
             self.reasoning.append(thought)
         grew = False
-        text = delta.get("content")
-        if text is not None and not isinstance(text, str):
-            raise TypeError("delta content is not text")
+        text = _text(delta.get("content"))
         if text:
             self.content.append(text)
             grew = True
         for piece in delta.get("tool_calls") or ():
-            slot = self.calls.setdefault(int(piece.get("index", len(self.calls))),
+            slot = self.calls.setdefault(_count(piece.get("index", len(self.calls))),
                                          {"id": "", "name": "", "arguments": []})
-            slot["id"] = piece.get("id") or slot["id"]
+            slot["id"] = _text(piece.get("id")) or slot["id"]
             function = piece.get("function") or {}
-            slot["name"] = function.get("name") or slot["name"]
+            slot["name"] = _text(function.get("name")) or slot["name"]
             if function.get("arguments"):
                 slot["arguments"].append(str(function["arguments"]))
                 grew = True
@@ -699,7 +738,7 @@ class HttpEngine:
             message = choice["message"]
             content = message.get("content")
             calls = _tool_calls(message.get("tool_calls"))
-            thought = message.get("reasoning_content") or message.get("reasoning") or ""
+            thought = _note(message.get("reasoning_content") or message.get("reasoning")) or ""
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             # RecursionError: json nests as deep as the server likes.
             raise LLMError(f"malformed LLM response: {text[:200]!r}") from exc
@@ -708,9 +747,9 @@ class HttpEngine:
         if not isinstance(content, str):
             raise LLMError(f"LLM response has no text content: {text[:200]!r}")
         answer, inline = split_reasoning(content)
-        reasoning = "\n".join(x for x in ((thought if isinstance(thought, str) else ""), inline) if x)
+        reasoning = "\n".join(x for x in (thought, inline) if x)
         return Completion(text=answer, tool_calls=calls, reasoning=reasoning, usage=_usage(data.get("usage")),
-                          finish_reason=choice.get("finish_reason"), model=str(data.get("model") or ""))
+                          finish_reason=_note(choice.get("finish_reason")), model=_note(data.get("model")) or "")
 
     @staticmethod
     def _http_error(status: int, retry_after_header: str | None, text: str, *, streamed: bool = False) -> LLMError:
@@ -751,32 +790,47 @@ async def discover_server(session: aiohttp.ClientSession, base: str, model: str)
     facts: dict[str, Any] = {}
     props = await _get_json(session, "GET", f"{root}/props")
     if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
-        settings = props.get("default_generation_settings") or {}
-        n_ctx = settings.get("n_ctx") or props.get("n_ctx")
-        caps = props.get("chat_template_caps") or {}
-        facts.update(server="llama.cpp", context_tokens=n_ctx if isinstance(n_ctx, int) else None)
+        settings = _object(props.get("default_generation_settings"))
+        caps = _object(props.get("chat_template_caps"))
+        facts.update(server="llama.cpp",
+                     context_tokens=_window(settings.get("n_ctx")) or _window(props.get("n_ctx")))
         if isinstance(caps.get("supports_tools"), bool):
             facts["supports_tools"] = caps["supports_tools"]
         return facts
     models = await _get_json(session, "GET", f"{base}/models")
     if isinstance(models, dict) and isinstance(models.get("data"), list):
         for entry in models["data"]:
-            if isinstance(entry, dict) and isinstance(entry.get("max_model_len"), int) and (
+            if isinstance(entry, dict) and _window(entry.get("max_model_len")) and (
                     entry.get("id") == model or len(models["data"]) == 1):
-                return {"server": "vllm", "context_tokens": entry["max_model_len"]}
+                return {"server": "vllm", "context_tokens": _window(entry["max_model_len"])}
     shown = await _get_json(session, "POST", f"{root}/api/show", {"model": model})
     if isinstance(shown, dict) and isinstance(shown.get("model_info"), dict):
         # Ollama serves num_ctx (its parameters, else its default), not the model's maximum.
         found = re.search(r"num_ctx\s+(\d+)", str(shown.get("parameters") or ""))
-        most = next((v for k, v in shown["model_info"].items()
-                     if k.endswith(".context_length") and isinstance(v, int)), None)
-        window = int(found.group(1)) if found else min(most or OLLAMA_DEFAULT_CONTEXT, OLLAMA_DEFAULT_CONTEXT)
+        most = next((w for k, v in shown["model_info"].items()
+                     if k.endswith(".context_length") and (w := _window(v))), None)
+        window = (_window(found.group(1)) if found else None) or min(most or OLLAMA_DEFAULT_CONTEXT,
+                                                                     OLLAMA_DEFAULT_CONTEXT)
         return {"server": "ollama", "context_tokens": window}
     return facts
 
 
 #: Ollama's context when a model sets no num_ctx.
 OLLAMA_DEFAULT_CONTEXT = 4096
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A member of what a server says of itself that should be an object; {} (nothing
+    said) when it is not: discovery never fails a call."""
+    return value if isinstance(value, dict) else {}
+
+
+def _window(value: Any) -> int | None:
+    """A context window a server reports, in tokens; None (unknown) unless it is one."""
+    try:
+        return _count(value) or None
+    except ValueError:
+        return None
 
 
 async def _get_json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:

@@ -68,7 +68,7 @@ class StdinReader:
             fd = self._stream.fileno()
         except (AttributeError, OSError, ValueError):
             return
-        pending, told = b"", False
+        pending, told, dropping = b"", False, False
         while not self._stop.is_set():
             if in_background(fd):  # a read now would stop the whole daemon (SIGTTIN)
                 if not told:
@@ -86,9 +86,14 @@ class StdinReader:
                 break
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            if len(pending) > 4 * MAX_LINE_CHARS:  # a line with no end: take what fits, drop the rest
+            if dropping:  # the rest of a line too long to take, up to its end
+                if lines:
+                    lines, dropping = lines[1:], False
+                else:
+                    pending = b""
+            if not dropping and len(pending) > 4 * MAX_LINE_CHARS:  # no end yet: take what fits, drop the rest
                 lines.append(pending)
-                pending = b""
+                pending, dropping = b"", True
             for line in lines:
                 text = line.decode("utf-8", errors="replace").strip()
                 if text and not self._take(text):

@@ -283,14 +283,7 @@ class TelegramInterface(TypedActor):
                 await intake.room()  # backpressure: fetch nothing while the runtime is full
                 limit = max(1, min(TELEGRAM_MAX_UPDATES, intake.free()))
                 try:
-                    # Raw JSON on purpose (PTB warns once): get_updates parses the whole batch, so
-                    # one malformed update would fail them all, forever.
-                    raw = await bot.do_api_request(
-                        "getUpdates", api_kwargs={"offset": offset, "limit": limit, "timeout": timeout,
-                                                  "allowed_updates": self.allowed_updates},
-                        read_timeout=timeout + 10)
-                    if not isinstance(raw, list):
-                        raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
+                    raw = await self._get_updates(offset, limit, timeout)
                 except TelegramError as exc:
                     delay = failures.next_delay()
                     why = refusal("getUpdates", exc)
@@ -309,6 +302,22 @@ class TelegramInterface(TypedActor):
                         offset = max(offset or 0, update_id + 1)
                 if shared is not None and offset is not None and raw:
                     await shared.save(str(offset))
+
+    async def _get_updates(self, offset: int | None, limit: int, timeout: float) -> list[Any]:
+        """One long poll's updates, as raw JSON; an answer that cannot be read is a failed
+        poll (a TelegramError), retried with the same backoff as any other."""
+        try:
+            # Raw JSON on purpose (PTB warns once): get_updates parses the whole batch, so
+            # one malformed update would fail them all, forever.
+            raw = await self._bot.do_api_request(
+                "getUpdates", api_kwargs={"offset": offset, "limit": limit, "timeout": timeout,
+                                          "allowed_updates": self.allowed_updates},
+                read_timeout=timeout + 10)
+        except (KeyError, ValueError, TypeError, RecursionError) as exc:  # PTB read an answer of another shape
+            raise TelegramError(f"getUpdates answered what cannot be read ({type(exc).__name__})") from None
+        if not isinstance(raw, list):
+            raise TelegramError(f"getUpdates returned {type(raw).__name__}, not a list")
+        return raw
 
     async def _receive(self, item: Any) -> int | None:
         """Journal one update as Telegram sent it (polled or posted), or dead-letter it;
