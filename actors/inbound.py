@@ -14,10 +14,11 @@ configured for autonomous turns (none but replying, by default).
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel.actor import TypedActor
 from autoresponse.actors.kernel.intake import Unstorable
@@ -27,6 +28,8 @@ from autoresponse.messages import Attachment, Envelope, OriginalContext, Outboun
 log = logging.getLogger("autoresponse.inbound")
 
 REFUSAL = "Sorry, I only take requests from people on my allowlist."
+#: Characters of an input that could not be read kept in its dead letter.
+MALFORMED_KEPT = 16_000
 
 #: What a request from someone not on the allowlist gets: nothing, a short refusal, or an
 #: autonomous turn (a reply the bot may also leave unsaid; no commands unless configured).
@@ -73,3 +76,22 @@ async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) 
         actor.runtime.dead_letters.post(Envelope.new(item), "malformed input", actor=actor.name, detail=str(exc))
         return False
     return True
+
+
+class MalformedInput(BaseModel):
+    """An input a platform sent that could not be read, kept (cut to size) in its dead letter."""
+
+    model_config = ConfigDict(frozen=True)
+
+    raw: str
+
+
+def dead_letter_malformed(actor: TypedActor, raw: Any, reason: str, why: str) -> None:
+    """Dead-letter one input that cannot be read (``reason``: ``"malformed update"``, ...),
+    with ``why`` and the input as the platform sent it (JSON), so that the inputs behind it
+    flow on. The caller still acknowledges it (an offset, marked read, a cursor moved past
+    it), or it comes back forever."""
+    kept = json.dumps(raw, ensure_ascii=False, default=repr)[:MALFORMED_KEPT]
+    log.warning("%s at %s was skipped (%s)", reason, actor.name, why)
+    actor.runtime.dead_letters.post(Envelope.new(MalformedInput(raw=kept)), reason, actor=actor.name,
+                                    detail=why)

@@ -410,6 +410,9 @@ class AdminServer:
             data = await read_json(request)
         except ValueError as exc:
             return _error(400, str(exc))
+        correlation = request.query.get("correlation")
+        if correlation is not None and "\ufffd" in correlation:  # what undecodable bytes (%ff) read as
+            return _error(400, "the correlation is not UTF-8: two such would read as the same one")
         wanted = request.query.get("type")
         types = message_types(self.runtime.cell(name), control=wanted is not None)
         if wanted is not None:
@@ -431,7 +434,7 @@ class AdminServer:
             # acknowledged again without the work being started twice.
             try:
                 envelope = await asyncio.wrap_future(
-                    self.runtime.accept(name, message, correlation_id=request.query.get("correlation")))
+                    self.runtime.accept(name, message, correlation_id=correlation))
             except IntakeFull as exc:  # backpressure: the client waits and retries, nothing is dropped
                 return _busy(str(exc), exc.retry_after)
             except Unstorable as exc:

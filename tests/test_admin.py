@@ -136,6 +136,9 @@ def test_what_a_client_sends_gets_a_json_answer_never_a_500(make_app: MakeApp) -
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403
     assert json.loads(refused.value.read())["error"] == "refused: a cross-site request"
+    for undecodable in ("%ff", "%fe"):  # both would read as U+FFFD: the second never ran
+        code, answer = post_raw(f"{url}/inject/interface.console?correlation={undecodable}", b'{"text": "hi"}')
+        assert code == 400 and "not UTF-8" in answer["error"]
     code, answer = post_raw(f"{url}/inject/interface.console", b"[" + b" " * (2 << 20) + b"]")
     assert code == 413 and "Maximum request body size" in answer["error"]
 

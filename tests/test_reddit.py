@@ -23,7 +23,7 @@ import autoresponse.interfaces
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import Clock, ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer
-from autoresponse.actors.routes import executor, sender
+from autoresponse.actors.routes import executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.reddit import PLATFORM, REFUSAL
@@ -195,6 +195,38 @@ def test_reddit_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
     assert bot.runtime.wait_idle(timeout=10)
     assert letter.reason == "rejected by Reddit" and "DELETED_COMMENT" in letter.detail
     assert len(fake_reddit.calls_to("api/comment")) == 1
+
+
+#: Inbox items whose one field is not what Reddit sends: each fails to parse.
+MALFORMED = {
+    "body": {"body": {"not": "text"}},
+    "subject": {"subject": 42},
+    "link_id": {"link_id": ["t3_a", "t3_b"]},
+}
+
+
+@pytest.mark.parametrize("field", sorted(MALFORMED))
+def test_a_malformed_inbox_item_is_a_dead_letter_and_the_items_behind_it_are_answered(
+    bot: Application, fake_reddit: FakeRedditServer, field: str
+) -> None:
+    # The fake stores what it is given, so a wrong type goes out as Reddit would never send it.
+    push = fake_reddit.push_message if field == "subject" else fake_reddit.push_comment
+    bad = push(**{"body": "run df -h", "author": "ada", **MALFORMED[field]})
+    good = fake_reddit.push_message("run uptime", author="ada")
+    [reply] = until(fake_reddit, lambda: fake_reddit.replies(good), timeout=30)
+    assert bot.runtime.wait_idle(timeout=10)
+    [letter] = bot.runtime.dead_letters.letters()
+    assert letter.reason == "malformed item" and field in letter.detail  # says what was wrong
+    assert bad in letter.record["body"]["raw"]  # and keeps the item, to look into
+    assert fake_reddit.is_read(bad)  # acknowledged: it is not fetched again
+    seen = polls(fake_reddit)
+    until(fake_reddit, lambda: polls(fake_reddit) >= seen + 3)
+    assert bot.runtime.wait_idle(timeout=10)
+    assert len(bot.runtime.dead_letters.letters()) == 1 and fake_reddit.replies() == [reply]
+    # The inbox was read on, never crashed: no restart, nothing down or failing.
+    status = snapshot(bot.runtime)
+    reader = status.find(interface("reddit"))
+    assert status.healthy and reader is not None and reader.restarts == 0
 
 
 def test_strangers_get_no_action_and_by_default_no_answer(

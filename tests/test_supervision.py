@@ -204,6 +204,11 @@ def test_backoff_follows_min_max_and_jitter_and_resets_when_quiet() -> None:
     assert backoff.next_delay() == 1.0
 
 
+def test_a_thousand_failures_in_a_row_still_wait_the_max() -> None:
+    policy = BackoffPolicy(min=0.5, max=30.0, jitter=0.0)
+    assert [policy.delay(n) for n in (1, 1_025, 10**6)] == [0.5, 30.0, 30.0]  # once an OverflowError
+
+
 def test_a_restart_waits_for_its_backoff(supervise: Callable[..., Runtime], journal: Journal) -> None:
     clock = ManualClock()
     rt = supervise(Strategy.ONE_FOR_ONE, *workers(journal, "w"),

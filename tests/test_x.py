@@ -23,7 +23,7 @@ from conftest import system_messages, wait_for
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import executor, sender
+from autoresponse.actors.routes import executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.x import PLATFORM, REFUSAL
@@ -194,6 +194,58 @@ def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
     assert bot.runtime.wait_idle(timeout=10)
     assert letter.reason == "rejected by X" and "403" in letter.detail
     assert len(fake_x.calls_to("POST /2/tweets")) == 1
+
+
+#: Mentions whose one field is not what X sends: the first tweepy cannot even read (it
+#: fails the whole page), the second our parsing refuses.
+MALFORMED: dict[str, dict[str, Any]] = {
+    "conversation_id": {"text": "@synth run df -h", "conversation_id": "junk"},
+    "text": {"text": None},
+}
+
+
+@pytest.mark.parametrize("field", sorted(MALFORMED))
+def test_a_malformed_mention_is_a_dead_letter_and_the_mentions_behind_it_are_answered(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application],
+    tmp_path: Path, field: str,
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"),
+                   clock=fake_x.clock)  # a stranger is refused: an answer with no LLM turn
+    # The fake serves what it is given, so a wrong type goes out as X would never send it.
+    malformed = {"author_id": STRANGER, "username": "mallory", **MALFORMED[field]}
+    bad = fake_x.push_mention(**malformed)
+    good = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    [reply] = until(fake_x, lambda: fake_x.posts(good))
+    assert app.runtime.wait_idle(timeout=10)
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "malformed mention" and field in letter.detail  # says what was wrong
+    assert bad in letter.record["body"]["raw"]  # and keeps the post, to look into
+    # The cursor moved past it, whether or not a good mention comes after.
+    newest = fake_x.push_mention(**malformed)
+    until(fake_x, lambda: len(app.runtime.dead_letters.letters()) == 2)
+    until(fake_x, lambda: fake_x.calls_to("GET mentions")[-1].params.get("since_id") == newest)
+    seen = looks(fake_x)
+    until(fake_x, lambda: looks(fake_x) >= seen + 3)
+    assert app.runtime.wait_idle(timeout=10)
+    assert len(app.runtime.dead_letters.letters()) == 2  # neither fetched again
+    assert fake_x.posts() == [reply]
+    # The mentions were read on, never crashed: no restart, nothing down or failing.
+    status = snapshot(app.runtime)
+    reader = status.find(interface("x"))
+    assert status.healthy and reader is not None and reader.restarts == 0
+
+
+def test_an_unreadable_page_of_mentions_is_a_failed_look_and_the_reader_goes_on(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path,
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"),
+                   clock=fake_x.clock)
+    for body in (b"not json at all", b"[" * 100_000, b'{"data": "not a list"}'):
+        fake_x.answer_next("GET mentions", body)
+    good = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    until(fake_x, lambda: fake_x.posts(good))
+    reader = snapshot(app.runtime).find(interface("x"))
+    assert reader is not None and reader.restarts == 0  # backed off and looked again, not crashed
 
 
 def test_strangers_and_the_account_itself_get_no_action(

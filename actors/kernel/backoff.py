@@ -40,7 +40,9 @@ class BackoffPolicy:
 
     def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
         """The wait before try number ``attempt`` (1 is the first retry)."""
-        base = min(self.max, self.min * 2 ** max(0, attempt - 1))
+        # The doubling stops at 64: far past any max, and 2 ** 1024 is past a float (after a
+        # thousand failures in a row the wait must still be ``max``, not an OverflowError).
+        base = min(self.max, self.min * 2.0 ** min(max(0, attempt - 1), 64))
         spread = 1 + self.jitter * (2 * rng() - 1)
         return max(0.0, min(self.max, base * spread))
 

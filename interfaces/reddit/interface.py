@@ -6,6 +6,10 @@ item (``runtime.accept``, one correlation per fullname), and only then marks the
 read: a kill between the two finds them unread again, and the journal recognises them.
 Authorization happens here, in the actor, when the journaled item is handled.
 
+Items are parsed one by one, so one malformed item (a field of the wrong type) is
+logged, dead-lettered with its raw form and the field it got wrong, and marked read
+with the rest, and the items behind it flow on.
+
 >>> parse_item(comment)                                              # doctest: +SKIP
 RedditItem(fullname='t1_3e9', kind='comment_reply', author='ada', body='run df -h', ...)
 """
@@ -23,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
-from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.media import images_in
@@ -71,9 +75,10 @@ def _name(value: Any) -> str | None:
 
 
 def parse_item(item: Any) -> RedditItem:
-    """A journaled ``RedditItem`` from an asyncpraw ``Comment`` or ``Message``."""
+    """A journaled ``RedditItem`` from an asyncpraw ``Comment`` or ``Message``; raises on
+    an item Reddit would not send (pydantic's ValidationError names the field)."""
     is_comment = bool(getattr(item, "was_comment", False)) or item.fullname.startswith("t1_")
-    return RedditItem(
+    parsed = RedditItem(
         fullname=item.fullname,
         kind=(getattr(item, "type", None) or "comment_reply") if is_comment else "message",
         author=_name(getattr(item, "author", None)),
@@ -84,8 +89,10 @@ def parse_item(item: Any) -> RedditItem:
         parent_id=getattr(item, "parent_id", None),
         first_message=None if is_comment else getattr(item, "first_message_name", None),
         context=getattr(item, "context", None) or None,
-        attachments=images_in(item.body or "", getattr(item, "media_metadata", None)),
     )
+    # From the checked body: a body of the wrong type fails above, naming the field.
+    images = images_in(parsed.body, getattr(item, "media_metadata", None))
+    return parsed.model_copy(update={"attachments": images})
 
 
 def refused(exc: Exception) -> bool:
@@ -139,16 +146,28 @@ class RedditInterface(TypedActor):
                 await clock.sleep(self.settings.poll_interval)
 
     async def _take_unread(self) -> None:
-        """Journal every unread item, oldest first, then mark them read."""
+        """Journal every unread item, oldest first (or dead-letter it when it cannot be
+        read), then mark them read."""
         intake = self.runtime.intake
         await intake.room()  # backpressure: take nothing while the runtime is full
         limit = max(1, min(REDDIT_UNREAD_PER_POLL, intake.free()))
         items = [item async for item in self._reddit.inbox.unread(limit=limit, mark_read=False)]
         for item in reversed(items):  # the listing is newest first
-            parsed = parse_item(item)
+            try:
+                parsed = parse_item(item)
+            except Exception as exc:  # a malformed item: pydantic's ValidationError, TypeError, ...
+                self._malformed(item, f"{type(exc).__name__}: {exc}")
+                continue  # marked read with the rest: kept unread, it would fail every poll
             await accept_input(self, parsed, f"reddit-{parsed.fullname}")
-        if items:
-            await self._reddit.inbox.mark_read(items)
+        # Reddit marks items read by fullname: one without any (no id) can only be skipped.
+        named = [item for item in items if isinstance(getattr(item, "fullname", None), str)]
+        if named:
+            await self._reddit.inbox.mark_read(named)
+
+    def _malformed(self, item: Any, why: str) -> None:
+        """Dead-letter an item that cannot be read, with why and its fields as Reddit sent them."""
+        fields = {key: value for key, value in vars(item).items() if not key.startswith("_")}
+        dead_letter_malformed(self, fields, "malformed item", why)
 
     @handles
     def on_item(self, item: RedditItem, env: Envelope) -> None:

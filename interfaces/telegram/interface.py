@@ -20,7 +20,6 @@ journaled, through the same ``_receive`` as a polled one.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from collections import OrderedDict
 from typing import Any
@@ -32,7 +31,7 @@ from telegram.error import Conflict, EndPointNotFound, Forbidden, InvalidToken, 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.approvals import APPROVALS, FORGED
-from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.approval import TelegramCallback, answer_callback, answer_of, parse_callback
@@ -51,8 +50,6 @@ log = logging.getLogger("autoresponse.telegram")
 
 #: Wait after failed getUpdates calls: 0.5 s, doubling, at most 30 s.
 POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
-#: Characters of a malformed update kept in its dead letter.
-RAW_UPDATE_KEPT = 16_000
 #: Albums addressed to the bot in groups, remembered so their uncaptioned items are too.
 ALBUMS_REMEMBERED = 256
 #: A webhook secret shorter than this is easy to guess; the daemon says so at start.
@@ -82,13 +79,6 @@ class TelegramText(BaseModel):
     #: The album the message is part of: its items are answered as one turn.
     media_group: str | None = None
 
-
-class MalformedUpdate(BaseModel):
-    """An update that could not be read, kept (cut to size) in its dead letter."""
-
-    model_config = ConfigDict(frozen=True)
-
-    raw: str
 
 
 def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | None) -> list[str]:
@@ -345,10 +335,7 @@ class TelegramInterface(TypedActor):
             await accept_input(self, parsed, f"telegram-{bot.id}-{update_id}")
 
     def _malformed(self, item: Any, why: str) -> None:
-        raw = json.dumps(item, ensure_ascii=False, default=repr)[:RAW_UPDATE_KEPT]
-        log.warning("a malformed Telegram update was skipped (%s)", why)
-        self.runtime.dead_letters.post(Envelope.new(MalformedUpdate(raw=raw)), "malformed update",
-                                       actor=self.name, detail=why)
+        dead_letter_malformed(self, item, "malformed update", why)
 
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:

@@ -7,8 +7,13 @@ session it sends through. Ours may carry a resolver that maps X's API hosts to
 unpatched tweepy talks to a proxy or to a fake X (``fake_server``) while its URLs,
 TLS names and OAuth 1.0a signatures stay X's own. Nothing else resolves through it.
 
+The mentions come as X's JSON, not as tweepy's objects: tweepy reads a page whole, so
+one malformed post would fail the page, and every look after it, forever. The
+interface reads them post by post (``parse_mention``).
+
 >>> x = await open_x(settings)                                      # doctest: +SKIP
->>> [m.text for m in await x.mentions_since(since_id=None, start_time=started)]   # doctest: +SKIP
+>>> found = await x.mentions_since(since_id=None, start_time=started)   # doctest: +SKIP
+>>> [post["text"] for post, _ in found]                              # doctest: +SKIP
 ['@synth run df -h']
 """
 
@@ -24,6 +29,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from tweepy import TweepyException
 from tweepy.asynchronous import AsyncClient
 
 from autoresponse.interfaces.x.settings import (
@@ -87,12 +93,27 @@ def _secret(value: Any) -> str | None:
     return None if value is None else value.get_secret_value()
 
 
+def post_id(post: Any) -> int | None:
+    """The id of a post as X sends it (digits, in a string); None when it has none.
+
+    >>> post_id({"id": "1800000000000000000"}), post_id({"id": "junk"}), post_id(["1"])
+    (1800000000000000000, None, None)
+    """
+    found = post.get("id") if isinstance(post, dict) else None
+    if isinstance(found, int) and not isinstance(found, bool):
+        return found
+    return int(found) if isinstance(found, str) and found.isascii() and found.isdigit() else None
+
+
 class XApi:
     """tweepy's client with its session, used the same way by the interface and the sender."""
 
-    def __init__(self, client: AsyncClient, session: aiohttp.ClientSession, *, user_auth: bool) -> None:
+    def __init__(self, client: AsyncClient, session: aiohttp.ClientSession, *, user_auth: bool,
+                 reader: AsyncClient) -> None:
         self.client = client
         self.session = session
+        #: The same account's client, answering with X's JSON (``return_type=dict``): the mentions'.
+        self.reader = reader
         #: OAuth 1.0a (True), or an OAuth 2.0 user-context token as the bearer (False).
         self.user_auth = user_auth
 
@@ -101,26 +122,33 @@ class XApi:
         return (await self.client.get_me(user_auth=self.user_auth)).data
 
     async def mentions_since(self, *, user_id: int, since_id: int | None,
-                             start_time: dt.datetime | None) -> list[tuple[Any, Any, list[Any]]]:
+                             start_time: dt.datetime | None) -> list[tuple[Any, dict[str, Any]]]:
         """Every mention newer than ``since_id`` (or, before any, since ``start_time``),
-        oldest first, each with its author (or None) and its media (pictures, videos)."""
-        found: list[tuple[Any, Any, list[Any]]] = []
+        oldest first, each as X sent it (JSON, unchecked) with its page's ``includes``
+        (the authors, the media). A page that is no page of posts is a TweepyException."""
+        found: list[tuple[Any, dict[str, Any]]] = []
         token = None
         for _ in range(X_MENTION_PAGES):  # X keeps the newest 800 anyway
-            page = await self.client.get_users_mentions(
-                user_id, since_id=since_id, start_time=None if since_id else start_time,
-                max_results=X_MENTIONS_PER_PAGE, pagination_token=token,
-                expansions=["author_id", "attachments.media_keys"], tweet_fields=_TWEET_FIELDS,
-                user_fields=["username"], media_fields=_MEDIA_FIELDS, user_auth=self.user_auth)
-            authors = {u.id: u for u in (page.includes or {}).get("users", [])}
-            media = {m.media_key: m for m in (page.includes or {}).get("media", [])}
-            found += [(tweet, authors.get(tweet.author_id),
-                       [media[k] for k in (tweet.attachments or {}).get("media_keys", []) if k in media])
-                      for tweet in page.data or []]
-            token = (page.meta or {}).get("next_token")
+            try:
+                page = await self.reader.get_users_mentions(
+                    user_id, since_id=since_id, start_time=None if since_id else start_time,
+                    max_results=X_MENTIONS_PER_PAGE, pagination_token=token,
+                    expansions=["author_id", "attachments.media_keys"], tweet_fields=_TWEET_FIELDS,
+                    user_fields=["username"], media_fields=_MEDIA_FIELDS, user_auth=self.user_auth)
+            except (ValueError, RecursionError) as exc:  # a body that is no JSON, or nested past reading
+                why = f"the mentions answered what cannot be read ({type(exc).__name__})"
+                raise TweepyException(why) from None
+            posts = (page.get("data") or []) if isinstance(page, dict) else None
+            if not isinstance(posts, list):  # nothing in it to read: looked at again, backing off
+                raise TweepyException(f"the mentions answered no list of posts: {str(page)[:200]}")
+            includes = page.get("includes")
+            found += [(post, includes if isinstance(includes, dict) else {}) for post in posts]
+            meta = page.get("meta")
+            token = meta.get("next_token") if isinstance(meta, dict) else None
             if token is None:
                 break
-        return sorted(found, key=lambda pair: pair[0].id)
+        # A post without a readable id goes first: it is dead-lettered, and moves no cursor.
+        return sorted(found, key=lambda pair: post_id(pair[0]) or 0)
 
     async def reply(self, text: str, in_reply_to: int) -> int:
         """Post ``text`` in reply to ``in_reply_to``; the new post's id."""
@@ -144,11 +172,15 @@ async def open_x(settings: XSettings) -> XApi:
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, resolver=resolver),
                                     timeout=aiohttp.ClientTimeout(total=settings.timeout))
     if settings.oauth1:
-        client = AsyncClient(consumer_key=_secret(settings.consumer_key),
-                             consumer_secret=_secret(settings.consumer_secret),
-                             access_token=_secret(settings.access_token),
-                             access_token_secret=_secret(settings.access_token_secret))
+        credentials = {"consumer_key": _secret(settings.consumer_key),
+                       "consumer_secret": _secret(settings.consumer_secret),
+                       "access_token": _secret(settings.access_token),
+                       "access_token_secret": _secret(settings.access_token_secret)}
     else:
-        client = AsyncClient(bearer_token=_secret(settings.bearer_token))
-    client.session = session  # tweepy's documented attribute: every request goes through it
-    return XApi(client, session, user_auth=settings.oauth1)
+        credentials = {"bearer_token": _secret(settings.bearer_token)}
+    client = AsyncClient(**credentials)
+    # Its own client, not the sender's switched to JSON for a while: they share the loop.
+    reader = AsyncClient(**credentials, return_type=dict)
+    # tweepy's documented attribute: every request goes through it.
+    client.session = reader.session = session
+    return XApi(client, session, user_auth=settings.oauth1, reader=reader)

@@ -6,7 +6,11 @@ new mention (``runtime.accept``, one correlation per post id), and only then mov
 journal recognises it. A 429 waits for ``x-rate-limit-reset``. Authorization happens
 here, in the actor, when the journaled mention is handled.
 
->>> parse_mention(tweet, author, me=1000)                            # doctest: +SKIP
+Mentions are read post by post from X's JSON, so one malformed post (a field of the
+wrong type) is logged, dead-lettered with its raw form and the field it got wrong, and
+``since_id`` moves past it like past any other: the posts behind it flow on.
+
+>>> parse_mention(post, includes, me=1000)                          # doctest: +SKIP
 XMention(post_id=1800000000000000000, author_id=7, username='ada', text='@synth run df -h', ...)
 """
 
@@ -19,14 +23,14 @@ from typing import Any
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict
-from tweepy import Forbidden, TooManyRequests, TweepyException, Unauthorized
+from tweepy import Forbidden, Media, TooManyRequests, TweepyException, Unauthorized
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
-from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
 from autoresponse.actors.polling import PollHealth, SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
-from autoresponse.interfaces.x.client import XApi, seconds_until
+from autoresponse.interfaces.x.client import XApi, post_id, seconds_until
 from autoresponse.interfaces.x.cursor import MentionCursor
 from autoresponse.interfaces.x.media import attachments_of
 from autoresponse.interfaces.x.settings import XSettings
@@ -50,20 +54,30 @@ class XMention(BaseModel):
     attachments: tuple[Attachment, ...] = ()
 
 
-def parse_mention(tweet: Any, author: Any, *, me: int, media: Any = ()) -> XMention | None:
-    """An ``XMention`` from tweepy's ``Tweet``, ``User`` and its ``Media``; None for the
-    account's own posts (it never answers itself)."""
-    if tweet.author_id == me:
-        return None
-    return XMention(
-        post_id=tweet.id,
-        conversation_id=tweet.conversation_id,
-        author_id=tweet.author_id,
-        username=None if author is None else author.username,
-        text=tweet.text,
-        created_at=None if tweet.created_at is None else tweet.created_at.isoformat(),
-        attachments=attachments_of(media),
+def parse_mention(post: Any, includes: dict[str, Any], *, me: int) -> XMention | None:
+    """An ``XMention`` from a post as X sends it (JSON) and its page's ``includes`` (its
+    author, its media); None for the account's own posts (it never answers itself).
+    Raises on a post X would not send (pydantic's ValidationError names the field)."""
+    if not isinstance(post, dict):
+        raise TypeError(f"the post is {type(post).__name__}, not an object")
+    found = post_id(post)
+    if found is None:
+        raise ValueError(f"id: not a post id: {post.get('id')!r}")
+    users = {user.get("id"): user for user in includes.get("users") or () if isinstance(user, dict)}
+    author = users.get(post.get("author_id"))
+    media = {item.get("media_key"): item for item in includes.get("media") or ()
+             if isinstance(item, dict)}
+    keys = (post.get("attachments") or {}).get("media_keys") or ()
+    mention = XMention(
+        post_id=found,
+        conversation_id=post.get("conversation_id"),
+        author_id=post.get("author_id"),
+        username=None if author is None else author.get("username"),
+        text=post.get("text"),
+        created_at=post.get("created_at"),
+        attachments=attachments_of([Media(media[key]) for key in keys if key in media]),
     )
+    return None if mention.author_id == me else mention
 
 
 class XInterface(TypedActor):
@@ -119,15 +133,26 @@ class XInterface(TypedActor):
             await clock.sleep(self.settings.poll_interval)
 
     async def _take_new(self) -> None:
-        """Journal every new mention, oldest first, moving ``since_id`` past each."""
+        """Journal every new mention, oldest first (or dead-letter it when it cannot be
+        read), moving ``since_id`` past each."""
         cursor = self._cursor
         found = await self._api.mentions_since(user_id=self._me.id, since_id=cursor.since_id,
                                                start_time=cursor.start_time)
-        for tweet, author, media in found:
-            mention = parse_mention(tweet, author, me=self._me.id, media=media)
+        for post, includes in found:
+            try:
+                mention = parse_mention(post, includes, me=self._me.id)
+            except Exception as exc:  # a malformed post: pydantic's ValidationError, KeyError, ...
+                self._malformed(post, f"{type(exc).__name__}: {exc}")
+                mention = None  # moved past below: left behind, it would fail every look
             if mention is not None:
                 await accept_input(self, mention, f"x-{mention.post_id}")
-            await asyncio.to_thread(cursor.advance, tweet.id)
+            taken = post_id(post)
+            if taken is not None:  # without an id there is nothing to move past
+                await asyncio.to_thread(cursor.advance, taken)
+
+    def _malformed(self, post: Any, why: str) -> None:
+        """Dead-letter a post that cannot be read, with why and the post as X sent it."""
+        dead_letter_malformed(self, post, "malformed mention", why)
 
     @handles
     def on_mention(self, mention: XMention, env: Envelope) -> None:
