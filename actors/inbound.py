@@ -91,7 +91,10 @@ def dead_letter_malformed(actor: TypedActor, raw: Any, reason: str, why: str) ->
     with ``why`` and the input as the platform sent it (JSON), so that the inputs behind it
     flow on. The caller still acknowledges it (an offset, marked read, a cursor moved past
     it), or it comes back forever."""
-    kept = json.dumps(raw, ensure_ascii=False, default=repr)[:MALFORMED_KEPT]
+    try:
+        kept = json.dumps(raw, ensure_ascii=False, default=repr)[:MALFORMED_KEPT]
+    except (ValueError, RecursionError):  # nested past what json writes, or circular
+        kept = repr(raw)[:MALFORMED_KEPT]
     log.warning("%s at %s was skipped (%s)", reason, actor.name, why)
     actor.runtime.dead_letters.post(Envelope.new(MalformedInput(raw=kept)), reason, actor=actor.name,
                                     detail=why)

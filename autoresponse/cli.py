@@ -69,6 +69,7 @@ from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.terminal import DEMO_COMMANDS
 from autoresponse.logs import RedactSecrets, configure  # noqa: F401 (RedactSecrets: re-exported)
 from autoresponse.notify import STOP_MARGIN_SECONDS, Notifier
+from autoresponse.redaction import Redactor
 
 if threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
@@ -431,14 +432,14 @@ def _converse(args: argparse.Namespace, settings: Settings, texts: list[str]) ->
                     continue
                 correlation = envelope.correlation_id
                 finished = app.runtime.wait_idle(correlation, timeout=args.timeout)
-                # A notice is no reply to a request (it says it failed), but it is the answer to
-                # a command: /forget, /cancel.
-                command = text.lstrip().startswith("/")
+                # A notice is the answer to a command (/forget, /cancel), but not to a request
+                # that failed: that one has a dead letter, and its notice only says so.
+                failed = app.runtime.dead_letters.letters(correlation)
                 answered = [e for e in replies.envelopes
-                            if e.correlation_id == correlation and (command or not e.body.notice)]
+                            if e.correlation_id == correlation and not (e.body.notice and failed)]
                 if not answered:
                     unanswered += 1
-                    why = [f"{d.reason}: {d.detail}" for d in app.runtime.dead_letters.letters(correlation)]
+                    why = [f"{d.reason}: {d.detail}" for d in failed]
                     if not finished:
                         why.append(f"no answer within {args.timeout:g}s")
                     print(f"no reply to {text!r}: {'; '.join(why) or 'unknown'}", file=sys.stderr)
@@ -504,7 +505,7 @@ def _shared_history(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     try:
         return _show_history(args, SharedConversationStore(journal, max_tokens=settings.memory.max_tokens),
-                             settings.nats.url)
+                             Redactor(settings.secrets())(settings.nats.url))  # its credentials are secrets
     finally:
         journal.close()
 

@@ -4,7 +4,7 @@ Runs every case (see ``cases``), shows a progress bar, prints a table, saves the
 figures to ``benchmarks/results/latest.json``, draws a plot per case next to it,
 and rewrites the manual's benchmark table (``docs/benchmarks.md``) from the JSON
 (``report``). ``--quick`` saves to ``benchmarks/results/quick.json`` instead, and
-touches neither the figures of full runs, nor their plots, nor the table.
+touches neither the figures of full runs, nor their plots and pages, nor the table.
 """
 
 from __future__ import annotations

@@ -220,12 +220,18 @@ def page(counted: dict[str, Counter[Function]], requests: int, quick: bool) -> s
     return "\n".join(lines) + "\n"
 
 
+def page_path(quick: bool) -> Path:
+    """Where the page goes: a quick count beside the full one's, never over it (the
+    manual cites the full one)."""
+    return OUT / ("bytecodes-quick.md" if quick else "bytecodes.md")
+
+
 def figures(requests: int, quick: bool, warm_up: int = 300) -> dict[str, Any]:
     """Count every variant, write the page, and return what the results file keeps: each
     variant's bytecodes a delivery, in all and by area (``python -m benchmarks --case bytecodes``)."""
     counted = measure(requests, warm_up)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "bytecodes.md").write_text(page(counted, requests, quick))
+    page_path(quick).write_text(page(counted, requests, quick))
     return {
         "requests": requests,
         "per_delivery": {name: round(sum(counts.values()) / requests) for name, counts in counted.items()},
@@ -239,7 +245,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer requests")
     args = parser.parse_args()
     figures(REQUESTS[args.quick], args.quick)
-    print(f"bytecodes: wrote {(OUT / 'bytecodes.md').relative_to(REPO)}", flush=True)
+    print(f"bytecodes: wrote {page_path(args.quick).relative_to(REPO)}", flush=True)
     return 0
 
 

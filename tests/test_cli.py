@@ -77,7 +77,7 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "config file not found" in done.stderr
 
 
-def test_a_line_with_no_end_at_the_console_is_one_request_cut_short(tmp_path: Path) -> None:
+def test_a_line_with_no_end_at_the_console_is_one_request_cut_short_and_the_last_line_counts(tmp_path: Path) -> None:
     env = environment(AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
                       AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
@@ -87,10 +87,12 @@ def test_a_line_with_no_end_at_the_console_is_one_request_cut_short(tmp_path: Pa
         out = _lines(proc.stdout)
         assert proc.stdin is not None
         proc.stdin.write("x" * 1_000_000)  # a megabyte with no newline: once it was 15 requests
-        proc.stdin.write("\nrun echo after-the-long-line\n")
-        proc.stdin.flush()
+        proc.stdin.write("\nrun echo after-the-long-line\nrun echo with-no-newline-at-the-end")
+        proc.stdin.close()  # the end of input: its last line counts, newline or not
         seen: list[str] = []
-        while not any("`echo after-the-long-line` finished" in line for line in seen):
+        # Answered apart, or together when the second came during the first's turn (a burst).
+        while not all(any(word in line and not line.startswith("you") for line in seen)
+                      for word in ("after-the-long-line", "with-no-newline-at-the-end")):
             seen.append(out.get(timeout=60))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -99,7 +101,7 @@ def test_a_line_with_no_end_at_the_console_is_one_request_cut_short(tmp_path: Pa
             proc.kill()
             proc.wait()
     asked = [line.split("│", 1)[0].split()[1] for line in seen if line.startswith("you")]
-    assert asked == ["#1", "#2"], asked  # the long line cut to one request, then the next line
+    assert asked == ["#1", "#2", "#3"], asked  # the long line cut to one request, then each next line
 
 
 def _lines(stream) -> queue.Queue[str]:  # type: ignore[no-untyped-def]

@@ -387,10 +387,13 @@ class _Terminal:
         return self.output.decode(errors="replace")
 
     def close(self) -> None:
+        """The shell and every process of its session (a job it started), then the terminal."""
+        if shutil.which("pkill"):
+            subprocess.run(["pkill", "-KILL", "-s", str(self.shell.pid)], check=False)
         self.shell.kill()
         self.shell.wait(10)
+        self._reader.join(10)  # it ends once nothing holds the terminal open: before its fd goes
         os.close(self.master)
-        self._reader.join(10)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or not hasattr(os, "tcgetpgrp"), reason="needs bash and a pty")
@@ -436,7 +439,6 @@ def _gone(pid: int) -> bool:
     """``pid`` has exited (a child of the shell: once the shell reaps it, or kill finds none)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except OSError:  # ProcessLookupError, or reaped between the two
         return True
-    status = Path(f"/proc/{pid}/stat")
-    return status.exists() and status.read_text().split(") ", 1)[1].startswith("Z")

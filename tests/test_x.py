@@ -196,8 +196,8 @@ def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
     assert len(fake_x.calls_to("POST /2/tweets")) == 1
 
 
-#: Mentions whose one field is not what X sends: the first tweepy cannot even read (it
-#: fails the whole page), the second our parsing refuses.
+#: Mentions whose one field is not what X sends: the first would fail tweepy's reading of
+#: the whole page (why the mentions are read as JSON), the second our parsing refuses.
 MALFORMED: dict[str, dict[str, Any]] = {
     "conversation_id": {"text": "@synth run df -h", "conversation_id": "junk"},
     "text": {"text": None},

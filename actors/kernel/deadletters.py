@@ -55,6 +55,11 @@ class DeadLetter:
 
     @classmethod
     def from_summary(cls, data: dict[str, Any]) -> DeadLetter:
+        """A letter from its ``summary`` (kept by an earlier run); KeyError, TypeError or
+        ValueError when ``data`` is not one."""
+        if not (isinstance(data["id"], int) and isinstance(data["time"], (int, float))
+                and isinstance(data["reason"], str) and isinstance(data["envelope"], dict)):
+            raise ValueError("not a dead letter's summary")
         return cls(id=data["id"], time=data["time"], reason=data["reason"], detail=data["detail"],
                    actor=data["actor"], error=data["error"],
                    correlation_id=data["envelope"]["correlation_id"], record=data["envelope"])

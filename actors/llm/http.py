@@ -225,6 +225,11 @@ def _count(value: Any) -> int:
     return number
 
 
+def _arguments(value: Any) -> str:
+    """A tool call's arguments as JSON text: some servers send the object itself."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _usage(data: Any) -> Usage | None:
     """What the call cost; None (unknown) where the server does not say it readably: usage
     only informs, and the answer stands without it."""
@@ -248,10 +253,8 @@ def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
     for n, call in enumerate(raw):
         function = call.get("function") or {}
         arguments = function.get("arguments")
-        if not isinstance(arguments, str):  # some servers send the object itself
-            arguments = json.dumps(arguments if arguments is not None else {})
         calls.append(ToolCall(id=_text(call.get("id")) or f"call_{n}", name=_text(function.get("name")) or "",
-                              arguments=arguments))
+                              arguments=_arguments(arguments if arguments is not None else {})))
     return tuple(calls)
 
 
@@ -293,7 +296,7 @@ class _Stream:
             function = piece.get("function") or {}
             slot["name"] = _text(function.get("name")) or slot["name"]
             if function.get("arguments"):
-                slot["arguments"].append(str(function["arguments"]))
+                slot["arguments"].append(_arguments(function["arguments"]))
                 grew = True
         return grew
 

@@ -79,12 +79,11 @@ class StdinReader:
                 self._stop.wait(0.2)
                 continue
             ready, _, _ = select.select([fd], [], [], 0.2)
-            if not ready:
+            if not ready or in_background(fd):  # again: sent there (Ctrl-Z, bg) while it waited
                 continue
             chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            pending += chunk
+            ended = not chunk
+            pending += chunk or b"\n"  # at the end, a last line without its newline is a line too
             *lines, pending = pending.split(b"\n")
             if dropping:  # the rest of a line too long to take, up to its end
                 if lines:
@@ -98,6 +97,8 @@ class StdinReader:
                 text = line.decode("utf-8", errors="replace").strip()
                 if text and not self._take(text):
                     return
+            if ended:
+                return
 
     def _take(self, text: str) -> bool:
         """Hand one line to the runtime; while it is full, wait (the console blocks: the

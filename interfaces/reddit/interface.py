@@ -155,7 +155,8 @@ class RedditInterface(TypedActor):
         for item in reversed(items):  # the listing is newest first
             try:
                 parsed = parse_item(item)
-            except Exception as exc:  # a malformed item: pydantic's ValidationError, TypeError, ...
+            # What reading a malformed item raises (a ValidationError is a ValueError).
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 self._malformed(item, f"{type(exc).__name__}: {exc}")
                 continue  # marked read with the rest: kept unread, it would fail every poll
             await accept_input(self, parsed, f"reddit-{parsed.fullname}")

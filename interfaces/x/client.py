@@ -94,15 +94,21 @@ def _secret(value: Any) -> str | None:
 
 
 def post_id(post: Any) -> int | None:
-    """The id of a post as X sends it (digits, in a string); None when it has none.
+    """The id of a post as X sends it (digits, in a string); None when it has none, or one
+    no post has: X's ids are 64-bit, and a cursor moved past a bigger one would make
+    every later look a 400.
 
     >>> post_id({"id": "1800000000000000000"}), post_id({"id": "junk"}), post_id(["1"])
     (1800000000000000000, None, None)
+    >>> post_id({"id": "9" * 30}), post_id({"id": "9" * 5000}), post_id({"id": 0})
+    (None, None, None)
     """
     found = post.get("id") if isinstance(post, dict) else None
-    if isinstance(found, int) and not isinstance(found, bool):
+    if isinstance(found, str) and found.isascii() and found.isdigit() and len(found) <= 19:
+        found = int(found)  # 19 digits at most: never past int()'s limit on digits
+    if isinstance(found, int) and not isinstance(found, bool) and 0 < found < 2**63:
         return found
-    return int(found) if isinstance(found, str) and found.isascii() and found.isdigit() else None
+    return None
 
 
 class XApi:

@@ -63,10 +63,12 @@ def parse_mention(post: Any, includes: dict[str, Any], *, me: int) -> XMention |
     found = post_id(post)
     if found is None:
         raise ValueError(f"id: not a post id: {post.get('id')!r}")
-    users = {user.get("id"): user for user in includes.get("users") or () if isinstance(user, dict)}
-    author = users.get(post.get("author_id"))
-    media = {item.get("media_key"): item for item in includes.get("media") or ()
-             if isinstance(item, dict)}
+    # One bad entry of a page's includes is passed over, not held against every post of it.
+    users = {user["id"]: user for user in includes.get("users") or ()
+             if isinstance(user, dict) and isinstance(user.get("id"), str)}
+    author = users.get(post.get("author_id")) if isinstance(post.get("author_id"), str) else None
+    media = {item["media_key"]: item for item in includes.get("media") or ()
+             if isinstance(item, dict) and isinstance(item.get("media_key"), str)}
     keys = (post.get("attachments") or {}).get("media_keys") or ()
     mention = XMention(
         post_id=found,
@@ -141,7 +143,8 @@ class XInterface(TypedActor):
         for post, includes in found:
             try:
                 mention = parse_mention(post, includes, me=self._me.id)
-            except Exception as exc:  # a malformed post: pydantic's ValidationError, KeyError, ...
+            # What reading a malformed post raises (a ValidationError is a ValueError).
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 self._malformed(post, f"{type(exc).__name__}: {exc}")
                 mention = None  # moved past below: left behind, it would fail every look
             if mention is not None:
