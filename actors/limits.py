@@ -120,6 +120,10 @@ DEAD_LETTER_RETENTION_SECONDS = 7 * 24 * 3600.0
 MAX_OPEN_ITEMS = 1_000
 #: What a source told to wait is told to wait for (HTTP Retry-After).
 INTAKE_RETRY_AFTER_SECONDS = 2.0
+#: Our HTTP servers (the admin endpoint, Telegram's webhook) close a connection that has
+#: not sent a whole request within this, or sat idle this long between two: a client that
+#: sends a byte a second holds its connection no longer (aiohttp's own default is an hour).
+HTTP_IDLE_SECONDS = 30.0
 #: Conversation memory: the token budget of each chat's memory (about four characters a
 #: token), how long it is kept, and how much of an action's output it keeps.
 MEMORY_MAX_TOKENS = 2_000

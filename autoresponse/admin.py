@@ -50,7 +50,7 @@ from pydantic import BaseModel, ValidationError
 from autoresponse.actors.kernel import Cell, IntakeFull, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import read_json_body
-from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
+from autoresponse.actors.limits import HTTP_IDLE_SECONDS, INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
 from autoresponse.actors.routes import SENDER_PREFIX, interface
 
 #: Inbound interfaces are named ``interface.<platform>``.
@@ -264,7 +264,8 @@ class AdminServer:
         app.router.add_post("/inject/{actor}", self._inject)
         app.router.add_get("/trace/{correlation}", self._trace)
         app.router.add_get("/requests", self._requests)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=HTTP_IDLE_SECONDS)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()

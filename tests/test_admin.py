@@ -167,6 +167,21 @@ def test_a_damaged_dead_letter_or_trace_in_the_journal_is_left_out(make_app: Mak
     assert code == 404 and "no trace of" in json.loads(body)["error"], body  # nothing to show, said as ever
 
 
+def test_a_client_that_never_finishes_its_request_is_let_go(make_app: MakeApp,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import autoresponse.admin
+
+    monkeypatch.setattr(autoresponse.admin, "HTTP_IDLE_SECONDS", 1.0)  # read as the server starts
+    app = make_app(admin=ADMIN)
+    port = int(admin_url(app).rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+        slow.sendall(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+        assert slow.recv(1024) == b""  # closed by the server (else the 30 s guard raises)
+    assert call(f"{admin_url(app)}/healthz")[0] == 200
+
+
 def test_binding_outside_loopback_needs_a_token() -> None:
     rt = Runtime().start()
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, NatsServer, actors, wait_for
 
-from autoresponse.actors.journal.jetstream import JetStreamJournal
+from autoresponse.actors.journal.jetstream import DEAD_SUBJECT, JetStreamJournal, kv_key
 from autoresponse.actors.journal.shared_memory import SharedConversationStore
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.events import EventPayload, due_in
@@ -53,6 +53,22 @@ def test_the_journal_dedupes_by_id_and_shares_send_keys_traces_and_dead_letters(
     finally:
         one.close()
         two.close()
+
+
+def test_a_damaged_dead_letter_or_trace_on_the_server_is_left_out(nats_server: NatsServer) -> None:
+    journal = JetStreamJournal(nats_server.url, node="one")
+    try:
+        journal.record_dead_letter({"id": 5, "time": 1.0, "reason": "crash"}).result(5)
+
+        async def damage() -> None:  # what another version, or a hand, could have put there
+            for junk in (b"not json", b"[" * 100_000, b"[1, 2]"):
+                await journal._js.publish(DEAD_SUBJECT, junk)
+            await journal._traces.put(kv_key("c1"), b"not json")
+        journal.run(damage())
+        assert [d["id"] for d in journal.dead_letters(10)] == [5]
+        assert journal.trace("c1") is None
+    finally:
+        journal.close()
 
 
 def test_an_item_larger_than_the_server_takes_is_refused_at_the_door(nats_server: NatsServer) -> None:

@@ -284,6 +284,25 @@ def test_an_oversized_call_is_refused_413_and_the_next_update_flows(
     assert bot.app.runtime.cell("interface.telegram").restarts == 0
 
 
+def test_a_caller_that_never_finishes_its_call_is_let_go(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    import autoresponse.interfaces.telegram.webhook as webhook
+
+    monkeypatch.setattr(webhook, "HTTP_IDLE_SECONDS", 1.0)  # read as the server starts
+    port = free_port()
+    make_app(base_url=fake_llm.base_url, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [ALLOWED],
+        "webhook_url": PUBLIC_URL, "webhook_listen": f"127.0.0.1:{port}", "webhook_secret": SECRET,
+    }, clock=fake_telegram.clock)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+        slow.sendall(b"POST /telegram/hook HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
+        assert slow.recv(1024) == b""  # closed by the server (else the 30 s guard raises)
+
+
 # ---------------------------------------------------------------- settings
 
 

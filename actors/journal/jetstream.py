@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from autoresponse.actors.journal.journal import JournalItem, Written
+from autoresponse.actors.journal.journal import JournalItem, Written, read_stored
 from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTERS_KEPT,
@@ -541,7 +541,7 @@ class JetStreamJournal:
                 entry = await self._traces.get(kv_key(correlation))
             except (KeyNotFoundError, KeyDeletedError):
                 return None
-            return json.loads(entry.value or b"null")
+            return read_stored(entry.value or b"null", f"trace of {correlation}")
         return self.run(get())
 
     @functools.cached_property
@@ -572,9 +572,11 @@ class JetStreamJournal:
             while seq >= max(first, 1) and len(out) < limit:
                 try:
                     msg = await self._js.get_msg(DEAD_STREAM, seq=seq)
-                    out.append(json.loads(msg.data or b"{}"))
                 except Exception:  # removed (retention): skip
-                    pass
+                    msg = None
+                letter = None if msg is None else read_stored(msg.data or b"{}", "a dead letter")
+                if isinstance(letter, dict):  # a damaged one is left out, as in SQLite
+                    out.append(letter)
                 seq -= 1
             return out[::-1]
         return self.run(read(), timeout=60)

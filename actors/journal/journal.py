@@ -147,8 +147,8 @@ def check_journal(path: Path) -> list[str]:
     return [] if problems == ["ok"] else problems
 
 
-def _stored(text: Any, what: str) -> Any:
-    """JSON the journal wrote, read back; None, with a warning, when a damaged row (or one
+def read_stored(text: Any, what: str) -> Any:
+    """JSON a journal wrote, read back; None, with a warning, when a damaged row (or one
     of another version) holds something else: the rest are read as ever."""
     try:
         return json.loads(text)
@@ -635,19 +635,19 @@ class SqliteJournal:
                                      (correlation,)).fetchall()
         if not kept:
             return None
-        return _stored(max(kept, key=lambda row: row[0] or 0.0)[1], f"trace of {correlation}")
+        return read_stored(max(kept, key=lambda row: row[0] or 0.0)[1], f"trace of {correlation}")
 
     def dead_letters(self, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` dead letters, oldest first."""
         with self._db_lock:
             rows = self._db.execute("SELECT summary FROM dead_letters ORDER BY id DESC LIMIT ?",
                                     (limit,)).fetchall()
-        return [letter for r in reversed(rows) if (letter := _stored(r[0], "a dead letter")) is not None]
+        return [letter for r in reversed(rows) if (letter := read_stored(r[0], "a dead letter")) is not None]
 
     def dead_letter(self, letter_id: int) -> dict[str, Any] | None:
         with self._db_lock:
             row = self._db.execute("SELECT summary FROM dead_letters WHERE id = ?", (letter_id,)).fetchone()
-        return None if row is None else _stored(row[0], f"dead letter #{letter_id}")
+        return None if row is None else read_stored(row[0], f"dead letter #{letter_id}")
 
     def last_dead_letter_id(self) -> int:
         with self._db_lock:

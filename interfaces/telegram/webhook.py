@@ -38,6 +38,7 @@ from pydantic import SecretStr
 from yarl import URL
 
 from autoresponse.actors.jsonbody import MalformedJson, read_json_body
+from autoresponse.actors.limits import HTTP_IDLE_SECONDS
 from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BYTES
 
 log = logging.getLogger("autoresponse.telegram")
@@ -93,7 +94,7 @@ class WebhookServer:
         app.router.add_route("*", "/{tail:.*}", self._call)
         # Not cancelled when Telegram hangs up: a call waiting for room is still journaled
         # once there is room, and Telegram's retry of it is then recognised, not run twice.
-        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=HTTP_IDLE_SECONDS,
                                shutdown_timeout=CLOSE_SECONDS, handler_cancellation=False)
         await runner.setup()
         try:
