@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from typing import Self
 
 from aiohttp import web
@@ -27,6 +28,25 @@ class LoopbackServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping: asyncio.Event | None = None
+        #: Bodies to answer a call's next requests with, as they are (``answer_next``).
+        self._raw_answers: dict[str, deque[tuple[int, bytes]]] = {}
+        self._raw_lock = threading.Lock()
+
+    def answer_next(self, call: str, body: bytes, *, status: int = 200) -> None:
+        """Answer the next request of ``call`` (as the server names its calls) with ``body``
+        as it is: what a broken proxy or a server in trouble sends (not JSON, JSON of
+        another shape, nested past any parser)."""
+        with self._raw_lock:
+            self._raw_answers.setdefault(call, deque()).append((status, body))
+
+    def raw_answer(self, call: str) -> web.Response | None:
+        """The answer ``answer_next`` scripted for this request of ``call``, if any."""
+        with self._raw_lock:
+            queued = self._raw_answers.get(call)
+            answer = queued.popleft() if queued else None
+        if answer is None:
+            return None
+        return web.Response(status=answer[0], body=answer[1], content_type="application/json")
 
     def routes(self, app: web.Application) -> None:
         """Override: add the server's routes."""

@@ -78,11 +78,7 @@ def test_a_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_a_line_with_no_end_at_the_console_is_one_request_cut_short_and_the_last_line_counts(tmp_path: Path) -> None:
-    env = environment(AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
-                      AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                            preexec_fn=default_signals)
+    proc = _echo_daemon(tmp_path, stderr=subprocess.DEVNULL)
     try:
         out = _lines(proc.stdout)
         assert proc.stdin is not None
@@ -104,6 +100,14 @@ def test_a_line_with_no_end_at_the_console_is_one_request_cut_short_and_the_last
     assert asked == ["#1", "#2", "#3"], asked  # the long line cut to one request, then each next line
 
 
+def _echo_daemon(tmp_path: Path, *, stderr: int) -> subprocess.Popen[str]:
+    """``autoresponse run`` with ``echo`` allowed: requests on its stdin, replies on its stdout."""
+    env = environment(AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path))
+    return subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=default_signals)
+
+
 def _lines(stream) -> queue.Queue[str]:  # type: ignore[no-untyped-def]
     lines: queue.Queue[str] = queue.Queue()
 
@@ -117,13 +121,7 @@ def _lines(stream) -> queue.Queue[str]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_the_daemon_serves_until_signalled_then_exits_cleanly(signum: int, tmp_path: Path) -> None:
-    env = environment(AUTORESPONSE_TERMINAL__ENABLED="true",
-                      AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["echo"]',
-                      AUTORESPONSE_ADMIN__PORT=str(free_port()),
-                      AUTORESPONSE_DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "autoresponse", "run"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=default_signals)
+    proc = _echo_daemon(tmp_path, stderr=subprocess.PIPE)
     try:
         out = _lines(proc.stdout)
         assert proc.stdin is not None

@@ -123,8 +123,6 @@ class FakeTelegramServer(LoopbackServer):
         self._revoked: set[str] = set()
         #: The last failure to deliver to the webhook (``webhook_failed``): when, and why.
         self._webhook_error: tuple[int, str] | None = None
-        #: Bodies to answer a method's next calls with, as they are (``answer_next``).
-        self._raw_answers: dict[str, deque[tuple[int, bytes]]] = {}
 
     @property
     def base_url(self) -> str:
@@ -311,12 +309,6 @@ class FakeTelegramServer(LoopbackServer):
             queue = self._failures.setdefault((method, chat_id), deque())
             queue.extend(Failure(status, description, parameters or {}) for _ in range(times))
 
-    def answer_next(self, method: str, body: bytes, *, status: int = 200) -> None:
-        """Answer the next call of ``method`` with ``body`` as it is: what a broken proxy or a
-        server in trouble sends (not JSON, JSON of another shape, nested past any parser)."""
-        with self._lock:
-            self._raw_answers.setdefault(method, deque()).append((status, body))
-
     def revoke(self, token: str, revoked: bool = True) -> None:
         """Revoke a bot token (@BotFather's /revoke): every call made with it is answered 401
         Unauthorized until ``revoke(token, False)`` makes it work again."""
@@ -374,11 +366,9 @@ class FakeTelegramServer(LoopbackServer):
         with self._lock:
             self.calls.append(Call(self.clock.monotonic(), token, method, params, failure is None,
                                    sent["message_id"] if sent else None))
-        with self._lock:
-            raw = self._raw_answers.get(method)
-            answer = raw.popleft() if raw else None
-        if answer is not None:
-            return web.Response(status=answer[0], body=answer[1], content_type="application/json")
+        raw = self.raw_answer(method)  # ``answer_next``: a method's name is its call
+        if raw is not None:
+            return raw
         if failure is not None:
             body = {"ok": False, "error_code": failure.status, "description": failure.description}
             if failure.parameters:

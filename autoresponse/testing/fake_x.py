@@ -112,8 +112,6 @@ class FakeXServer(LoopbackServer):
         self._mentions: list[Mention] = []
         self._ids = itertools.count(1_800_000_000_000_000_000)
         self._failures: dict[str, deque[Failure]] = {}
-        #: Bodies to answer a call's next requests with, as they are (``answer_next``).
-        self._raw_answers: dict[str, deque[tuple[int, bytes]]] = {}
         self._revoked = False
         self._lock = threading.Lock()
         self._tls_handler: web.Server | None = None
@@ -156,12 +154,6 @@ class FakeXServer(LoopbackServer):
         with ``status``; a 429 names a reset ``reset_in`` seconds from now."""
         with self._lock:
             self._failures.setdefault(call, deque()).extend(Failure(status, reset_in) for _ in range(times))
-
-    def answer_next(self, call: str, body: bytes, *, status: int = 200) -> None:
-        """Answer the next call to ``call`` with ``body`` as it is: what a broken proxy or a
-        server in trouble sends (not JSON, JSON of another shape)."""
-        with self._lock:
-            self._raw_answers.setdefault(call, deque()).append((status, body))
 
     def revoke(self, revoked: bool = True) -> None:
         """Revoke the account's credentials (the app's keys regenerated, access withdrawn):
@@ -226,11 +218,9 @@ class FakeXServer(LoopbackServer):
                                    auth != "none" and failure is None))
         if auth == "none":
             return self._problem(401, "Unauthorized")
-        with self._lock:
-            raw = self._raw_answers.get(call)
-            answer = raw.popleft() if raw and failure is None else None
-        if answer is not None:
-            return web.Response(status=answer[0], body=answer[1], content_type="application/json")
+        raw = self.raw_answer(call) if failure is None else None  # ``answer_next``: "GET mentions", ...
+        if raw is not None:
+            return raw
         if failure is not None:
             headers = {}
             if failure.reset_in is not None:
