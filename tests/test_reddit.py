@@ -229,6 +229,38 @@ def test_a_malformed_inbox_item_is_a_dead_letter_and_the_items_behind_it_are_ans
     assert status.healthy and reader is not None and reader.restarts == 0
 
 
+def test_an_item_without_a_name_is_one_dead_letter_though_it_stays_unread(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    """Reddit marks items read by fullname; one with no id at all is listed on every poll.
+    It is dead-lettered the first time, not once a poll, and the inbox reads on."""
+    nameless = fake_reddit.push_message("run df -h", author="ada")
+    with fake_reddit._lock:
+        data = fake_reddit._items[nameless].data
+        del data["id"], data["name"]
+    good = fake_reddit.push_message("run uptime", author="ada")
+    until(fake_reddit, lambda: fake_reddit.replies(good), timeout=30)
+    seen = polls(fake_reddit)
+    until(fake_reddit, lambda: polls(fake_reddit) >= seen + 3)
+    assert bot.runtime.wait_idle(timeout=10)
+    assert not fake_reddit.is_read(nameless)  # nothing could mark it read
+    [letter] = bot.runtime.dead_letters.letters()
+    assert letter.reason == "malformed item" and "run df -h" in letter.record["body"]["raw"]
+
+
+def test_an_unreadable_page_of_the_inbox_is_a_failed_read_and_the_reader_goes_on(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    for body in (b"not json at all", b"[" * 100_000, b'{"kind": "Listing", "data": {"children": "none"}}',
+                 b'{"data": []}'):
+        fake_reddit.answer_next("message/unread", body)
+    good = fake_reddit.push_message("run uptime", author="ada")
+    until(fake_reddit, lambda: fake_reddit.replies(good), timeout=30)
+    assert polls(fake_reddit) >= 5  # the four bad pages were read, and the inbox read again
+    reader = snapshot(bot.runtime).find(interface("reddit"))
+    assert reader is not None and reader.restarts == 0  # backed off and read again, not crashed
+
+
 def test_strangers_get_no_action_and_by_default_no_answer(
     bot: Application, fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer
 ) -> None:

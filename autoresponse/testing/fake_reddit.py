@@ -235,6 +235,9 @@ class FakeRedditServer(LoopbackServer):
         failure = self._failure_for(path, params.get("thing_id"))
         headers = self._headers()
         self._record(request, params, failure is None, headers)
+        raw = self.raw_answer(path)  # ``answer_next``: a path is its call ("message/unread")
+        if raw is not None:
+            return raw
         if failure is not None:
             if failure.error is not None:
                 return web.json_response({"json": {"errors": [list(failure.error)]}}, headers=headers)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from typing import Any
 
 import asyncpraw
-from asyncpraw.exceptions import AsyncPRAWException
+from asyncpraw.const import API_PATH
+from asyncpraw.exceptions import AsyncPRAWException, ClientException
 from asyncprawcore.exceptions import AsyncPrawcoreException, OAuthException, ResponseException
 from pydantic import BaseModel, ConfigDict
 
@@ -70,6 +72,27 @@ class RedditItem(BaseModel):
         return (self.first_message or self.fullname) if self.is_message else (self.link_id or self.fullname)
 
 
+#: Items marked read by one call (asyncpraw's ``Inbox.mark_read`` sends as many).
+READ_PER_CALL = 25
+
+
+def _children(page: Any) -> list[Any]:
+    """The items of a page of the inbox, as Reddit sent them; a page that is no listing
+    is a failed read (the poll backs off and tries again)."""
+    data = page.get("data") if isinstance(page, dict) else None
+    children = data.get("children") if isinstance(data, dict) else None
+    if not isinstance(children, list):
+        raise ClientException(f"the inbox answered with no listing: {str(page)[:200]}")
+    return children
+
+
+def _fullname(child: Any) -> str | None:
+    """The fullname an inbox item was sent with (Reddit marks items read by it), or None."""
+    data = child.get("data") if isinstance(child, dict) else None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 def _name(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -113,6 +136,9 @@ class RedditInterface(TypedActor):
         self._reddit = reddit  # shared with the sender; the platform closes it
         self._username = username
         self._mention = re.compile(rf"(?<![\w/])/?u/{re.escape(username)}\b", re.IGNORECASE)
+        #: Malformed items with no fullname, which Reddit cannot mark read: each is listed again
+        #: on every poll, and dead-lettered the first time only (the newest are remembered).
+        self._nameless: OrderedDict[str, None] = OrderedDict()
 
     def setup(self) -> None:
         self.start_task(self._poll(), "inbox")
@@ -147,27 +173,39 @@ class RedditInterface(TypedActor):
 
     async def _take_unread(self) -> None:
         """Journal every unread item, oldest first (or dead-letter it when it cannot be
-        read), then mark them read."""
+        read), then mark them read.
+
+        The page is read as JSON and each item made an object on its own: asyncpraw fails a
+        whole listing on one item it cannot make (no id), which would stop the inbox there."""
         intake = self.runtime.intake
         await intake.room()  # backpressure: take nothing while the runtime is full
         limit = max(1, min(REDDIT_UNREAD_PER_POLL, intake.free()))
-        items = [item async for item in self._reddit.inbox.unread(limit=limit, mark_read=False)]
-        for item in reversed(items):  # the listing is newest first
+        page = await self._reddit.request(method="GET", path=API_PATH["unread"],
+                                          params={"mark": False, "limit": limit})
+        children = _children(page)
+        for child in reversed(children):  # the listing is newest first
             try:
-                parsed = parse_item(item)
+                parsed = parse_item(self._reddit._objector.objectify(data=child))
             # What reading a malformed item raises (a ValidationError is a ValueError).
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                self._malformed(item, f"{type(exc).__name__}: {exc}")
+                self._malformed(child, f"{type(exc).__name__}: {exc}")
                 continue  # marked read with the rest: kept unread, it would fail every poll
             await accept_input(self, parsed, f"reddit-{parsed.fullname}")
         # Reddit marks items read by fullname: one without any (no id) can only be skipped.
-        named = [item for item in items if isinstance(getattr(item, "fullname", None), str)]
-        if named:
-            await self._reddit.inbox.mark_read(named)
+        names = [name for child in children if isinstance(name := _fullname(child), str)]
+        for start in range(0, len(names), READ_PER_CALL):
+            await self._reddit.post(API_PATH["read_message"], data={"id": ",".join(names[start:start + READ_PER_CALL])})
 
-    def _malformed(self, item: Any, why: str) -> None:
+    def _malformed(self, child: Any, why: str) -> None:
         """Dead-letter an item that cannot be read, with why and its fields as Reddit sent them."""
-        fields = {key: value for key, value in vars(item).items() if not key.startswith("_")}
+        fields = child.get("data", child) if isinstance(child, dict) else child
+        if _fullname(child) is None:  # it stays unread: once is enough
+            seen = repr(fields)
+            if seen in self._nameless:
+                return
+            self._nameless[seen] = None
+            if len(self._nameless) > REDDIT_UNREAD_PER_POLL:  # more than one listing shows
+                self._nameless.popitem(last=False)
         dead_letter_malformed(self, fields, "malformed item", why)
 
     @handles
