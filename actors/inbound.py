@@ -18,18 +18,17 @@ import json
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from autoresponse.actors.kernel.actor import TypedActor
 from autoresponse.actors.kernel.intake import Unstorable
+from autoresponse.actors.limits import MALFORMED_KEPT
 from autoresponse.actors.routes import CONVERSATIONS, sender
-from autoresponse.messages import Attachment, Envelope, OriginalContext, OutboundMessage, UserRequest
+from autoresponse.messages import Attachment, Envelope, MalformedInput, OriginalContext, OutboundMessage, UserRequest
 
 log = logging.getLogger("autoresponse.inbound")
 
 REFUSAL = "Sorry, I only take requests from people on my allowlist."
-#: Characters of an input that could not be read kept in its dead letter.
-MALFORMED_KEPT = 16_000
 
 #: What a request from someone not on the allowlist gets: nothing, a short refusal, or an
 #: autonomous turn (a reply the bot may also leave unsaid; no commands unless configured).
@@ -76,14 +75,6 @@ async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) 
         actor.runtime.dead_letters.post(Envelope.new(item), "malformed input", actor=actor.name, detail=str(exc))
         return False
     return True
-
-
-class MalformedInput(BaseModel):
-    """An input a platform sent that could not be read, kept (cut to size) in its dead letter."""
-
-    model_config = ConfigDict(frozen=True)
-
-    raw: str
 
 
 def dead_letter_malformed(actor: TypedActor, raw: Any, reason: str, why: str) -> None:

@@ -19,6 +19,11 @@ MAILBOX_BLOCK_SECONDS = 5.0
 
 #: Dead letters kept for inspection (in memory, and in the journal); counts are kept for all.
 DEAD_LETTERS_KEPT = 10_000
+#: Requests whose failure the user was told of, remembered so that each is told once.
+FAILURES_REMEMBERED = 10_000
+#: Characters of an input that could not be read (a platform's update, a journal's work item)
+#: kept in its dead letter.
+MALFORMED_KEPT = 16_000
 
 #: Longest LLM reply kept verbatim in an error system message (`your_reply`).
 MAX_YOUR_REPLY_CHARS = 4_000

@@ -32,6 +32,7 @@ from autoresponse.actors.approvals import APPROVALS, ApprovalDesk
 from autoresponse.actors.builder import AutoResponseBuilder
 from autoresponse.actors.conversation import ConversationActor, chat_of
 from autoresponse.actors.dispatcher import ActionDispatcher
+from autoresponse.actors.failures import FailureNotices
 from autoresponse.actors.journal import DeliveryJournal, JournalInUse, SqliteJournal
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DEAD_LETTER_RETENTION_SECONDS
 from autoresponse.actors.llm import EngineChain, HttpEngine, LLMClient, LLMEngine, NoticeEngine, OfflineEngine, UsageMeter
@@ -167,6 +168,8 @@ class Application:
             event_loop=settings.runtime.event_loop,
             trace=settings.runtime.trace,
         )
+        # A request that dies as a dead letter (a crash on every attempt, ...) tells its user.
+        self.runtime.dead_letters.observers.append(FailureNotices(self.runtime))
         self.engine = engine or make_engine(settings.llm, self.runtime.clock)
         #: Tokens used, per model, turn kind and chat (and each chat's daily budget).
         self.usage = UsageMeter(settings.llm.daily_tokens_per_chat)

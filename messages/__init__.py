@@ -31,7 +31,7 @@ from autoresponse.messages.context import (
     register_interface,
     unregister_interface,
 )
-from autoresponse.messages.control import Crash, Exit, Failure
+from autoresponse.messages.control import Crash, Exit, Failure, MalformedInput
 from autoresponse.messages.envelope import Envelope
 from autoresponse.messages.media import Attachment, AttachmentKind, Variant, attachments_label, human_size
 from autoresponse.messages.pipeline import (
@@ -70,6 +70,7 @@ __all__ = [
     "LLMFailure",
     "LLMReply",
     "LLMRequest",
+    "MalformedInput",
     "MessageAction",
     "MessagePayload",
     "OriginalContext",

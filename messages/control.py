@@ -1,4 +1,5 @@
-"""Control messages of the runtime itself: exit signals and requested crashes."""
+"""Control messages of the runtime itself: exit signals, requested crashes, and what
+stands in a dead letter for an input that could not be read."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ class Crash(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     reason: str = "crash requested"
+
+
+class MalformedInput(BaseModel):
+    """An input that could not be read (an update a platform sent, a work item in the
+    journal), kept in its dead letter as it came, cut to ``MALFORMED_KEPT`` characters."""
+
+    model_config = ConfigDict(frozen=True)
+
+    raw: str

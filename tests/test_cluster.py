@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from conftest import Daemon, NatsServer, actors, wait_for
 
-from autoresponse.actors.journal.jetstream import DEAD_SUBJECT, JetStreamJournal, kv_key
+from autoresponse.actors.journal.jetstream import DEAD_SUBJECT, WORK_SUBJECT, JetStreamJournal, kv_key
 from autoresponse.actors.journal.shared_memory import SharedConversationStore
+from autoresponse.actors.routes import interface
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.events import EventPayload, due_in
 from autoresponse.interfaces.events.shared_store import SharedEventStore
@@ -69,6 +70,47 @@ def test_a_damaged_dead_letter_or_trace_on_the_server_is_left_out(nats_server: N
         assert journal.trace("c1") is None
     finally:
         journal.close()
+
+
+def test_work_on_the_stream_that_cannot_run_is_a_dead_letter_and_leaves_the_stream(
+        tmp_path: Path, nats_server: NatsServer) -> None:
+    """What another version, or a hand, published: an item whose payload no actor reads, and
+    a message that is no item at all. Each becomes a dead letter holding it as it came, with
+    why, and leaves the stream; the work behind them still runs."""
+    journal = JetStreamJournal(nats_server.url, node="publisher")
+    broken = {"correlation": "telegram-1-1", "actor": interface("telegram"), "type": "TelegramText",
+              "payload": "not json"}
+    try:
+        async def publish() -> None:
+            await journal._js.publish(f"{WORK_SUBJECT}.broken", json.dumps(broken).encode())
+            await journal._js.publish(f"{WORK_SUBJECT}.junk", b"\xff junk, no item")
+        journal.run(publish())
+    finally:
+        journal.close()
+    with FakeLLMServer() as llm, FakeTelegramServer() as telegram:
+        daemon = cluster_daemon(tmp_path, "a", nats_server, llm, telegram).start()
+        try:
+            telegram.push_text("hello", chat_id=7, user_id=ALLOWED, message_id=1)
+            wait_for(lambda: len(telegram.sent()) == 1, timeout=60)
+
+            def letters() -> list[dict[str, Any]]:
+                return json.loads(daemon.cli("deadletters", "list", "--json").stdout)["letters"]
+            wait_for(lambda: len(letters()) == 2, timeout=30)
+            found = {letter["envelope"]["correlation_id"]: letter for letter in letters()}
+        finally:
+            assert daemon.stop() == 0
+    assert all(letter["reason"] == "unreadable work item" for letter in found.values())
+    item = found["telegram-1-1"]
+    assert item["actor"] == interface("telegram") and item["envelope"]["body"] == {"raw": "not json"}
+    assert item["detail"].startswith("TelegramText: cannot run it: its payload is unreadable")
+    [junk] = [letter for correlation, letter in found.items() if correlation.startswith("nats-")]
+    assert junk["envelope"]["body"] == {"raw": "\ufffd junk, no item"}
+    assert junk["detail"].startswith("it is no work item (ValidationError")
+    reader = JetStreamJournal(nats_server.url, node="reader")
+    try:
+        assert reader.status()["pending"] == 0  # both taken off the stream
+    finally:
+        reader.close()
 
 
 def test_an_item_larger_than_the_server_takes_is_refused_at_the_door(nats_server: NatsServer) -> None:

@@ -30,6 +30,7 @@ from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
 from autoresponse.actors.journal._checkpointer import WalCheckpointer
+from autoresponse.actors.limits import MALFORMED_KEPT
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import Envelope, OriginalContext, UserRequest
@@ -734,7 +735,8 @@ def test_the_replies_to_new_work_read_nothing_from_the_journal(make_app: Callabl
                          ids=["wrong type", "garbage", "deeply nested", "a blob"])
 def test_an_unreadable_open_item_is_closed_and_the_rest_resumes(tmp_path: Path, payload: str | bytes) -> None:
     """A journal written by another version, or damaged: the item that cannot be read closes
-    as dead with its reason, and the daemon starts and answers the rest."""
+    as dead, a dead letter with its reason and its payload as stored, and the daemon starts
+    and answers the rest."""
     path = tmp_path / "data" / "journal.sqlite3"
     path.parent.mkdir()
     journal = SqliteJournal(path)
@@ -749,10 +751,17 @@ def test_an_unreadable_open_item_is_closed_and_the_rest_resumes(tmp_path: Path, 
     daemon = Daemon(tmp_path, AUTORESPONSE_EVENTS__ENABLED="false").start()
     try:
         assert daemon.cli("status", "--json").returncode == 0
+        listed = json.loads(daemon.cli("deadletters", "list", "--json").stdout)
     finally:
         assert daemon.stop() == 0
+    [letter] = listed["letters"]
+    assert letter["reason"] == "unreadable work item" and letter["actor"] == interface("console")
+    assert letter["detail"].startswith("ConsoleInput: cannot resume it: its payload is unreadable")
+    assert letter["envelope"]["correlation_id"] == "broken"
+    stored = payload.decode("utf-8", errors="replace") if isinstance(payload, bytes) else payload
+    assert letter["envelope"]["body"] == {"raw": stored[:MALFORMED_KEPT]}
     log = daemon.log()
-    assert "cannot resume broken: its payload is unreadable" in log
+    assert "unreadable work item: ConsoleInput: cannot resume it" in log
     assert "resumed 1 unfinished work items" in log
     with sqlite3.connect(path) as db:
         states = dict(db.execute("SELECT correlation, state FROM items"))

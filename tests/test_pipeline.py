@@ -15,13 +15,18 @@ from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
 from autoresponse.actors.kernel.testkit import FaultInjector
+from autoresponse.actors.failures import FAILURE_NOTICE
+from autoresponse.actors.prompts import build_chat_request
 from autoresponse.app import RETRY
 from autoresponse.messages import (
     ActionRequest,
+    Envelope,
     LLMRequest,
     OriginalContext,
     OutboundMessage,
     Rejection,
+    ReplyDelivered,
+    SendReceipt,
     UserRequest,
 )
 
@@ -205,6 +210,33 @@ def test_the_hop_limit_ends_a_chain(make_app: MakeApp) -> None:
     [letter] = app.runtime.dead_letters.letters()
     assert letter.reason == "hop limit"
     assert letter.envelope.hops == 4
+    assert console_text(app).count(FAILURE_NOTICE) == 1  # whoever asked is told
+
+
+def test_a_failure_is_told_once_a_request_and_only_where_someone_waits_for_an_answer(make_app: MakeApp) -> None:
+    """One notice however many of a request's messages die; none for a reason that has its
+    own word or reaches nobody, an autonomous turn, a notice that failed, or a reply's
+    memory; a reminder's turn tells its scheduler, which decides what the user hears."""
+    app = make_app(events={"enabled": True})
+    console = OriginalContext(chat_id="console", message_id=1, interface_name="console")
+    post = app.runtime.dead_letters.post
+    request = Envelope.new(UserRequest(text="hi", context=console))
+    with app.runtime.probe(sender("console")) as out, app.runtime.probe("events") as events:
+        post(request, "crash", actor=LLM)
+        post(request.child(LLMRequest(prompt=build_chat_request("hi", console, allowed_actions=("message_console",)))), "hop limit",
+             actor=LLM)
+        for reason in ("unreachable chat", "retries exhausted", "no handler"):
+            post(Envelope.new(UserRequest(text="hi", context=console)), reason, actor=LLM)
+        autonomous = console.model_copy(update={"autonomous": True})
+        post(Envelope.new(UserRequest(text="hi", context=autonomous)), "crash", actor=LLM)
+        post(Envelope.new(OutboundMessage.reply(console, "a notice", notice=True)), "crash", actor=sender("console"))
+        post(Envelope.new(ReplyDelivered(context=console, text="said")), "crash", actor=CONVERSATIONS)
+        reminder = console.model_copy(update={"receipt_to": "events", "receipt_key": "event-7"})
+        post(Envelope.new(UserRequest(text="hi", context=reminder)), "deadline", actor=LLM)
+        assert app.runtime.wait_idle(timeout=10)
+        assert [m.text for m in out.bodies(OutboundMessage)] == [FAILURE_NOTICE]
+        assert [(r.key, r.ok, r.detail) for r in events.bodies(SendReceipt)] == [("event-7", False, "deadline at llm")]
+    assert console_text(app).count(FAILURE_NOTICE) == 1
 
 
 def test_an_unreachable_llm_gives_the_user_a_notice(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
@@ -235,7 +267,8 @@ def test_a_crash_in_any_pipeline_actor_loses_nothing(make_app: MakeApp, actor: s
 
 
 @pytest.mark.parametrize("actor", PIPELINE)
-def test_a_message_that_always_crashes_its_actor_is_dead_lettered(make_app: MakeApp, actor: str) -> None:
+def test_a_message_that_always_crashes_its_actor_is_dead_lettered_and_the_user_told(
+        make_app: MakeApp, actor: str) -> None:
     app = make_app(supervision={"message_attempts": 3})
     app.runtime.fault = FaultInjector(actors={actor}, times=3)
     ask(app, "run echo one")
@@ -243,6 +276,8 @@ def test_a_message_that_always_crashes_its_actor_is_dead_lettered(make_app: Make
     assert (letter.reason, letter.actor) == ("crash", actor)
     assert letter.error == f"InjectedFault: injected fault in {actor}"
     assert letter.detail == "failed on attempt 3 of 3"
+    # Whoever asked hears that it failed, once (a console line is read before it has a chat).
+    assert console_text(app).count(FAILURE_NOTICE) == (0 if actor == "interface.console" else 1)
     # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:
         ask(app, "run echo two")

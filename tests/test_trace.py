@@ -167,7 +167,7 @@ def test_traces_in_flight_stay_while_newer_ones_finish_and_the_oldest_finished_g
     def hop(correlation: str) -> None:
         env = Envelope.new(Ping(n=0), correlation_id=correlation)
         tracer.queued(env, "a")
-        tracer.handled(tracer.started(env, "Ping"), env, "Ping", "handled", "a")
+        tracer.handled(tracer.now(), env, "Ping", "handled", "a")
 
     hop("slow")  # in flight throughout
     for correlation in ("one", "two", "three"):
@@ -230,7 +230,7 @@ def test_a_retried_attempt_and_a_replayed_dead_letter_are_hops_of_their_request(
     failing.set()
     rt = Runtime(message_attempts=2)
     rt.tracer = TraceRecorder(keep=2, in_flight=2, now=rt.clock.time)
-    rt.dead_letters.observer = rt.tracer.dead_letter
+    rt.dead_letters.observers = [rt.tracer.dead_letter]
     spec = SupervisorSpec("top", Strategy.ONE_FOR_ONE, [ChildSpec("flaky", FailsFirst, args=(failing,))],
                           intensity=RestartIntensity(max_restarts=100, period=60),
                           backoff=BackoffPolicy(min=0, max=0, jitter=0))

@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from autoresponse.actors.journal.journal import JournalItem, Written, read_stored
+from autoresponse.actors.journal.journal import JournalItem, Unreadable, Written, read_stored
 from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTERS_KEPT,
@@ -270,6 +270,7 @@ class JetStreamJournal:
         self._held: dict[str, Any] = {}  # correlation -> the message this worker is running
         #: Taken from the stream, waiting for an earlier item of their chat, or for room.
         self._waiting: dict[str, tuple[JournalItem, Any]] = {}
+        self._unreadable: Unreadable | None = None  # told of a message on the stream that is no item
         self._leases_held: set[Lease] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -407,9 +408,13 @@ class JetStreamJournal:
         ack = await self._js.publish(subject, data, headers=headers)
         return not ack.duplicate
 
-    def start_feed(self, take: Callable[[JournalItem], bool], room: Callable[[], int]) -> None:
+    def start_feed(self, take: Callable[[JournalItem], bool], room: Callable[[], int],
+                   unreadable: Unreadable | None = None) -> None:
         """Work on the cluster's items: ``take`` starts one here (False: it cannot run
-        here, hand it back); ``room`` is how many more this daemon may run now."""
+        here, hand it back); ``room`` is how many more this daemon may run now;
+        ``unreadable`` is told of a message on the stream that is no item at all (its
+        name, its data as text, and why), which is then taken off the stream."""
+        self._unreadable = unreadable
         self._spawn(self._feed(take, room))
         self._spawn(self._report_progress())
 
@@ -441,7 +446,13 @@ class JetStreamJournal:
         try:
             item = JournalItem.model_validate_json(msg.data)
         except ValueError as exc:  # nothing can run it: not ours, or corrupt
-            log.error("dropped an unreadable work item (stream seq %s): %s", msg.metadata.sequence.stream, exc)
+            seq = msg.metadata.sequence.stream
+            first = str(exc).split("\n", 1)[0]  # its name, not the data it quotes after
+            why = f"it is no work item ({type(exc).__name__}: {first})"
+            if self._unreadable is not None:
+                self._unreadable(f"nats-{seq}", msg.data.decode("utf-8", errors="replace"), why)
+            else:
+                log.error("dropped an unreadable work item (stream seq %s): %s", seq, why)
             await msg.term()
             return
         if msg.metadata.num_delivered > 1:

@@ -177,6 +177,9 @@ class JournalItem(BaseModel):
 
 #: Told how a write ended (in the journal's own thread): whether it changed a row, or its error.
 Written = Callable[[bool, BaseException | None], None]
+#: Told of what a distributed journal holds that is no work item at all: a name for it, its
+#: data as text, and why it cannot be read.
+Unreadable = Callable[[str, str, str], None]
 
 
 class DeliveryJournal(Protocol):

@@ -499,7 +499,9 @@ class TypedActor(pykka.ThreadingActor):
         if tracer is not None:
             kind = type(body).__name__
             self._handling_kind = kind
-            self._handling_since = started = tracer.started(env, kind)
+            self._handling_since = started = tracer.now()  # for its hop, as ``handled`` records it
+            if tracer.spans is not None:
+                tracer.spans.started(env, kind)
         self._handling, self._holds_count = env, True
         try:
             if runtime.fault is not None:

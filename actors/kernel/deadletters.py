@@ -78,6 +78,10 @@ class DeadLetterStore(Protocol):
     def dead_letter_counts(self) -> dict[str, int]: ...
 
 
+#: Told of a letter as it is posted: its envelope, its reason, and the actor it was for.
+Observer = Callable[[Envelope, str, "str | None"], None]
+
+
 def _from_store(data: Any) -> DeadLetter | None:
     """A letter kept by an earlier run; None, with a warning, when it lacks what one has."""
     try:
@@ -107,8 +111,9 @@ class DeadLetterOffice:
         self._ids = itertools.count(1)
         #: Applied to every detail and error text (configured secrets must never show).
         self.redact = redact
-        #: Told of every letter as it is posted (the runtime's trace: where a request died).
-        self.observer: Callable[[Envelope, str, str | None], None] | None = None
+        #: Told of every letter as it is posted, in the thread that posts it: the runtime's
+        #: trace (where a request died), the user's notice (``actors.failures``).
+        self.observers: list[Observer] = []
         if store is not None:
             self.attach(store)
 
@@ -139,8 +144,11 @@ class DeadLetterOffice:
             store = self._store
         if store is not None:
             store.record_dead_letter(letter.summary())
-        if self.observer is not None:
-            self.observer(envelope, reason, actor)
+        for observer in self.observers:
+            try:
+                observer(envelope, reason, actor)
+            except Exception:  # one that fails must not keep the letter from the rest, or the poster
+                log.exception("a dead-letter observer failed on letter #%d", letter.id)
         log.warning(
             "dead letter #%d at %s: %s%s (correlation %s, %s)",
             letter.id, actor or "-", reason, f": {letter.detail}" if letter.detail else "",

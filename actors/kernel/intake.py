@@ -22,7 +22,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, MAX_OPEN_ITEMS
+from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, MALFORMED_KEPT, MAX_OPEN_ITEMS
+from autoresponse.messages.control import MalformedInput
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class Intake:
             feed = self.distributed and not self._feed_started
             self._feed_started = self._feed_started or feed
         if feed:
-            self.journal.start_feed(self._take, self.free)  # type: ignore[union-attr]
+            self.journal.start_feed(self._take, self.free, self._unreadable)  # type: ignore[union-attr]
 
     @property
     def distributed(self) -> bool:
@@ -245,7 +246,7 @@ class Intake:
         for item in self.journal.unfinished():
             body, why = self._rebuilt(item)
             if body is None:  # one item that cannot run must not keep the daemon from starting
-                log.error("cannot resume %s: %s", item.correlation, why)
+                self._unreadable(item.correlation, item.payload, f"{item.type}: cannot resume it: {why}", item.actor)
                 self.journal.finish(item.correlation, "dead")
                 continue
             with self._lock:
@@ -268,6 +269,13 @@ class Intake:
             return None, f"{item.actor} does not handle {item.type}"
         return body, ""
 
+    def _unreadable(self, correlation: str, raw: str, why: str, actor: str | None = None) -> None:
+        """A dead letter for work that can run nowhere (an item of the journal, or what the
+        cluster's stream holds that is no item): as it was stored, and why."""
+        self.runtime.dead_letters.post(
+            Envelope.new(MalformedInput(raw=raw[:MALFORMED_KEPT]), correlation_id=correlation),
+            "unreadable work item", actor=actor, detail=why)
+
     def _take(self, item: JournalItem) -> bool:
         """Start one of the cluster's work items here (called by a distributed journal's
         feed); False when there is no room now, and the item goes back for later."""
@@ -279,7 +287,7 @@ class Intake:
             if body is None:
                 self._failed.add(item.correlation)
         if body is None:
-            log.error("cannot run %s: %s", item.correlation, why)
+            self._unreadable(item.correlation, item.payload, f"{item.type}: cannot run it: {why}", item.actor)
             self.finished(item.correlation)
             return True
         self.runtime.deliver(item.actor, Envelope.new(body, correlation_id=item.correlation,

@@ -86,7 +86,7 @@ class Runtime:
         #: Every hop of the recent requests (None: not recorded).
         self.tracer: TraceRecorder | None = TraceRecorder(now=self.clock.time) if trace else None
         if self.tracer is not None:
-            self.dead_letters.observer = self.tracer.dead_letter
+            self.dead_letters.observers.append(self.tracer.dead_letter)
         self.io = EventLoopThread(kind=event_loop)
         # Asked by a full mailbox under BLOCK: never block the event loop's thread, where
         # every actor's I/O completes (made once, not on every hop).
@@ -260,8 +260,12 @@ class Runtime:
             return None
         if not counted:
             self.inflight.add(envelope.correlation_id)
-        if self.tracer is not None:  # before it can be handled, and its work finish
-            self.tracer.queued(envelope, to)
+        tracer = self.tracer
+        if tracer is not None:  # before it can be handled, and its work finish
+            if envelope.trace is None or tracer.spans is not None:
+                tracer.queued(envelope, to)
+            else:  # a later hop of its trace, heard by nothing else: only its time (``queued``'s)
+                envelope.queued_at = tracer.now()
         mailbox = cell.mailbox
         try:
             mailbox.put(envelope, may_block=self._off_loop)

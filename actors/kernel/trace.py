@@ -111,12 +111,6 @@ class TraceRecorder:
         if self.spans is not None:
             self.spans.queued(env, actor, kind)
 
-    def started(self, env: Envelope, kind: str) -> float:
-        """``env`` (of type ``kind``) is being handled: when it started, for ``handled``."""
-        if self.spans is not None:
-            self.spans.started(env, kind)
-        return self.now()
-
     def handled(self, started: float, env: Envelope, kind: str, outcome: str, actor: str) -> None:
         """The handling of ``env`` by ``actor``, begun at ``started``, has ended (``handled``,
         or a ``crash``): its whole hop, in one event. A message never queued through the
