@@ -1,17 +1,22 @@
-"""What a user hears when their request dies on the way: one short notice.
+"""What a user hears when their request dies on its way: a short notice.
 
 A request ends as a dead letter, with its reason, when a message of it crashed its actor on
 every attempt, looped past the hop limit, outlived its deadline, or found its actor stopped
 for good. The dead letter is for the operator; the user, who asked and is waiting, gets
-``FAILURE_NOTICE`` in their chat, once a request. A context that asked for a receipt (a
-reminder's) has its asker told instead, who decides what the user hears::
+``FAILURE_NOTICE`` in their chat, once however many of the request's messages die::
 
     >>> runtime.dead_letters.observers.append(FailureNotices(runtime))   # doctest: +SKIP
 
-Nothing is said for the other reasons: they have a word of their own (re-asks exhausted,
-the LLM unreachable), or no word can reach the user (an unreachable chat), or they are
-inputs never read. Nor for an autonomous turn, which the bot may leave unanswered anyway,
-for a notice that itself failed, or for a reply's memory failing after the user saw it.
+Only a message of a request's turn is told of (``context_of``): the request, its prompt and
+reply, an action, its output, a reply to send. Nothing is said for the other reasons: they
+have a word of their own (re-asks exhausted, the LLM unreachable), or no word can reach the
+user (an unreachable chat), or they are inputs never read. Nor for an autonomous turn, which
+the bot may leave unanswered anyway; a reminder's turn, whose scheduler tries it again when
+its reply is not confirmed, and speaks when it gives up; a notice or a preview that failed.
+
+The notice is work of its own (its correlation is the request's and ``NOTICE_SUFFIX``):
+the request's journal item closes as dead whatever becomes of it, so a stop or a kill before
+it is sent never resumes the request that failed.
 """
 
 from __future__ import annotations
@@ -23,20 +28,40 @@ from typing import Any
 from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.actors.limits import FAILURES_REMEMBERED
 from autoresponse.actors.routes import sender
-from autoresponse.messages import Envelope, OriginalContext, OutboundMessage, ReplyDelivered, SendReceipt
+from autoresponse.messages import (
+    ActionOutput,
+    ActionRequest,
+    Envelope,
+    LLMFailure,
+    LLMReply,
+    LLMRequest,
+    OriginalContext,
+    OutboundMessage,
+    Rejection,
+    SystemMessage,
+    UserRequest,
+)
 
 FAILURE_NOTICE = "Sorry, something went wrong with your request, and it was not finished. Please try again."
 #: The reasons of a dead letter that the user is told of.
 TOLD = frozenset({"crash", "hop limit", "deadline", "actor stopped"})
+#: The notice's correlation: its request's, and this.
+NOTICE_SUFFIX = "/failed"
 
 
 def context_of(body: Any) -> OriginalContext | None:
-    """The chat a message acts for (a request, a prompt or reply of its turn, an action, its
-    output, a reply to send), or None."""
-    context = getattr(body, "context", None) or getattr(body, "original_context", None)
-    if context is None:
-        context = getattr(getattr(body, "prompt", None), "original_context", None)
-    return context if isinstance(context, OriginalContext) else None
+    """The chat whose request ``body`` is a message of, or None: for a request, its prompt,
+    the LLM's reply, an action, its output and a reply to send (not a notice, nor a preview:
+    the reply it previews still comes)."""
+    if isinstance(body, OutboundMessage):
+        return None if body.notice or body.preview else body.context
+    if isinstance(body, (UserRequest, ActionRequest)):
+        return body.context
+    if isinstance(body, (LLMRequest, LLMReply, LLMFailure, Rejection)):
+        return body.prompt.original_context
+    if isinstance(body, (ActionOutput, SystemMessage)):
+        return body.original_context
+    return None
 
 
 class FailureNotices:
@@ -49,29 +74,18 @@ class FailureNotices:
         self._told: OrderedDict[str, None] = OrderedDict()  # correlations told, newest last
 
     def __call__(self, envelope: Envelope, reason: str, actor: str | None) -> None:
-        body = envelope.body
-        if reason not in TOLD or isinstance(body, ReplyDelivered):
+        if reason not in TOLD:
             return
-        if isinstance(body, OutboundMessage) and body.notice:
-            return
-        context = context_of(body)
-        if context is None or context.autonomous or not self._first(envelope.correlation_id):
-            return
-        # Its request's correlation, not a child of the letter: a child would carry on the
-        # deadline that passed, or the hops past the limit.
-        correlation = envelope.correlation_id
-        if context.receipt_to is not None and context.receipt_key is not None:
-            self.runtime.send(context.receipt_to, SendReceipt(key=context.receipt_key, ok=False,
-                                                              detail=f"{reason} at {actor or '-'}"),
-                              correlation_id=correlation)
+        context = context_of(envelope.body)
+        if context is None or context.autonomous or context.receipt_to is not None:
             return
         to = sender(context.interface_name)
-        if self.runtime.has(to):
-            self.runtime.send(to, OutboundMessage.reply(context, FAILURE_NOTICE, notice=True), correlation_id=correlation)
+        if self.runtime.has(to) and self._first(envelope.correlation_id):
+            self.runtime.send(to, OutboundMessage.reply(context, FAILURE_NOTICE, notice=True),
+                              correlation_id=envelope.correlation_id + NOTICE_SUFFIX)
 
     def _first(self, correlation: str) -> bool:
-        """The first failure of ``correlation`` told (one notice a request, however many of
-        its messages die); the newest ``FAILURES_REMEMBERED`` are remembered."""
+        """The first failure of ``correlation`` told (the newest ``FAILURES_REMEMBERED``)."""
         with self._lock:
             if correlation in self._told:
                 return False

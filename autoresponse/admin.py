@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from autoresponse.actors.kernel import Cell, IntakeFull, Runtime, Unstorable
+from autoresponse.actors.kernel import Cell, IntakeFull, NotReplayable, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import read_json_body
 from autoresponse.actors.limits import HTTP_IDLE_SECONDS, INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
@@ -395,6 +395,8 @@ class AdminServer:
         try:
             letter_id = int(request.match_info["id"])
             envelope = self.runtime.replay(letter_id)
+        except NotReplayable as exc:  # none, or one nothing can run: it says which
+            return _error(404, str(exc))
         except (ValueError, KeyError, OverflowError):  # OverflowError: an id past SQLite's integers
             return _error(404, f"no replayable dead letter #{request.match_info['id']}")
         if envelope is None:

@@ -752,8 +752,10 @@ def test_an_unreadable_open_item_is_closed_and_the_rest_resumes(tmp_path: Path, 
     try:
         assert daemon.cli("status", "--json").returncode == 0
         listed = json.loads(daemon.cli("deadletters", "list", "--json").stdout)
+        replayed = daemon.cli("deadletters", "replay", str(listed["letters"][0]["id"]))
     finally:
         assert daemon.stop() == 0
+    assert replayed.returncode != 0 and "an input that could not be read" in replayed.stderr  # nothing can run it
     [letter] = listed["letters"]
     assert letter["reason"] == "unreadable work item" and letter["actor"] == interface("console")
     assert letter["detail"].startswith("ConsoleInput: cannot resume it: its payload is unreadable")

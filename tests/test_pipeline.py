@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,11 +14,13 @@ from conftest import ask, console_text, system_messages
 from autoresponse import Application, request_llm_delivery
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, sender
+from autoresponse.actors.routes import CONVERSATIONS, LLM, executor, interface, sender
 from autoresponse.actors.kernel.testkit import FaultInjector
-from autoresponse.actors.failures import FAILURE_NOTICE
+from autoresponse.actors.failures import FAILURE_NOTICE, NOTICE_SUFFIX
 from autoresponse.actors.prompts import build_chat_request
+from autoresponse.messages.approval import ApprovalAnswer
 from autoresponse.app import RETRY
+from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import (
     ActionRequest,
     Envelope,
@@ -26,7 +29,6 @@ from autoresponse.messages import (
     OutboundMessage,
     Rejection,
     ReplyDelivered,
-    SendReceipt,
     UserRequest,
 )
 
@@ -206,37 +208,60 @@ def test_a_delivery_turn_never_runs_a_command(make_app: MakeApp, fake_llm: FakeL
 
 def test_the_hop_limit_ends_a_chain(make_app: MakeApp) -> None:
     app = make_app(runtime={"max_hops": 3})
-    ask(app, "run date")
+    envelope = app.runtime.accept(interface("console"), ConsoleInput(text="run date")).result(5)
+    assert app.runtime.wait_idle(timeout=15)
     [letter] = app.runtime.dead_letters.letters()
     assert letter.reason == "hop limit"
     assert letter.envelope.hops == 4
     assert console_text(app).count(FAILURE_NOTICE) == 1  # whoever asked is told
+    assert journal_state(app, envelope.correlation_id) == "dead"  # a failure: not resumed, not done
+
+
+def journal_state(app: Application, correlation: str) -> str:
+    assert app.journal is not None
+    with sqlite3.connect(app.journal.path) as db:
+        [(state,)] = db.execute("SELECT state FROM items WHERE correlation = ?", (correlation,))
+    return state
 
 
 def test_a_failure_is_told_once_a_request_and_only_where_someone_waits_for_an_answer(make_app: MakeApp) -> None:
     """One notice however many of a request's messages die; none for a reason that has its
-    own word or reaches nobody, an autonomous turn, a notice that failed, or a reply's
-    memory; a reminder's turn tells its scheduler, which decides what the user hears."""
-    app = make_app(events={"enabled": True})
+    own word or reaches nobody, an autonomous turn, a reminder's turn (its scheduler tries
+    it again), a notice or a preview that failed, a reply's memory, or an approval."""
+    app = make_app()
     console = OriginalContext(chat_id="console", message_id=1, interface_name="console")
     post = app.runtime.dead_letters.post
     request = Envelope.new(UserRequest(text="hi", context=console))
-    with app.runtime.probe(sender("console")) as out, app.runtime.probe("events") as events:
+    with app.runtime.probe(sender("console")) as out:
         post(request, "crash", actor=LLM)
-        post(request.child(LLMRequest(prompt=build_chat_request("hi", console, allowed_actions=("message_console",)))), "hop limit",
-             actor=LLM)
+        post(request.child(LLMRequest(prompt=build_chat_request("hi", console, allowed_actions=("message_console",)))),
+             "hop limit", actor=LLM)
         for reason in ("unreachable chat", "retries exhausted", "no handler"):
             post(Envelope.new(UserRequest(text="hi", context=console)), reason, actor=LLM)
-        autonomous = console.model_copy(update={"autonomous": True})
-        post(Envelope.new(UserRequest(text="hi", context=autonomous)), "crash", actor=LLM)
-        post(Envelope.new(OutboundMessage.reply(console, "a notice", notice=True)), "crash", actor=sender("console"))
-        post(Envelope.new(ReplyDelivered(context=console, text="said")), "crash", actor=CONVERSATIONS)
-        reminder = console.model_copy(update={"receipt_to": "events", "receipt_key": "event-7"})
-        post(Envelope.new(UserRequest(text="hi", context=reminder)), "deadline", actor=LLM)
+        for context in (console.model_copy(update={"autonomous": True}),
+                        console.model_copy(update={"receipt_to": "events", "receipt_key": "event-7"})):
+            post(Envelope.new(UserRequest(text="hi", context=context)), "crash", actor=LLM)
+        for quiet in (OutboundMessage.reply(console, "a notice", notice=True),
+                      OutboundMessage.reply(console, "half a reply", preview=True, key="k"),
+                      ReplyDelivered(context=console, text="said"),
+                      ApprovalAnswer(approval_id=None, approve=True, context=console)):
+            post(Envelope.new(quiet), "crash", actor=sender("console"))
         assert app.runtime.wait_idle(timeout=10)
-        assert [m.text for m in out.bodies(OutboundMessage)] == [FAILURE_NOTICE]
-        assert [(r.key, r.ok, r.detail) for r in events.bodies(SendReceipt)] == [("event-7", False, "deadline at llm")]
+        [notice] = out.envelopes
+    assert notice.body.text == FAILURE_NOTICE and notice.body.notice
+    # Work of its own: the request's item closes whatever becomes of the notice.
+    assert notice.correlation_id == request.correlation_id + NOTICE_SUFFIX
     assert console_text(app).count(FAILURE_NOTICE) == 1
+
+
+def test_a_request_that_dies_closes_its_journal_item_as_dead_and_its_user_is_told(make_app: MakeApp) -> None:
+    app = make_app(supervision={"message_attempts": 2})
+    app.runtime.fault = FaultInjector(actors={LLM}, times=2)
+    envelope = app.runtime.accept(interface("console"), ConsoleInput(text="run date")).result(5)
+    assert app.runtime.wait_idle(envelope.correlation_id, 15) and app.runtime.wait_idle(timeout=15)
+    assert console_text(app).count(FAILURE_NOTICE) == 1
+    assert app.journal is not None and app.journal.unfinished() == []  # closed, not left to resume
+    assert journal_state(app, envelope.correlation_id) == "dead"
 
 
 def test_an_unreachable_llm_gives_the_user_a_notice(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
@@ -277,6 +302,7 @@ def test_a_message_that_always_crashes_its_actor_is_dead_lettered_and_the_user_t
     assert letter.error == f"InjectedFault: injected fault in {actor}"
     assert letter.detail == "failed on attempt 3 of 3"
     # Whoever asked hears that it failed, once (a console line is read before it has a chat).
+    assert app.runtime.wait_idle(timeout=10)  # the notice is work of its own
     assert console_text(app).count(FAILURE_NOTICE) == (0 if actor == "interface.console" else 1)
     # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:

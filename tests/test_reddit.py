@@ -246,6 +246,36 @@ def test_an_item_without_a_name_is_one_dead_letter_though_it_stays_unread(
     assert not fake_reddit.is_read(nameless)  # nothing could mark it read
     [letter] = bot.runtime.dead_letters.letters()
     assert letter.reason == "malformed item" and "run df -h" in letter.record["body"]["raw"]
+    assert '"author": "ada"' in letter.record["body"]["raw"]  # as Reddit sent it, not as asyncpraw made it
+
+
+def test_an_item_with_an_id_but_no_name_is_answered_once_and_marked_read(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    item = fake_reddit.push_message("run uptime", author="ada")
+    with fake_reddit._lock:
+        del fake_reddit._items[item].data["name"]  # asyncpraw names it by its kind and id
+    [reply] = until(fake_reddit, lambda: fake_reddit.replies(item), timeout=30)
+    seen = polls(fake_reddit)
+    until(fake_reddit, lambda: polls(fake_reddit) >= seen + 3)
+    assert bot.runtime.wait_idle(timeout=10)
+    assert fake_reddit.is_read(item) and fake_reddit.replies() == [reply]
+
+
+def test_an_error_in_place_of_an_item_is_a_dead_letter_and_the_items_beside_it_are_answered(
+    bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    """asyncpraw raises its own exception for an error object, where an item should be."""
+    good = fake_reddit.push_message("run uptime", author="ada")
+    page = fake_reddit._unread(25)
+    page["data"]["children"].insert(0, {"json": {"errors": [["SOMETHING_BROKE", "an error, not an item", ""]]}})
+    fake_reddit.answer_next("message/unread", json.dumps(page).encode())
+    until(fake_reddit, lambda: fake_reddit.replies(good), timeout=30)
+    assert bot.runtime.wait_idle(timeout=10)
+    [letter] = bot.runtime.dead_letters.letters()
+    assert letter.reason == "malformed item" and "SOMETHING_BROKE" in letter.detail
+    reader = snapshot(bot.runtime).find(interface("reddit"))
+    assert reader is not None and reader.restarts == 0
 
 
 def test_an_unreadable_page_of_the_inbox_is_a_failed_read_and_the_reader_goes_on(

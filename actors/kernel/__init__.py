@@ -22,7 +22,7 @@ from autoresponse.actors.kernel.heap import tune_heap_for_serving
 from autoresponse.actors.kernel.inflight import InFlight
 from autoresponse.actors.kernel.intake import Intake, IntakeFull, Unstorable
 from autoresponse.actors.kernel.probe import Probe, ProbeTimeout
-from autoresponse.actors.kernel.runtime import Runtime
+from autoresponse.actors.kernel.runtime import NotReplayable, Runtime
 
 __all__ = [
     "ActorGaveUp",
@@ -37,6 +37,7 @@ __all__ = [
     "Unstorable",
     "Mailbox",
     "MailboxClosed",
+    "NotReplayable",
     "ManualClock",
     "OverflowPolicy",
     "Probe",

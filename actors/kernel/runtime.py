@@ -39,6 +39,7 @@ from autoresponse.actors.limits import (
 )
 from autoresponse.actors.kernel.probe import Probe
 from autoresponse.actors.kernel.trace import InFlightHop, TraceRecorder, hops_of
+from autoresponse.messages.control import MalformedInput
 from autoresponse.messages.envelope import Envelope
 
 if TYPE_CHECKING:
@@ -55,6 +56,14 @@ class _Tap:
     def __init__(self, name: str, offer: Callable[[Envelope], None]) -> None:
         self.name = name
         self.offer = offer
+
+
+class NotReplayable(KeyError):
+    """A dead letter that ``Runtime.replay`` cannot send again: none with that id, or one
+    nothing can run (an input that could not be read, a type its actor no longer handles)."""
+
+    def __str__(self) -> str:  # the sentence, not KeyError's quoted repr of it
+        return str(self.args[0]) if self.args else ""
 
 
 class Runtime:
@@ -280,6 +289,7 @@ class Runtime:
 
     def _undeliverable(self, envelope: Envelope, counted: bool, reason: str, **why: Any) -> None:
         self.dead_letters.post(envelope, reason, **why)
+        self.intake.failed(envelope.correlation_id)  # a real failure: its item closes as dead
         if counted:  # the count it carried ends with it (the correlation may finish)
             self.inflight.done(envelope.correlation_id)
 
@@ -332,13 +342,15 @@ class Runtime:
         kept in the journal by an earlier run)."""
         letter = self.dead_letters.get(letter_id)
         if letter is None or letter.actor is None:
-            raise KeyError(f"no replayable dead letter #{letter_id}")
+            raise NotReplayable(f"no replayable dead letter #{letter_id}")
+        if letter.record.get("body_type") == MalformedInput.__name__:
+            raise NotReplayable(f"dead letter #{letter_id} is an input that could not be read: nothing can run it")
         envelope = letter.envelope
         if envelope is None:
             record = letter.record
             body = self.rebuild(letter.actor, record["body_type"], record["body"])
             if body is None:
-                raise KeyError(f"dead letter #{letter_id}: {letter.actor} does not handle {record['body_type']}")
+                raise NotReplayable(f"dead letter #{letter_id}: {letter.actor} does not handle {record['body_type']}")
             envelope = Envelope.restore(record, body)
         return self.deliver(letter.actor, envelope.retried())
 

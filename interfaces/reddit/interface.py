@@ -16,6 +16,7 @@ RedditItem(fullname='t1_3e9', kind='comment_reply', author='ada', body='run df -
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections import OrderedDict
@@ -87,10 +88,27 @@ def _children(page: Any) -> list[Any]:
 
 
 def _fullname(child: Any) -> str | None:
-    """The fullname an inbox item was sent with (Reddit marks items read by it), or None."""
+    """The fullname of an inbox item as Reddit sent it (its ``name``, or its kind and id),
+    by which Reddit marks it read; None when it has neither."""
     data = child.get("data") if isinstance(child, dict) else None
-    name = data.get("name") if isinstance(data, dict) else None
-    return name if isinstance(name, str) and name else None
+    if not isinstance(data, dict):
+        return None
+    name, kind, id_ = data.get("name"), child.get("kind"), data.get("id")
+    if isinstance(name, str) and name:
+        return name
+    return f"{kind}_{id_}" if isinstance(kind, str) and kind and isinstance(id_, str) and id_ else None
+
+
+#: What tells one item from another when it has no id: not its score, which votes change.
+_IDENTITY = ("author", "created_utc", "subject", "body", "link_id", "parent_id", "context")
+
+
+def _identity(child: Any) -> str:
+    """An item with no fullname, told from the others by what does not change between polls."""
+    data = child.get("data") if isinstance(child, dict) else None
+    if not isinstance(data, dict):
+        return repr(child)
+    return repr((child.get("kind"), *(data.get(key) for key in _IDENTITY)))
 
 
 def _name(value: Any) -> str | None:
@@ -183,30 +201,42 @@ class RedditInterface(TypedActor):
         page = await self._reddit.request(method="GET", path=API_PATH["unread"],
                                           params={"mark": False, "limit": limit})
         children = _children(page)
+        read: list[str] = []  # the fullnames to mark read: every item but one that has none
         for child in reversed(children):  # the listing is newest first
+            try:  # on a copy: asyncpraw's parsers change what they read, and a dead letter keeps it as sent
+                item = self._reddit._objector.objectify(data=copy.deepcopy(child))
+            # asyncpraw's own code on what Reddit sent: an error object raises its own exception.
+            except Exception as exc:
+                self._malformed(child, f"{type(exc).__name__}: {exc}", read)
+                continue
             try:
-                parsed = parse_item(self._reddit._objector.objectify(data=child))
+                parsed = parse_item(item)
             # What reading a malformed item raises (a ValidationError is a ValueError).
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
-                self._malformed(child, f"{type(exc).__name__}: {exc}")
+                self._malformed(child, f"{type(exc).__name__}: {exc}", read)
                 continue  # marked read with the rest: kept unread, it would fail every poll
             await accept_input(self, parsed, f"reddit-{parsed.fullname}")
-        # Reddit marks items read by fullname: one without any (no id) can only be skipped.
-        names = [name for child in children if isinstance(name := _fullname(child), str)]
-        for start in range(0, len(names), READ_PER_CALL):
-            await self._reddit.post(API_PATH["read_message"], data={"id": ",".join(names[start:start + READ_PER_CALL])})
+            read.append(parsed.fullname)  # the name it was journaled under
+        for start in range(0, len(read), READ_PER_CALL):
+            names = ",".join(read[start:start + READ_PER_CALL])
+            await self._reddit.post(API_PATH["read_message"], data={"id": names})
 
-    def _malformed(self, child: Any, why: str) -> None:
-        """Dead-letter an item that cannot be read, with why and its fields as Reddit sent them."""
-        fields = child.get("data", child) if isinstance(child, dict) else child
-        if _fullname(child) is None:  # it stays unread: once is enough
-            seen = repr(fields)
+    def _malformed(self, child: Any, why: str, read: list[str]) -> None:
+        """Dead-letter an item that cannot be read, with why and its fields as Reddit sent
+        them, and mark it read; one with no fullname cannot be, and is listed on every poll:
+        dead-lettered the first time it is seen in this run."""
+        data = child.get("data", child) if isinstance(child, dict) else child
+        name = _fullname(child)
+        if name is not None:
+            read.append(name)
+        else:
+            seen = _identity(child)
             if seen in self._nameless:
                 return
             self._nameless[seen] = None
             if len(self._nameless) > REDDIT_UNREAD_PER_POLL:  # more than one listing shows
                 self._nameless.popitem(last=False)
-        dead_letter_malformed(self, fields, "malformed item", why)
+        dead_letter_malformed(self, data, "malformed item", why)
 
     @handles
     def on_item(self, item: RedditItem, env: Envelope) -> None:
