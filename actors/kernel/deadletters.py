@@ -79,7 +79,7 @@ class DeadLetterStore(Protocol):
 
 
 #: Told of a letter as it is posted: its envelope, its reason, and the actor it was for.
-Observer = Callable[[Envelope, str, "str | None"], None]
+Observer = Callable[[Envelope, str, str | None], None]
 
 
 def _from_store(data: Any) -> DeadLetter | None:
