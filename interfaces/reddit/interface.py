@@ -87,11 +87,17 @@ def _children(page: Any) -> list[Any]:
     return children
 
 
+def _data(child: Any) -> dict[str, Any] | None:
+    """An inbox item's fields as Reddit sent them (``{"kind": ..., "data": {...}}``), or None."""
+    data = child.get("data") if isinstance(child, dict) else None
+    return data if isinstance(data, dict) else None
+
+
 def _fullname(child: Any) -> str | None:
     """The fullname of an inbox item as Reddit sent it (its ``name``, or its kind and id),
     by which Reddit marks it read; None when it has neither."""
-    data = child.get("data") if isinstance(child, dict) else None
-    if not isinstance(data, dict):
+    data = _data(child)
+    if data is None:
         return None
     name, kind, id_ = data.get("name"), child.get("kind"), data.get("id")
     if isinstance(name, str) and name:
@@ -105,8 +111,8 @@ _IDENTITY = ("author", "created_utc", "subject", "body", "link_id", "parent_id",
 
 def _identity(child: Any) -> str:
     """An item with no fullname, told from the others by what does not change between polls."""
-    data = child.get("data") if isinstance(child, dict) else None
-    if not isinstance(data, dict):
+    data = _data(child)
+    if data is None:
         return repr(child)
     return repr((child.get("kind"), *(data.get(key) for key in _IDENTITY)))
 
@@ -225,7 +231,6 @@ class RedditInterface(TypedActor):
         """Dead-letter an item that cannot be read, with why and its fields as Reddit sent
         them, and mark it read; one with no fullname cannot be, and is listed on every poll:
         dead-lettered the first time it is seen in this run."""
-        data = child.get("data", child) if isinstance(child, dict) else child
         name = _fullname(child)
         if name is not None:
             read.append(name)
@@ -236,7 +241,7 @@ class RedditInterface(TypedActor):
             self._nameless[seen] = None
             if len(self._nameless) > REDDIT_UNREAD_PER_POLL:  # more than one listing shows
                 self._nameless.popitem(last=False)
-        dead_letter_malformed(self, data, "malformed item", why)
+        dead_letter_malformed(self, _data(child) or child, "malformed item", why)
 
     @handles
     def on_item(self, item: RedditItem, env: Envelope) -> None:
