@@ -431,7 +431,7 @@ def extract_actions(text: str, allowed: Collection[str], *,
         return Extraction((), (_ECHO_ERROR,))
     errors: list[str] = [f"part of your reply was not read: {_TOO_DEEP}"] if found.too_deep else []
     raws = _raw_actions(found.values)
-    return _checked([(raw, None) for raw in raws], allowed, errors, max_actions, may_stay_silent)
+    return _checked([(raw, None, "") for raw in raws], allowed, errors, max_actions, may_stay_silent)
 
 
 def extract_tool_calls(calls: Sequence[ToolCall], allowed: Collection[str], *,
@@ -443,28 +443,29 @@ def extract_tool_calls(calls: Sequence[ToolCall], allowed: Collection[str], *,
     size = sum(len(call.arguments) for call in calls)
     if size > max_chars:
         return Extraction((), (f"your tool calls are {size:,} characters long; at most {max_chars:,} are allowed",))
-    raws: list[tuple[Any, str | None]] = []
+    raws: list[tuple[Any, str | None, str]] = []
     errors: list[str] = []
     for call in calls:
         try:
             arguments = json.loads(call.arguments) if call.arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
-            errors.append(f"tool call {call.name!r}: its arguments are not JSON ({exc})")
-            raws.append((None, call.id))
-            continue
-        if not _within_depth(arguments):
-            errors.append(f"tool call {call.name!r}: {_TOO_DEEP}")
-            raws.append((None, call.id))
-            continue
-        if _may_carry_system_message(call.arguments) and _carries_system_message(arguments):
-            return Extraction((), (_ECHO_ERROR,))
-        raws.append(({"type": call.name, "payload": arguments}, call.id))
+            refused = f"tool call {call.name!r}: its arguments are not JSON ({exc})"
+        else:
+            if _within_depth(arguments):
+                if _may_carry_system_message(call.arguments) and _carries_system_message(arguments):
+                    return Extraction((), (_ECHO_ERROR,))
+                raws.append(({"type": call.name, "payload": arguments}, call.id, ""))
+                continue
+            refused = f"tool call {call.name!r}: {_TOO_DEEP}"
+        errors.append(refused)
+        raws.append((None, call.id, refused))
     return _checked(raws, allowed, errors, max_actions, may_stay_silent, named=[c.name for c in calls])
 
 
-def _checked(raws: list[tuple[Any, str | None]], allowed: Collection[str], errors: list[str],
+def _checked(raws: list[tuple[Any, str | None, str]], allowed: Collection[str], errors: list[str],
              max_actions: int, may_stay_silent: bool, named: list[str] | None = None) -> Extraction:
-    """Each raw action validated in its place; ``raw`` None is a place already refused."""
+    """Each raw action (with its tool call's id) validated in its place; one with a reason
+    is a place refused already, for that reason (counted in ``errors`` already)."""
     if not raws:
         if may_stay_silent and not errors:
             return Extraction((), ())
@@ -476,13 +477,12 @@ def _checked(raws: list[tuple[Any, str | None]], allowed: Collection[str], error
     allowed_text = ", ".join(sorted(allowed))
     actions: list[BaseAction] = []
     slots: list[Slot] = []
-    for n, (raw, call_id) in enumerate(raws, 1):
+    for n, (raw, call_id, refused) in enumerate(raws, 1):
         kind = raw.get("type") if isinstance(raw, dict) else None
         written = kind if isinstance(kind, str) else (named[n - 1] if named else "")
         problem = ""
-        if raw is None:
-            problem = errors[-1] if errors else "unreadable"
-            slots.append(Slot(n, written, None, problem, call_id))
+        if refused:
+            slots.append(Slot(n, written, None, refused, call_id))
             continue
         if not isinstance(raw, dict):
             problem = f"action {n}: expected an object, got {type(raw).__name__}"

@@ -59,6 +59,10 @@ LLM_DEADLINE_SECONDS = 300.0
 LLM_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 #: Longest Retry-After we honour; a server asking for more is treated as down.
 LLM_MAX_RETRY_AFTER_SECONDS = 60.0
+#: How long a stream is read on once its reply is complete (its finish reason came): what
+#: may follow (the usage, ``[DONE]``) is worth this much; a server that keeps the stream
+#: open past it loses nothing of the reply.
+LLM_STREAM_END_GRACE_SECONDS = 2.0
 #: LLM requests in flight at once, over all chats.
 LLM_MAX_IN_FLIGHT = 64
 #: Tokens a reply may use (max_tokens): a Telegram message is at most 4096 characters,

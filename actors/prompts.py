@@ -333,7 +333,7 @@ def build_reask_request(
     if calls:
         answers = tuple(Turn(role="tool", tool_call_id=call.id, content=_call_outcome(call, places, shown))
                         for call in calls)
-        turns = (*earlier, Turn(role="assistant", content="", tool_calls=calls), *answers)
+        turns = (*earlier, Turn(role="assistant", content="", tool_calls=tuple(map(_replayed, calls))), *answers)
     else:
         turns = (*earlier, Turn(role="assistant", content=shown.your_reply or ""))
     return prompt.model_copy(update={
@@ -356,8 +356,8 @@ def plain_retry(prompt: PromptRequest) -> PromptRequest:
     shown the error as JSON writes JSON back; asked plainly, it answers in words.
     """
     message = prompt.system_message
-    first = len(prompt.turns) - 2 * prompt.reask  # the turn's own message; re-asks add two turns each
-    if message is None or not prompt.reask or first < 0 or prompt.turns[first].role != "user":
+    first = reask_start(prompt)
+    if message is None or first is None:
         return prompt
     why = "; ".join(message.errors) or "it was not a usable answer"
     note = f"(Your last answer could not be used: {why}. Answer again, in plain words if you like.)"
@@ -366,6 +366,50 @@ def plain_retry(prompt: PromptRequest) -> PromptRequest:
         "current_text": f"{prompt.turns[first].content}\n\n{note}",
         "system_message": None,
     })
+
+
+def reask_start(prompt: PromptRequest) -> int | None:
+    """Where a re-ask's own exchange starts in its turns: the turn's message, as the user
+    first sent it (the memory is before it). None when ``prompt`` is no re-ask.
+
+    Each re-ask adds one user turn (what was asked) and the rejected answer after it (an
+    assistant turn, and in the tools protocol a tool turn per call), so the message is
+    the ``reask``-th user turn from the end."""
+    left = prompt.reask
+    if not left:
+        return None
+    for index in range(len(prompt.turns) - 1, -1, -1):
+        if prompt.turns[index].role == "user":
+            left -= 1
+            if not left:
+                return index
+    return None
+
+
+def _replayed(call: ToolCall) -> ToolCall:
+    """A rejected call as its re-ask shows it: long arguments cut to excerpts, as a reply in
+    words is (pages the model wrote would crowd the context it has to answer in), and still
+    JSON when they were (a server may read them)."""
+    if len(call.arguments) <= REASK_EXCERPT_CHARS:
+        return call
+    try:
+        shown = json.dumps(_excerpts(json.loads(call.arguments)), ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
+        shown = excerpt(call.arguments)
+    if len(shown) > REASK_EXCERPT_CHARS:
+        shown = json.dumps({"excerpt": excerpt(call.arguments)}, ensure_ascii=False)
+    return call.model_copy(update={"arguments": shown})
+
+
+def _excerpts(value: Any) -> Any:
+    """``value`` (parsed JSON) with each string cut to an excerpt of its own."""
+    if isinstance(value, str):
+        return excerpt(value, REASK_EXCERPT_CHARS // 4)
+    if isinstance(value, dict):
+        return {key: _excerpts(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_excerpts(item) for item in value]
+    return value
 
 
 def _call_outcome(call: ToolCall, positions: tuple[Position, ...], error: SystemMessage) -> str:

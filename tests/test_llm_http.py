@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import logging
 import socket
 import time
@@ -144,6 +145,19 @@ async def test_a_malformed_response_is_a_clear_error(fake_llm: FakeLLMServer) ->
 
 
 # --- Hostile servers: every one ends in an LLMError, never another exception. ---
+
+
+async def test_content_sent_as_a_list_of_parts_is_its_text(fake_llm: FakeLLMServer) -> None:
+    """Some OpenAI-compatible servers answer with content parts, as a request may send them."""
+    parts = [{"type": "text", "text": "Paris"}, {"type": "image_url", "image_url": {"url": "x"}},
+             {"type": "text", "text": " it is."}]
+    fake_llm.script(FakeResponse(body=json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": parts}}]})), FakeResponse(body=json.dumps({"choices": [{"index": 0,
+        "finish_reason": "stop", "message": {"role": "assistant", "content": [{"type": "text", "text": 3}]}}]})))
+    async with engine_for(fake_llm, max_attempts=1) as engine:
+        assert await engine.complete(MESSAGES) == "Paris it is."
+        with pytest.raises(LLMError, match="malformed LLM response"):
+            await engine.complete(MESSAGES)
 
 
 async def test_a_body_that_is_not_utf8_is_an_llm_error(fake_llm: FakeLLMServer) -> None:

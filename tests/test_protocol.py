@@ -19,13 +19,15 @@ from conftest import ask, system_message
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.limits import LLM_MAX_TOKENS
-from autoresponse.actors.llm import HttpEngine
+from autoresponse.actors.llm import EngineChain, HttpEngine, LLMError, NoticeEngine
 from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE
 from autoresponse.actors.llm.reasoning import split_reasoning
-from autoresponse.actors.prompts import build_chat_request, render_openai_messages
+from autoresponse.actors.extractor import rejection
+from autoresponse.actors.llm.budget import ContextBudget, request_tokens
+from autoresponse.actors.prompts import build_chat_request, build_reask_request, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import executor, sender
-from autoresponse.messages import OriginalContext, OutboundMessage, ToolCall, Turn
+from autoresponse.messages import OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 
 MakeApp = Callable[..., Application]
@@ -107,6 +109,23 @@ def test_a_streamed_preview_never_shows_reasoning(fake_llm: FakeLLMServer) -> No
 
     assert asyncio.run(run()) == answer
     assert seen and not any("think" in s or "wonder" in s for s in seen)
+
+
+@pytest.mark.parametrize("reply", [
+    "Reasoning models wrap their scratchpad in a <think> tag; the answer follows it.",
+    json.dumps({"actions": [say("Use the <reasoning> element, closed by </reasoning>.")]}),
+    json.dumps({"actions": [say("Close it with </think> and go on.")]}),
+], ids=["prose", "action", "closing-tag"])
+def test_an_answer_that_mentions_a_reasoning_tag_reaches_the_user_whole(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, reply: str
+) -> None:
+    """Only blocks the reply starts with are reasoning: a tag further on is the answer's."""
+    fake_llm.script(FakeResponse(content=reply))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, llm={"stream": False})
+    [sent] = replies(app, "how do reasoning models mark their thoughts?", manual_clock)
+    expected = json.loads(reply)["actions"][0]["payload"]["text"] if reply.startswith("{") else reply
+    assert sent.text == expected and not sent.notice
+    assert len(fake_llm.requests) == 1  # nothing was re-asked
 
 
 def test_splitting_reasoning_is_linear_on_hostile_input() -> None:
@@ -197,6 +216,101 @@ def test_a_re_ask_in_tools_mode_answers_the_rejected_call_with_a_tool_message(
     assert reask[-2]["role"] == "tool" and reask[-2]["content"].startswith("done")
     assert reask[-3]["role"] == "assistant" and len(reask[-3]["tool_calls"]) == 2
     assert reask[-1]["tool_call_id"] == reask[-3]["tool_calls"][1]["id"]
+
+
+def test_each_rejected_tool_call_is_told_its_own_error(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(FakeResponse(tool_calls=(("teleport", {"to": "mars"}), ("message_console", '{"text": '),
+                                             ("terminal", "[1, 2"))),
+                    FakeResponse(tool_calls=(("message_console", {"text": "fixed"}),)))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    assert [m.text for m in replies(app, "three things", manual_clock)] == ["fixed"]
+    reask = fake_llm.requests[1].messages
+    called = {c["id"]: c["function"]["name"] for c in reask[-4]["tool_calls"]}
+    told = {called[m["tool_call_id"]]: m["content"] for m in reask[-3:]}
+    assert "unknown action type 'teleport'" in told["teleport"]
+    assert "'message_console': its arguments are not JSON" in told["message_console"]
+    assert "'terminal': its arguments are not JSON" in told["terminal"]
+
+
+def test_a_re_ask_of_a_huge_tool_call_keeps_the_question_and_each_call_with_its_answer(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A model that wrote pages (over the message limit) in a small window: the re-ask
+    replays an excerpt of its call, so the question and the call still fit beside the
+    tool turn answering it; a server checks that every tool turn answers a call."""
+    fake_llm.script(FakeResponse(tool_calls=(("message_console", {"text": "word " * 8_000}),)),
+                    FakeResponse(tool_calls=(("message_console", {"text": "short now"}),)))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST,
+                   llm={"protocol": "tools", "context_tokens": 12_000})
+    assert [m.text for m in replies(app, "write me a long essay", manual_clock)] == ["short now"]
+    roles = [m["role"] for m in fake_llm.requests[1].messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    question, call, answer = fake_llm.requests[1].messages[1:]
+    assert "write me a long essay" in question["content"]
+    [replayed] = call["tool_calls"]
+    assert replayed["id"] == answer["tool_call_id"]
+    arguments = json.loads(replayed["function"]["arguments"])  # still JSON, and short
+    assert "[...]" in arguments["text"] and len(replayed["function"]["arguments"]) < 1_000
+
+
+def _reasked(prompt: PromptRequest, calls: int) -> PromptRequest:
+    """``prompt`` asked again after a reply of ``calls`` tool calls, all refused."""
+    tool_calls = [ToolCall(id=f"c{prompt.reask}-{n}", name="message_console", arguments='{"text": "no"}')
+                  for n in range(calls)]
+    error = rejection(prompt, "", [f"action {n + 1}: refused" for n in range(calls)])
+    return build_reask_request(prompt, error, tool_calls=tool_calls, max_errors=10)
+
+
+def _answered_calls(messages: list[dict[str, Any]]) -> bool:
+    """Every tool turn answers a call of the assistant turn before it."""
+    called: set[str] = set()
+    for message in messages:
+        if message["role"] == "assistant":
+            called = {c["id"] for c in message.get("tool_calls") or ()}
+        elif message["role"] == "tool" and message["tool_call_id"] not in called:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("reasks", [1, 2])
+def test_a_re_ask_trimmed_to_fit_keeps_its_question_and_each_call_with_its_answer(reasks: int) -> None:
+    """Memory goes first, then the older rejected answers, each whole; the question the
+    user asked stays, and no tool turn is left without the call it answers."""
+    memory = tuple(Turn(role=role, content=f"memory {n}: " + "once upon a time " * 60)
+                   for n in range(3) for role in ("user", "assistant"))
+    prompt = build_chat_request("what is the weather?", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"], turns=memory)
+    for _ in range(reasks):
+        prompt = _reasked(prompt, calls=3)
+    window = request_tokens(prompt.model_copy(update={"turns": prompt.turns[len(memory):]}), "tools")
+    fitted = ContextBudget(window=window + 400, reserve=100).fit(prompt, "tools")
+    messages = render_openai_messages(fitted, "tools")
+    assert _answered_calls(messages)
+    kept = [m for m in messages if m["role"] == "user" and "weather" in m["content"]]
+    assert len(kept) == 1 and not any("memory" in str(m["content"]) for m in messages)
+    tighter = ContextBudget(window=window - 50, reserve=100).fit(prompt, "tools")
+    messages = render_openai_messages(tighter, "tools")
+    assert _answered_calls(messages) and any("weather" in str(m["content"]) for m in messages)
+
+
+def test_a_400_about_a_tool_turn_is_never_learnt_as_a_refusal_of_tools(fake_llm: FakeLLMServer) -> None:
+    fake_llm.script(FakeResponse(status=400, body=json.dumps({"error": {
+        "message": "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'",
+        "type": "invalid_request_error"}})))
+    prompt = build_chat_request("hi", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"])
+
+    async def run() -> str:
+        async with HttpEngine(fake_llm.base_url, model="fake", stream=False) as engine:
+            with pytest.raises(LLMError, match="HTTP 400"):
+                await engine.answer(prompt)
+            await engine.answer(prompt)
+            return engine.mode
+
+    assert asyncio.run(run()) == "tools"
+    assert ["tools" in r.body for r in fake_llm.requests] == [True, True]
 
 
 # ------------------------------------------------------------------ re-asks answer places
@@ -374,6 +488,51 @@ def test_a_dead_main_engine_falls_back_and_its_circuit_opens(make_app: MakeApp, 
             engines = json.load(response)["reports"]["llm"]["engines"]
         assert [(e["name"], e["circuit"]) for e in engines] == [("main", "open"), ("spare", "closed")]
         assert app.usage.replies["spare"] == 4
+
+
+def test_requests_the_main_engine_refuses_never_open_its_circuit_for_everyone(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """A 400 about one request's content says nothing of the next: the main engine still
+    answers the others (a spare answers what it refused)."""
+    flagged = FakeResponse(status=400, body=json.dumps({"error": {
+        "message": "Invalid prompt: flagged as potentially violating our usage policy"}}))
+    with FakeLLMServer() as main, FakeLLMServer() as spare:
+        main.responder = lambda body: flagged if "forbidden" in body["messages"][-1]["content"] else None
+        app = make_app(base_url=main.base_url, clock=manual_clock,
+                       llm={"max_attempts": 1, "breaker_failures": 2, "protocol": "text",
+                            "fallbacks": [{"name": "spare", "base_url": spare.base_url, "model": "small"}]})
+        for n in range(4):
+            [answer] = replies(app, f"forbidden words {n}", manual_clock)
+            assert "Hello" in answer.text or "offline" in answer.text
+        [innocent] = replies(app, "hello there", manual_clock)
+        assert "Hello" in innocent.text
+        assert [r.messages[-1]["content"] for r in main.requests][-1].endswith("hello there")
+        assert len(spare.requests) == 4
+        assert app.usage.replies["main"] == 1
+
+
+def test_a_half_open_circuit_lets_one_call_through_and_the_rest_fall_back(fake_llm: FakeLLMServer) -> None:
+    now = [0.0]
+    prompt = build_chat_request("hi", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"])
+
+    async def run() -> list[str]:
+        async with HttpEngine(fake_llm.base_url, model="fake", stream=False, protocol="text", max_attempts=1,
+                              read_timeout=10.0) as main:
+            chain = EngineChain([("main", main), ("offline", NoticeEngine())], failures=1, cooldown=60.0,
+                                clock=lambda: now[0])
+            fake_llm.script(FakeResponse(status=500))
+            assert (await chain.answer(prompt)).engine == "offline"  # its circuit opens
+            now[0] += 61.0  # cooled down: half open
+            fake_llm.script(FakeResponse(content=json.dumps({"actions": [say("probed")]}), delay=0.5))
+            answers = await asyncio.gather(*(chain.answer(prompt) for _ in range(5)))
+            assert chain.breakers["main"].state == "closed"  # the probe answered
+            return [a.engine for a in answers]
+
+    engines = asyncio.run(run())
+    assert sorted(engines) == ["main", "offline", "offline", "offline", "offline"]
+    assert len(fake_llm.requests) == 2  # the failure, then one probe
 
 
 def test_offline_closes_the_chain_with_a_short_notice(make_app: MakeApp, manual_clock: ManualClock) -> None:

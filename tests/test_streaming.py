@@ -57,6 +57,20 @@ async def test_a_stream_cut_short_is_an_error_not_half_a_reply(fake_llm: FakeLLM
     assert seen and "a whole sentence that never ends".startswith(seen[-1])
 
 
+async def test_a_whole_reply_is_answered_though_its_stream_stays_open(fake_llm: FakeLLMServer) -> None:
+    """A proxy that keeps the stream open after the reply's end (no ``[DONE]``, no close):
+    the reply is whole once its finish reason came, and is not lost to the read timeout."""
+    fake_llm.script(FakeResponse(content="The capital of France is Paris.", piece=8, linger=True))
+    seen: list[str] = []
+    engine = HttpEngine(fake_llm.base_url, model="fake", max_attempts=1, stream=True, read_timeout=20.0)
+    try:
+        answer = await engine.complete([{"role": "user", "content": "capital of France?"}], seen.append)
+    finally:
+        await engine.aclose()
+    assert answer == "The capital of France is Paris." and seen
+    assert len(fake_llm.requests) == 1 and fake_llm.requests[0].body["stream"]
+
+
 @pytest.fixture
 def telegram() -> Iterator[FakeTelegramServer]:
     with FakeTelegramServer() as server:

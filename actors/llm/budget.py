@@ -19,13 +19,14 @@ from typing import Any
 
 from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS
 from autoresponse.actors.llm.engine import LLMError
-from autoresponse.actors.prompts import Protocol, render_openai_messages, response_format, tool_definitions
-from autoresponse.messages import PromptRequest
-
-#: The turns of a re-ask's own exchange: the question, the rejected answer and (in the
-#: tools protocol) the tool turn that answers it.
-_REASK_TURNS = 3
-
+from autoresponse.actors.prompts import (
+    Protocol,
+    reask_start,
+    render_openai_messages,
+    response_format,
+    tool_definitions,
+)
+from autoresponse.messages import PromptRequest, Turn
 
 def estimate_tokens(value: Any) -> int:
     """Tokens a JSON-able value costs in a request, estimated from its characters."""
@@ -80,24 +81,49 @@ class ContextBudget:
 
     def fit(self, prompt: PromptRequest, protocol: Protocol) -> PromptRequest:
         """``prompt`` with the oldest memory dropped until it fits the room (unchanged if
-        it fits already). ``LLMError`` (context exceeded) when the current text alone
-        cannot fit: the user hears it is too long, rather than an answer to half of it."""
+        it fits already); a re-ask's own exchange goes last, in whole parts, and never its
+        question (an estimate: the server has the last word). ``LLMError`` (context
+        exceeded) when the current text alone cannot fit: the user hears it is too long,
+        rather than an answer to half of it."""
         if request_tokens(prompt, protocol) <= self.room:
             return prompt
         turns = list(prompt.turns)
-        fitted = prompt
-        # Memory comes first in the turns, so the oldest go first; a re-ask keeps the
-        # rejected exchange (its last turns) longest.
-        for floor in ((_REASK_TURNS if prompt.reask else 0), 0):
-            while len(turns) > floor and request_tokens(fitted, protocol) > self.room:
-                turns.pop(0)
-                fitted = prompt.model_copy(update={"turns": tuple(turns)})
+        start = reask_start(prompt)
+        own = 0 if start is None else len(turns) - start  # the re-ask's exchange: the last turns
+
+        def fits() -> bool:
+            return request_tokens(prompt.model_copy(update={"turns": tuple(turns)}), protocol) <= self.room
+
+        # Memory first, oldest first, never leaving an answer (an assistant or a tool
+        # turn) without what it answered.
+        while len(turns) > own and not fits():
+            del turns[0]
+            while len(turns) > own and turns[0].role != "user":
+                del turns[0]
+        # Then the rejected answers of a re-ask, oldest first, each with the tool turns
+        # answering its calls and what was asked after it: the question stays.
+        while own > 1 and not fits():
+            first = len(turns) - own + 1
+            dropped = _answer_length(turns, first)
+            del turns[first:first + dropped]
+            own -= dropped
         if estimate_tokens(prompt.current_text) > self.room:
             # The user's own words do not fit, whatever is trimmed: never cut them silently.
             raise LLMError(f"the message is too long for the model's context window ({self.window} tokens)",
                            context_exceeded=True)
-        return fitted
+        return prompt.model_copy(update={"turns": tuple(turns)})
 
     def shrink(self) -> None:
         """The server said the last request was too big: aim a quarter lower."""
         self.scale *= 0.75
+
+
+def _answer_length(turns: list[Turn], first: int) -> int:
+    """The turns of the rejected answer at ``first``: its assistant turn, the tool turns
+    after it, and the user turn that asked again (unless the question asked now follows)."""
+    end = first + 1
+    while end < len(turns) and turns[end].role == "tool":
+        end += 1
+    if end < len(turns) and turns[end].role == "user":
+        end += 1
+    return end - first

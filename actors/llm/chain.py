@@ -30,7 +30,8 @@ THINKING_NOTICE = "Sorry, I can't think right now: the language model is unavail
 
 class CircuitBreaker:
     """After ``failures`` failures in a row, skip the engine for ``cooldown`` seconds; then
-    let one call through (half open): a success closes it, a failure opens it again."""
+    let one call through (half open) while the others go on to the fallbacks: a success
+    closes it, a failure opens it again. Used from the event loop's thread only."""
 
     def __init__(self, failures: int = LLM_BREAKER_FAILURES, cooldown: float = LLM_BREAKER_COOLDOWN_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -39,6 +40,7 @@ class CircuitBreaker:
         self._clock = clock
         self.consecutive = 0
         self.opened_at: float | None = None
+        self._probing = False  # the one call let through while half open is under way
 
     @property
     def state(self) -> str:
@@ -47,15 +49,41 @@ class CircuitBreaker:
         return "open" if self._clock() - self.opened_at < self.cooldown else "half-open"
 
     def allows(self) -> bool:
-        return self.state != "open"
+        """Whether a call may go to the engine now; while half open, only the first does
+        (it is the probe), until it ends."""
+        state = self.state
+        if state == "closed":
+            return True
+        if state == "open" or self._probing:
+            return False
+        self._probing = True
+        return True
 
     def success(self) -> None:
-        self.consecutive, self.opened_at = 0, None
+        self.consecutive, self.opened_at, self._probing = 0, None, False
 
     def failure(self) -> None:
         self.consecutive += 1
+        self._probing = False
         if self.consecutive >= self.failures or self.opened_at is not None:
             self.opened_at = self._clock()
+
+    def abandoned(self) -> None:
+        """A call ended saying nothing of the engine (it was cancelled): a probe may go again."""
+        self._probing = False
+
+
+def unavailable(exc: LLMError) -> bool:
+    """Whether ``exc`` says the engine cannot answer anyone (unreachable, timed out, a 5xx,
+    a 429, a key or model it refuses, an answer it garbled), not that it refused this one
+    request (another 4xx: its content, its size), which says nothing of the next."""
+    status = exc.status
+    return status is None or not 400 <= status < 500 or status in _UNAVAILABLE_4XX
+
+
+#: The 4xx statuses that refuse every request alike: a key (401, 403), a model or an
+#: address (404), a timeout (408), a rate or a quota (429).
+_UNAVAILABLE_4XX = frozenset({401, 403, 404, 408, 429})
 
 
 class NoticeEngine:
@@ -113,14 +141,21 @@ class EngineChain:
                                 else engine.answer(prompt))
             except LLMError as exc:
                 if exc.context_exceeded:
+                    breaker.abandoned()
                     raise  # the request is too big for this model: the caller shrinks it
-                breaker.failure()
-                if breaker.state == "open":
-                    log.warning("LLM engine %s failed %d times in a row; skipping it for %gs",
-                                name, breaker.consecutive, breaker.cooldown)
+                if not unavailable(exc):  # it answered: this request, not the engine, was refused
+                    breaker.success()
+                else:
+                    breaker.failure()
+                    if breaker.state == "open":
+                        log.warning("LLM engine %s failed %d times in a row; skipping it for %gs",
+                                    name, breaker.consecutive, breaker.cooldown)
                 failed.append(f"{name}: {exc}")
                 last = exc
                 continue
+            except BaseException:
+                breaker.abandoned()
+                raise
             breaker.success()
             if failed:
                 log.info("answered by the fallback engine %s (%s)", name, "; ".join(failed))

@@ -65,6 +65,7 @@ from autoresponse.actors.limits import (
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
     LLM_SHORT_RETRY_TOKENS,
+    LLM_STREAM_END_GRACE_SECONDS,
     STREAM_WATCH_SECONDS,
 )
 from autoresponse.actors.llm.budget import ContextBudget, request_tokens
@@ -166,7 +167,9 @@ def _format_member(name: str, allowed: tuple[str, ...], generation: int) -> byte
 
 #: What a server's refusal names, per protocol feature (a 400/422 body).
 _FEATURE_WORDS: dict[str, tuple[str, ...]] = {
-    "tools": ("tool",),
+    # Not "tool" alone: a 400 about a ``tool`` turn (one answering no call) refuses that
+    # request, not the feature.
+    "tools": ("tools", "tool_choice", "tool choice", "function call"),
     "json_schema": ("response_format", "json_schema", "schema", "grammar"),
 }
 #: What a 400 says when the request did not fit the model's context window.
@@ -200,6 +203,20 @@ def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise TypeError(f"{type(value).__name__} where text belongs")
+
+
+def _message_text(value: Any) -> str | None:
+    """A message's content: its text, or the text of its parts (some servers send a list
+    of ``{"type": "text", "text": ...}``, as a request may); a TypeError for anything else."""
+    if not isinstance(value, list):
+        return _text(value)
+    texts = []
+    for part in value:
+        if not isinstance(part, dict):
+            raise TypeError(f"{type(part).__name__} where a part of the content belongs")
+        if part.get("type") == "text":
+            texts.append(_text(part.get("text")) or "")
+    return "".join(texts)
 
 
 def _note(value: Any) -> str | None:
@@ -285,7 +302,7 @@ class _Stream:
         if thought:
             self.reasoning.append(thought)
         grew = False
-        text = _text(delta.get("content"))
+        text = _message_text(delta.get("content"))
         if text:
             self.content.append(text)
             grew = True
@@ -674,8 +691,19 @@ class HttpEngine:
         stream = _Stream()
         size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
         clock = asyncio.get_running_loop().time
+        content = resp.content
         try:
-            async for raw_line in resp.content:
+            while True:
+                if stream.finish_reason is None:
+                    raw_line = await content.readline()
+                else:  # the reply is whole: what may follow is not waited for long
+                    try:
+                        raw_line = await asyncio.wait_for(content.readline(), LLM_STREAM_END_GRACE_SECONDS)
+                    except TimeoutError:
+                        log.debug("the LLM's stream stayed open after its reply ended; read no further")
+                        break
+                if not raw_line:  # the end of the body
+                    break
                 size += len(raw_line)
                 if size > self.max_response_bytes:
                     raise LLMError(f"LLM response is larger than {self.max_response_bytes} bytes")
@@ -739,7 +767,7 @@ class HttpEngine:
             data = json.loads(text)
             choice = data["choices"][0]
             message = choice["message"]
-            content = message.get("content")
+            content = _message_text(message.get("content"))
             calls = _tool_calls(message.get("tool_calls"))
             thought = _note(message.get("reasoning_content") or message.get("reasoning")) or ""
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:

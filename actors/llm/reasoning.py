@@ -8,66 +8,52 @@ preview, memory) ever reads them.
 ('', 'still drafting {')
 >>> split_reasoning("the template opened the block</think>done")
 ('done', 'the template opened the block')
+>>> split_reasoning("Wrap the scratchpad in a <think> tag.")   # the answer mentions one
+('Wrap the scratchpad in a <think> tag.', '')
 
-Linear in the text: one lower-cased copy, and each tag's next place is looked up only
-once the scan has passed it (no backtracking, however many blocks).
+Models write their reasoning first, so only blocks at the start of the reply are
+reasoning (one after another, with only space between them); a tag further on is
+part of the answer, in words or inside an action's JSON. Linear in the text.
 """
 
 from __future__ import annotations
 
+import re
+
 #: The tags reasoning models wrap their thoughts in (DeepSeek-R1, Qwen3, QwQ: think).
 _TAGS = ("think", "thinking", "reasoning")
-_OPEN = tuple(f"<{tag}>" for tag in _TAGS)
+#: A block's opening tag, after nothing but space.
+_OPENING = re.compile(r"\s*<(" + "|".join(_TAGS) + r")>", re.IGNORECASE)
+#: A closing tag of any of them, and of each.
+_CLOSING = re.compile(r"</(" + "|".join(_TAGS) + r")>", re.IGNORECASE)
+_CLOSER = {tag: re.compile(f"</{tag}>", re.IGNORECASE) for tag in _TAGS}
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
-    """``text`` without its reasoning blocks, and the reasoning, each stripped.
+    """``text`` without the reasoning blocks it starts with, and the reasoning, each stripped.
 
     A block opened and never closed runs to the end (a reply cut off mid-thought has
-    no answer yet). A closing tag with no opening one (the chat template opened the
-    block inside the prompt) ends reasoning that began at the start of the text.
+    no answer yet). A closing tag with no opening one before it (the chat template
+    opened the block inside the prompt) ends reasoning that began at the start of the
+    text, unless the text starts as an answer in JSON does.
     """
     if "<" not in text:
         return text.strip(), ""
-    lower = text.lower()
-    opens = _Finder(lower, _OPEN)
-    answer: list[str] = []
     thoughts: list[str] = []
     at = 0
-    close_at, close_tag = _Finder(lower, tuple(f"</{tag}>" for tag in _TAGS)).next(0)
-    open_at, _ = opens.next(0)
-    if close_at != -1 and (open_at == -1 or close_at < open_at):
-        thoughts.append(text[:close_at])
-        at = close_at + len(close_tag)
-    while True:
-        start, tag = opens.next(at)
-        if start == -1:
-            answer.append(text[at:])
+    opening = _OPENING.match(text)
+    if opening is None and not text.lstrip().startswith(("{", "[")):
+        closing = _CLOSING.search(text)
+        if closing is not None and "<" + closing.group(1).lower() + ">" not in text[:closing.start()].lower():
+            thoughts.append(text[:closing.start()])
+            at = closing.end()
+    while (opening := _OPENING.match(text, at)) is not None:
+        closing = _CLOSER[opening.group(1).lower()].search(text, opening.end())
+        if closing is None:  # cut off mid-thought: no answer yet
+            thoughts.append(text[opening.end():])
+            at = len(text)
             break
-        answer.append(text[at:start])
-        closer = "</" + tag[1:]
-        end = lower.find(closer, start + len(tag))
-        if end == -1:
-            thoughts.append(text[start + len(tag):])
-            break
-        thoughts.append(text[start + len(tag):end])
-        at = end + len(closer)
-    return "".join(answer).strip(), "\n".join(t.strip() for t in thoughts if t.strip())
+        thoughts.append(text[opening.end():closing.start()])
+        at = closing.end()
+    return text[at:].strip(), "\n".join(t.strip() for t in thoughts if t.strip())
 
-
-class _Finder:
-    """The first of several needles from a position that only moves forward; each
-    needle's next place is remembered until the position passes it."""
-
-    def __init__(self, text: str, needles: tuple[str, ...]) -> None:
-        self.text = text
-        self.places = {needle: -2 for needle in needles}  # -2: not looked up yet
-
-    def next(self, at: int) -> tuple[int, str]:
-        best, which = -1, ""
-        for needle, place in self.places.items():
-            if place == -2 or (place != -1 and place < at):
-                place = self.places[needle] = self.text.find(needle, at)
-            if place != -1 and (best == -1 or place < best):
-                best, which = place, needle
-        return best, which

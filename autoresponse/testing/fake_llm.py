@@ -56,7 +56,8 @@ class FakeResponse:
     OpenAI streams it: ``piece`` characters a delta, one every ``every`` seconds;
     ``unfinished`` cuts the stream off half way, and ``stream_error`` ends it there
     with an error event saying so (llama.cpp's ``data: {"error": ...}``, of
-    ``stream_error_code``).
+    ``stream_error_code``); ``linger`` keeps the stream open once the reply and its
+    usage are sent, without ``[DONE]`` (until the server stops), as a proxy may.
     """
 
     status: int = 200
@@ -74,6 +75,7 @@ class FakeResponse:
     unfinished: bool = False
     stream_error: str | None = None
     stream_error_code: int = 500
+    linger: bool = False
     #: Native tool calls, as (name, arguments) pairs: the arguments an object or raw text.
     tool_calls: tuple[tuple[str, Any], ...] | None = None
     #: Sent in the message's ``reasoning_content`` (and streamed as reasoning deltas).
@@ -290,6 +292,9 @@ class FakeLLMServer(LoopbackServer):
                 if (body.get("stream_options") or {}).get("include_usage"):
                     usage = scripted.usage or estimated_usage(body, content + json.dumps(calls or ""))
                     await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+                if scripted.linger:
+                    await self.stopping.wait()
+                    return response
                 await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionError:
