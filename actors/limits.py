@@ -133,6 +133,12 @@ INTAKE_RETRY_AFTER_SECONDS = 2.0
 #: not sent a whole request within this, or sat idle this long between two: a client that
 #: sends a byte a second holds its connection no longer (aiohttp's own default is an hour).
 HTTP_IDLE_SECONDS = 30.0
+#: At close, our HTTP servers give the requests under way this long to finish, then cut
+#: them: one stuck request must not hold up the stop (aiohttp's own default is a minute).
+HTTP_CLOSE_SECONDS = 2.0
+#: Admin requests whose bodies are being read at once; past this, a request is answered
+#: 503 at once: a few clients dribbling bodies cannot hold every connection.
+ADMIN_MAX_BODIES_READ = 16
 #: Conversation memory: the token budget of each chat's memory (about four characters a
 #: token), how long it is kept, and how much of an action's output it keeps.
 MEMORY_MAX_TOKENS = 2_000

@@ -28,7 +28,9 @@ browser sends from another site (its Origin or Sec-Fetch-Site says so) is refuse
 
 Whatever a client sends gets a 4xx with a JSON reason, never a 500: a body that
 is not UTF-8, not JSON, or nested deeper than ``MAX_BODY_DEPTH``; a header or
-query that is not UTF-8.
+query that is not UTF-8; a body that has not arrived whole within ``HTTP_IDLE_SECONDS``
+(408). While ``ADMIN_MAX_BODIES_READ`` bodies are being read, another request with one
+gets 503 at once.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,7 +53,13 @@ from pydantic import BaseModel, ValidationError
 from autoresponse.actors.kernel import Cell, IntakeFull, NotReplayable, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import read_json_body
-from autoresponse.actors.limits import HTTP_IDLE_SECONDS, INTAKE_RETRY_AFTER_SECONDS, JSON_BODY_MAX_DEPTH
+from autoresponse.actors.limits import (
+    ADMIN_MAX_BODIES_READ,
+    HTTP_CLOSE_SECONDS,
+    HTTP_IDLE_SECONDS,
+    INTAKE_RETRY_AFTER_SECONDS,
+    JSON_BODY_MAX_DEPTH,
+)
 from autoresponse.actors.routes import SENDER_PREFIX, interface
 
 #: Inbound interfaces are named ``interface.<platform>``.
@@ -61,6 +70,8 @@ from autoresponse.page import StatusPage
 from autoresponse.supervisors.status import snapshot
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+log = logging.getLogger("autoresponse.admin")
 
 #: Deepest nesting of lists and objects an injected body may have (messages are shallow).
 MAX_BODY_DEPTH = JSON_BODY_MAX_DEPTH
@@ -73,12 +84,6 @@ def unsafe_bind(settings: AdminSettings) -> str | None:
         return None
     return (f"the admin endpoint may bind to {settings.host!r} only with a token: "
             "set AUTORESPONSE_ADMIN__TOKEN, or bind to 127.0.0.1")
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; ValueError (``MalformedJson``) with a one-line reason when
-    it is not UTF-8, not JSON, or nested deeper than MAX_BODY_DEPTH."""
-    return read_json_body(await request.read(), MAX_BODY_DEPTH)
 
 
 def is_loopback(host: str) -> bool:
@@ -234,6 +239,7 @@ class AdminServer:
         self.page = StatusPage(runtime)
         #: False once the application stops: injects get 503 while the drain runs.
         self.accepting = True
+        self._bodies_read = 0  # requests whose bodies are being read now
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=True)
         self._registry.register(RuntimeCollector(runtime, usage))  # type: ignore[arg-type]
@@ -265,7 +271,7 @@ class AdminServer:
         app.router.add_get("/trace/{correlation}", self._trace)
         app.router.add_get("/requests", self._requests)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     keepalive_timeout=HTTP_IDLE_SECONDS)
+                                     keepalive_timeout=HTTP_IDLE_SECONDS, shutdown_timeout=HTTP_CLOSE_SECONDS)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -293,6 +299,9 @@ class AdminServer:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as exc:  # aiohttp's own is plain text
             return _error(413, exc.text or "the body is too large")
+        except ConnectionResetError:  # the client hung up (mid-body): nobody to answer, nothing wrong here
+            log.debug("%s %s: the client hung up", request.method, request.path)
+            return _error(400, "the client hung up")
 
     def _authorized(self, request: web.Request) -> bool:
         """The bearer header, the page's cookie, or (to get that cookie) GET /?token=."""
@@ -405,17 +414,36 @@ class AdminServer:
                                   "correlation_id": envelope.correlation_id,
                                   "attempt": envelope.attempt}, status=202)
 
+    async def _read_json(self, request: web.Request) -> Any:
+        """The request body as JSON. TimeoutError when it has not arrived whole within
+        HTTP_IDLE_SECONDS (a client dribbling it a byte at a time is never idle); ValueError
+        (``MalformedJson``) with a one-line reason when it is not UTF-8, not JSON, or nested
+        deeper than MAX_BODY_DEPTH."""
+        self._bodies_read += 1
+        try:
+            async with asyncio.timeout(HTTP_IDLE_SECONDS):
+                body = await request.read()
+        finally:
+            self._bodies_read -= 1
+        return read_json_body(body, MAX_BODY_DEPTH)
+
     async def _inject(self, request: web.Request) -> web.Response:
         name = request.match_info["actor"]
         if not self.runtime.has(name):
             return _error(404, f"no actor named {name!r}", actors=[c.name for c in self.runtime.cells])
-        try:
-            data = await read_json(request)
-        except ValueError as exc:
-            return _error(400, str(exc))
         correlation = request.query.get("correlation")
         if correlation is not None and "\ufffd" in correlation:  # what undecodable bytes (%ff) read as
             return _error(400, "the correlation is not UTF-8: two such would read as the same one")
+        if correlation is not None and not correlation.isprintable():  # a newline would forge log lines
+            return _error(400, "the correlation must be printable: no newline or other control character")
+        if self._bodies_read >= ADMIN_MAX_BODIES_READ:
+            return _busy(f"busy: {ADMIN_MAX_BODIES_READ} requests are sending their bodies; try again")
+        try:
+            data = await self._read_json(request)
+        except TimeoutError:
+            return _error(408, f"the body did not arrive whole within {HTTP_IDLE_SECONDS:g}s")
+        except ValueError as exc:
+            return _error(400, str(exc))
         wanted = request.query.get("type")
         types = message_types(self.runtime.cell(name), control=wanted is not None)
         if wanted is not None:

@@ -39,6 +39,7 @@ if threading.current_thread() is threading.main_thread():
 
 import argparse
 import datetime as dt
+import http.client
 import json
 import logging
 import shlex
@@ -47,7 +48,8 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +243,28 @@ def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
+            answer = response.read()
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")
-        raise AdminError(f"{method} {url}: HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
+        detail = " ".join(exc.read().decode(errors="replace").split())  # one line, whoever answered
+        raise AdminError(f"{method} {url}: HTTP {exc.code}: {detail[:500]}") from None
+    # ValueError: a URL that http.client refuses (a space in it); HTTPException: no HTTP answer.
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise AdminError(f"cannot reach the admin endpoint at {url}: {exc}") from None
+    try:
+        return json.loads(answer)
+    except ValueError:  # not JSON, or not UTF-8
+        raise AdminError(f"{method} {url}: the answer is not JSON; is this the admin endpoint?") from None
+
+
+@contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Around what reads an answer's fields: an answer without them (another server's, or
+    another version's) is one AdminError line, not a traceback."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:
+        raise AdminError(f"the answer to {what} is not what the admin endpoint sends "
+                         f"({type(exc).__name__}: {exc}); is this the admin endpoint?") from None
 
 
 def _label(node: dict[str, Any], now: float) -> str:
@@ -274,6 +292,14 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
+    with _reading("GET /status"):
+        view = _status_tree(data)
+    RichConsole().print(view)
+    return 0
+
+
+def _status_tree(data: dict[str, Any]) -> Tree:
+    """GET /status's answer as a tree: the counts, what fails, the actors, the cluster, the LLM."""
     now = data["time"]
     core = data.get("cpu_core")
     view = Tree(f"autoresponse  in flight {data['in_flight']}  dead letters {data['dead_letters_total']}"
@@ -298,8 +324,7 @@ def status(args: argparse.Namespace) -> int:
     if llm:
         for line in _llm_labels(llm):
             view.add(line)
-    RichConsole().print(view)
-    return 0
+    return view
 
 
 def _llm_labels(llm: dict[str, Any]) -> list[str]:
@@ -335,8 +360,9 @@ def inject(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"autoresponse: the message is not JSON: {exc}", file=sys.stderr)
         return 2
-    query = f"?type={args.type}" if args.type else ""
-    print(json.dumps(_admin(args, "POST", f"/inject/{args.actor}{query}", body)))
+    query = f"?{urllib.parse.urlencode({'type': args.type})}" if args.type else ""
+    path = f"/inject/{urllib.parse.quote(args.actor, safe='')}{query}"
+    print(json.dumps(_admin(args, "POST", path, body)))
     return 0
 
 
@@ -351,6 +377,14 @@ def trace(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
+    with _reading(f"GET /trace/{args.id}"):
+        view = _trace_table(data)
+    RichConsole().print(view)
+    return 0
+
+
+def _trace_table(data: dict[str, Any]) -> Table:
+    """GET /trace's answer as a timeline, one row a hop."""
     hops = data["hops"]
     start = min(h["queued"] for h in hops)
     end = max((h["ended"] or h["queued"]) for h in hops)
@@ -367,8 +401,7 @@ def trace(args: argparse.Namespace) -> int:
         view.add_row(ms(start, hop["queued"]), hop["actor"], hop["type"], ms(hop["queued"], hop["started"]),
                      ms(hop["started"], hop["ended"]), str(hop["attempt"]),
                      f"[{style}]{outcome}[/]" if style else outcome)
-    RichConsole().print(view)
-    return 0
+    return view
 
 
 def deadletters(args: argparse.Namespace) -> int:
@@ -380,11 +413,12 @@ def deadletters(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
         return 0
     table = Table("id", "time", "actor", "reason", "detail", "correlation")
-    for letter in data["letters"]:
-        when = dt.datetime.fromtimestamp(letter["time"]).strftime("%H:%M:%S")
-        detail = letter["detail"] or letter["error"] or ""
-        table.add_row(str(letter["id"]), when, letter["actor"] or "-", letter["reason"],
-                      detail[:80], letter["envelope"]["correlation_id"])
+    with _reading("GET /deadletters"):
+        for letter in data["letters"]:
+            when = dt.datetime.fromtimestamp(letter["time"]).strftime("%H:%M:%S")
+            detail = letter["detail"] or letter["error"] or ""
+            table.add_row(str(letter["id"]), when, letter["actor"] or "-", letter["reason"],
+                          detail[:80], letter["envelope"]["correlation_id"])
     RichConsole().print(table)
     return 0
 

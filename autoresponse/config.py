@@ -210,6 +210,19 @@ class LLMSettings(BaseModel):
         return url
 
 
+#: The levels ``log_level`` takes, as Python's logging names them.
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def _level_name(value: Any) -> Any:
+    """A level in any case (``debug``). Anything else is left as given, for the Literal to
+    refuse with the value the operator wrote; numbers too: logging's numbers take levels
+    between the named ones, which nothing here logs at."""
+    if isinstance(value, str) and value.strip().upper() in get_args(LogLevel):
+        return value.strip().upper()
+    return value
+
+
 def _cpu_core(value: Any) -> Any:
     """``auto``, ``off`` or a core's number (from TOML, or text from the environment)."""
     if value in ("auto", "off") or (type(value) is int and value >= 0):
@@ -426,7 +439,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     otel: OtelSettings = OtelSettings()
     data_dir: _NonBlankPath = Path("~/.local/share/autoresponse")
-    log_level: str = "INFO"
+    log_level: Annotated[LogLevel, BeforeValidator(_level_name)] = "INFO"
     #: User ids who may approve any action that waits for approval (``terminal.approval =
     #: "ask"``), besides the user who asked: ``[123, 456]``, or ``["telegram:123"]`` for
     #: one platform's user. Each also gets the approval in their private chat.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import logging
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -39,6 +42,11 @@ def call(url: str, method: str = "GET", body: Any = None, token: str | None = No
 def admin_url(app: Application) -> str:
     assert app.admin is not None
     return app.admin.url
+
+
+def _port(app: Application) -> int:
+    assert app.admin is not None
+    return app.admin.port
 
 
 def test_the_snapshot_lists_every_actor_in_its_tree(make_app: MakeApp) -> None:
@@ -180,6 +188,96 @@ def test_a_client_that_never_finishes_its_request_is_let_go(make_app: MakeApp,
         slow.sendall(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
         assert slow.recv(1024) == b""  # closed by the server (else the 30 s guard raises)
     assert call(f"{admin_url(app)}/healthz")[0] == 200
+
+
+def _send_part_of_a_body(port: int) -> socket.socket:
+    """A POST whose headers promise 100 bytes of body, and the first few of them."""
+    client = socket.create_connection(("127.0.0.1", port), timeout=30)
+    client.sendall(b"POST /inject/interface.console HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"te")
+    return client
+
+
+def test_a_body_dribbled_a_byte_at_a_time_is_cut_off_with_a_408(make_app: MakeApp,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import autoresponse.admin
+
+    monkeypatch.setattr(autoresponse.admin, "HTTP_IDLE_SECONDS", 1.0)
+    app = make_app(admin=ADMIN)
+    with _send_part_of_a_body(_port(app)) as slow:
+        slow.settimeout(0.2)
+        until, answer = time.monotonic() + 30, b""
+        while not answer.endswith(b"}") and time.monotonic() < until:
+            with contextlib.suppress(TimeoutError):
+                slow.sendall(b" ")  # never idle
+                answer += slow.recv(4096)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), answer
+    assert json.loads(body) == {"error": "the body did not arrive whole within 1s"}
+    assert call(f"{admin_url(app)}/healthz")[0] == 200
+
+
+def test_past_the_bodies_read_at_once_a_request_is_told_to_come_back(make_app: MakeApp,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import wait_for
+
+    import autoresponse.admin
+
+    monkeypatch.setattr(autoresponse.admin, "ADMIN_MAX_BODIES_READ", 2)
+    app = make_app(admin=ADMIN)
+    url = f"{admin_url(app)}/inject/interface.console"
+    slow = [_send_part_of_a_body(_port(app)) for _ in range(2)]
+    try:
+        # Until both are being read, the probe is read and refused as no message (422).
+        code, answer = wait_for(lambda: (r := post_raw(url, b"{}"))[0] == 503 and r)
+        assert answer["error"] == "busy: 2 requests are sending their bodies; try again"
+        assert call(f"{admin_url(app)}/healthz")[0] == 200  # what sends no body is served
+    finally:
+        for client in slow:
+            client.close()
+    wait_for(lambda: post_raw(url, b"{}")[0] == 422)  # their places are given back
+
+
+def test_a_client_that_hangs_up_mid_body_logs_no_error(make_app: MakeApp,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from conftest import wait_for
+
+    caplog.set_level(logging.DEBUG, logger="autoresponse.admin")
+    app = make_app(admin=ADMIN)
+    for _ in range(3):
+        _send_part_of_a_body(_port(app)).close()
+    # Each hang-up is logged once, somewhere: wait for all three, then look at how.
+    wait_for(lambda: len([r for r in caplog.records if r.name in ("autoresponse.admin", "aiohttp.server")]) >= 3)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert call(f"{admin_url(app)}/healthz")[0] == 200
+
+
+@pytest.mark.parametrize("correlation", ["ok%0Aautoresponse%3A%20forged", "a%0Db", "a%09b", "a%1B%5B31m",
+                                         "a%E2%80%AEb"])
+def test_a_correlation_with_control_characters_is_a_400(make_app: MakeApp, correlation: str) -> None:
+    app = make_app(admin=ADMIN)
+    url = f"{admin_url(app)}/inject/interface.console"
+    code, answer = post_raw(f"{url}?correlation={correlation}", b'{"text": "run echo forged"}')
+    assert code == 400 and answer["error"] == "the correlation must be printable: no newline or other control character"
+    assert post_raw(f"{url}?correlation=a%20plain%20one", b'{"text": "run echo fine"}')[0] == 202
+
+
+def test_a_request_that_is_stuck_does_not_hold_up_the_stop(make_app: MakeApp, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from conftest import wait_for
+
+    import autoresponse.admin
+
+    monkeypatch.setattr(autoresponse.admin, "ADMIN_MAX_BODIES_READ", 1)
+    app = make_app(admin=ADMIN)
+    url = f"{admin_url(app)}/inject/interface.console"
+    with _send_part_of_a_body(_port(app)):
+        # Its body is read, and would be for HTTP_IDLE_SECONDS: another request is refused.
+        wait_for(lambda: post_raw(url, b"{}")[0] == 503)
+        app.stop()
+    assert "event loop did not shut down cleanly" not in caplog.text
 
 
 def test_binding_outside_loopback_needs_a_token() -> None:
@@ -349,6 +447,19 @@ def test_credentials_in_a_configured_url_never_show(make_app: MakeApp, caplog: p
     assert "pa55w0rd-xyz" not in text
     assert "pa55w0rd-xyz" not in call(f"{admin_url(app)}/status")[1]
     assert "pa55w0rd-xyz" in app.settings.secrets()  # it is known as a secret, so logs redact it too
+
+
+def test_a_crash_that_quotes_a_secret_shows_it_redacted_in_the_status(make_app: MakeApp) -> None:
+    key = "sk-live-SECRET-0123456789"
+    app = make_app(admin=ADMIN, llm={"api_key": key})
+    url = admin_url(app)
+    code, body = call(f"{url}/inject/builder?type=Crash", "POST", {"reason": f"upstream said: bad key {key}"})
+    assert code == 202, body
+    assert app.runtime.wait_idle(timeout=10)
+    code, body = call(f"{url}/status")
+    builder = next(n for n in _walk(json.loads(body)["tree"]) if n["name"] == "builder")
+    assert builder["last_failure"]["message"] == "upstream said: bad key [secret]"
+    assert key not in call(f"{url}/")[1]  # the status page
 
 
 def test_a_status_that_waits_holds_up_neither_health_nor_deliveries(make_app: MakeApp) -> None:

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -220,6 +222,10 @@ def _mistake(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list
         config.write_text('[runtime]\ncpu_core = "first"\n')
         args = ["--config", str(config)]
         expected = [f"{config}: [runtime] cpu_core is 'first': should be auto, off or the number of a core"]
+    elif case == "log level no one knows":
+        env["AUTORESPONSE_LOG_LEVEL"] = "verbose"
+        expected = ["AUTORESPONSE_LOG_LEVEL is 'verbose': should be 'DEBUG', 'INFO', 'WARNING', 'ERROR' "
+                    "or 'CRITICAL'"]
     elif case == "unknown variable":
         env["AUTORESPONSE_TERMINAL__ENABELD"] = "true"
         expected = ["is not a setting (did you mean AUTORESPONSE_TERMINAL__ENABLED?)"]
@@ -247,8 +253,8 @@ def _mistake(case: str, tmp_path: Path) -> tuple[list[str], dict[str, str], list
 
 
 MISTAKES = ["toml does not parse", "list variable not json", "variable not an integer",
-            "file value not an integer", "core not a number", "unknown variable", "unknown key in the file",
-            "unknown section in the file", "data dir is a file", "corrupt journal"]
+            "file value not an integer", "core not a number", "log level no one knows", "unknown variable",
+            "unknown key in the file", "unknown section in the file", "data dir is a file", "corrupt journal"]
 
 
 @pytest.mark.parametrize("command", ["run", "demo"])
@@ -266,6 +272,59 @@ def test_the_admin_commands_report_bad_settings_in_one_line() -> None:
     env = environment(AUTORESPONSE_ADMIN__PROT="9000")
     line = one_line_error(autoresponse("status", env=env))
     assert "AUTORESPONSE_ADMIN__PROT is not a setting (did you mean AUTORESPONSE_ADMIN__PORT?)" in line
+
+
+@pytest.fixture
+def not_the_admin() -> Iterator[tuple[str, list[str]]]:
+    """A server on 127.0.0.1 that is not the admin endpoint: HTML for /status, JSON of
+    another shape for the rest; and the paths asked for, as sent."""
+    import http.server
+
+    asked: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = b"<html>\nnot the admin endpoint\n</html>" if self.path == "/status" else b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    (["status"], "/status: the answer is not JSON; is this the admin endpoint?"),
+    (["deadletters", "list"], "the answer to GET /deadletters is not what the admin endpoint sends"),
+    (["trace", "some-id"], "the answer to GET /trace/some-id is not what the admin endpoint sends"),
+], ids=["status", "deadletters", "trace"])
+def test_an_answer_that_is_not_the_admin_endpoints_is_one_line(not_the_admin: tuple[str, list[str]],
+                                                               command: list[str], expected: str) -> None:
+    url, _ = not_the_admin
+    line = one_line_error(autoresponse(*command, "--url", url))
+    assert expected in line
+
+
+def test_inject_sends_the_actor_and_the_type_as_given(not_the_admin: tuple[str, list[str]]) -> None:
+    url, asked = not_the_admin
+    done = autoresponse("inject", "interface console", '{"text": "x"}', "--type", "A&b=c#d", "--url", url)
+    assert done.returncode == 0, done.stderr
+    [path] = asked
+    parts = urllib.parse.urlsplit(path)
+    assert urllib.parse.unquote(parts.path) == "/inject/interface console"
+    assert urllib.parse.parse_qs(parts.query) == {"type": ["A&b=c#d"]}
 
 
 def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:

@@ -102,6 +102,29 @@ def test_the_environment_is_named_when_it_overrides_the_file(monkeypatch: pytest
         Settings.load(config)
 
 
+@pytest.mark.parametrize("given", ["debug", " Warning ", "CRITICAL"])
+def test_the_log_level_takes_its_names_in_any_case(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LOG_LEVEL", given)
+    assert Settings.load().log_level == given.strip().upper()
+
+
+@pytest.mark.parametrize("given", ["verbose", "10", "WARN", ""])
+def test_a_log_level_that_is_no_level_names_its_variable_and_the_levels(monkeypatch: pytest.MonkeyPatch,
+                                                                        given: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LOG_LEVEL", given)
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == (f"AUTORESPONSE_LOG_LEVEL is {given!r}: "
+                                 "should be 'DEBUG', 'INFO', 'WARNING', 'ERROR' or 'CRITICAL'")
+
+
+def test_a_log_level_in_the_file_that_is_a_number_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("log_level = 20\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: log_level is 20: should be 'DEBUG'"):
+        Settings.load(config)
+
+
 def test_a_bad_secret_is_named_but_never_shown(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("[llm]\napi_key = 987654321\n")

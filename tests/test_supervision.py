@@ -173,6 +173,25 @@ def test_too_many_restarts_escalate_to_the_parent(supervise: Callable[..., Runti
     assert rt.cell("inner").restarts == 1
 
 
+def test_a_crash_that_quotes_a_secret_is_kept_redacted(supervise: Callable[..., Runtime],
+                                                       journal: Journal) -> None:
+    """The last failure shows in /status, the status page and `autoresponse status`: a
+    configured secret in a crash's text never does, in the actor's or its supervisor's."""
+    from autoresponse.redaction import Redactor
+
+    secret = "sk-live-SECRET-0123456789"
+    inner = SupervisorSpec("inner", Strategy.ONE_FOR_ONE, tuple(workers(journal, "w")),
+                           intensity=RestartIntensity(max_restarts=0, period=60), backoff=NO_DELAY)
+    rt = supervise(Strategy.ONE_FOR_ONE, inner)
+    rt.dead_letters.redact = Redactor([secret])
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    rt.send("w", Crash(reason=f"upstream said: bad key {secret}"))
+    wait_for(lambda: rt.cell("inner").restarts == 1 and rt.cell("w").alive)
+    worker, supervisor = rt.cell("w").last_failure, rt.cell("inner").last_failure
+    assert worker is not None and worker.message == "upstream said: bad key [secret]"
+    assert supervisor is not None and supervisor.message.endswith("(CrashRequested: upstream said: bad key [secret])")
+
+
 def test_the_root_failing_reaches_the_runtime(journal: Journal) -> None:
     gave_up: list[str] = []
     rt = Runtime().start()

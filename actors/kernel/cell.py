@@ -140,7 +140,9 @@ class Cell:
     def crashed(self, envelope: Envelope | None, error: BaseException) -> None:
         """Called by a dying incarnation, in its own thread, with what it was handling."""
         with self._lock:
-            self.last_failure = Failure.of(error)
+            # Shown by /status, the status page and `autoresponse status`: redacted as dead letters are.
+            self.last_failure = Failure(type=type(error).__name__,
+                                        message=self.runtime.dead_letters.redact(str(error)))
             self.state = "restarting"
         if self.supervisor is None:
             self.runtime.crash_policy(self, envelope, error)

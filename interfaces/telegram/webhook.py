@@ -38,7 +38,7 @@ from pydantic import SecretStr
 from yarl import URL
 
 from autoresponse.actors.jsonbody import MalformedJson, read_json_body
-from autoresponse.actors.limits import HTTP_IDLE_SECONDS
+from autoresponse.actors.limits import HTTP_CLOSE_SECONDS, HTTP_IDLE_SECONDS
 from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BYTES
 
 log = logging.getLogger("autoresponse.telegram")
@@ -47,7 +47,7 @@ log = logging.getLogger("autoresponse.telegram")
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 #: At close, calls under way get this long to finish (a journal write takes milliseconds);
 #: then they are cut, unanswered, and Telegram sends them again.
-CLOSE_SECONDS = 2.0
+CLOSE_SECONDS = HTTP_CLOSE_SECONDS
 #: Refused calls are logged at most this often, so that a scanner cannot flood the log.
 REFUSED_LOG_SECONDS = 60.0
 
