@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,3 +172,22 @@ def test_a_reminder_that_keeps_failing_is_retried_a_bounded_number_of_times_then
     assert "could not reach the language model" not in console_text(app)  # no notice per failed try
     [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
     assert "failed 3 times" in letter.detail
+
+
+def test_a_reminder_for_a_date_this_machine_cannot_represent_is_refused_through_the_llm(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """Year 1 (in any zone) is past what the machine's clock can say: the LLM hears why the
+    reminder was refused, and tells its user; nothing crashes, nothing is stored."""
+    fake_llm.script(
+        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
+            "date": "0001-01-01", "time": "09:00", "description": "stretch"}}]})),
+        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
+            "text": "I cannot remind you that long ago."}}]})))
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
+    ask(app, "remind me on the first day of year one to stretch")
+    [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    assert output["ok"] is False and "date out of range" in output["output"]
+    assert "I cannot remind you that long ago." in console_text(app)
+    assert app.runtime.dead_letters.letters() == []
+    assert state_of(tmp_path / "data", 1) is None

@@ -7,6 +7,8 @@ network error's backoff are timers of the runtime's clock, which the tests fire 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -413,3 +415,113 @@ def test_an_update_waiting_at_start_is_handled_exactly_once_even_on_a_slow_start
     asked = [r for r in fake_llm.requests if r.messages[-1]["content"] == "run echo once"]
     ran = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
     assert (len(asked), len(ran), len(fake_telegram.sent(CHAT))) == (1, 1, 1)
+
+
+# ---------------------------------------------------------------- replies no rule of Telegram's lets hang
+
+
+def split_in_a_child(text: str, limit: int = 4096, seconds: float = 60.0) -> Any:
+    """``split_message(text, limit)`` in a child process: its chunks, or the name of what it
+    raised. A split that never returns fails the test (the child is killed) instead of
+    spinning on, and growing, in the suite."""
+    code = ("import json, sys\n"
+            "from autoresponse.interfaces.telegram import split_message\n"
+            "text, limit = json.load(sys.stdin)\n"
+            "try:\n    print(json.dumps(split_message(text, limit)))\n"
+            "except Exception as exc:\n    print(json.dumps(type(exc).__name__))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps([text, limit]),
+                              capture_output=True, text=True, timeout=seconds, check=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"split_message did not return in {seconds:g}s")
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(("text", "opening"), [
+    ("```" + "a" * 5000, "```"),  # a fence, then one long line
+    ("Here is the JSON: ```" + '{"k":"v"},' * 500 + "```", "```"),  # JSON on one line, in a block
+    ("```python\n" + "a" * 5000 + "\n```", "```python\n"),  # one long line under its language
+])
+def test_a_code_block_of_one_long_line_is_split_and_reopened_with_its_language(text: str, opening: str) -> None:
+    chunks = split_in_a_child(text)
+    assert isinstance(chunks, list) and len(chunks) > 1
+    assert all(utf16_len(c) <= 4096 for c in chunks)
+    assert all(c.count("```") % 2 == 0 for c in chunks[:-1])  # each closes the block it cuts ...
+    assert all(c.startswith(opening) for c in chunks[1:])  # ... and the next reopens it, and only that
+    assert "".join(chunks).replace("```python", "").replace("```", "").replace("\n", "").replace(" ", "") == \
+        text.replace("```python", "").replace("```", "").replace("\n", "").replace(" ", "")
+
+
+def test_split_message_refuses_a_limit_no_chunk_fits_in() -> None:
+    assert split_in_a_child("hello world", 4) == "ValueError"
+
+
+def test_a_too_long_answer_for_a_short_reply_is_a_dead_letter_and_the_bot_goes_on(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    """Telegram (or a proxy) calls every message too long: splitting stops at a floor."""
+    fake_telegram.fail_next("sendMessage", 400, "Bad Request: message is too long", chat_id=CHAT, times=100)
+    tell(bot, "short reply text")
+    [letter] = until(fake_telegram, lambda: bot.runtime.dead_letters.letters())
+    assert letter.reason == "bad request" and "too long" in letter.detail
+    tell(bot, "to another chat", chat_id=1)
+    until(fake_telegram, lambda: fake_telegram.sent(1))
+    assert len(fake_telegram.calls_to("sendMessage")) == 2  # one for each reply, no split to pieces
+
+
+@pytest.mark.parametrize("refusal", ["Bad Request: message to edit not found",
+                                     "Bad Request: message can't be edited"])
+def test_a_reply_whose_preview_its_user_deleted_is_sent_as_a_new_message(
+    bot: Application, fake_telegram: FakeTelegramServer, refusal: str
+) -> None:
+    ctx = OriginalContext(chat_id=CHAT, message_id=5, interface_name="telegram")
+    bot.runtime.send(sender("telegram"), OutboundMessage.reply(ctx, "Your disks", key="turn-1", preview=True))
+    until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    fake_telegram.fail_next("editMessageText", 400, refusal)  # the user deleted the preview
+    bot.runtime.send(sender("telegram"), OutboundMessage.reply(ctx, "Your disks are fine.", key="turn-1"))
+    until(fake_telegram, lambda: len(fake_telegram.sent(CHAT)) == 2)
+    settle(bot, fake_telegram)
+    preview, final = fake_telegram.sent(CHAT)
+    assert final.params["text"] == "Your disks are fine." and reply_to(final) == 5
+    assert bot.runtime.dead_letters.letters() == []
+
+
+def test_a_revoked_token_makes_each_reply_one_dead_letter_that_says_so(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.revoke("123456:TEST-TOKEN")
+    for chat in (100, 101, 102):
+        tell(bot, f"reply to {chat}", chat_id=chat)
+    until(fake_telegram, lambda: len(bot.runtime.dead_letters.letters()) >= 3)
+    settle(bot, fake_telegram)
+    letters = bot.runtime.dead_letters.letters()
+    assert [d.reason for d in letters] == ["refused"] * 3  # not a crash, and no retries
+    assert all("revoked" in d.detail and "@BotFather" in d.detail for d in letters)
+    assert len(fake_telegram.calls_to("sendMessage")) == 3
+
+
+def test_an_answer_without_a_message_id_is_a_dead_letter_and_the_chat_goes_on(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    fake_telegram.answer_next("sendMessage", json.dumps({"ok": True, "result": {}}).encode())
+    tell(bot, "the first", message_id=1)
+    [letter] = until(fake_telegram, lambda: bot.runtime.dead_letters.letters())
+    assert letter.reason == "bad answer" and "message id" in letter.detail
+    tell(bot, "the second", message_id=2)
+    until(fake_telegram, lambda: any(c.params["text"] == "the second" for c in fake_telegram.sent(CHAT)))
+    settle(bot, fake_telegram)
+    assert len(bot.runtime.dead_letters.letters()) == 1  # one for the reply, none for a crash
+
+
+@pytest.mark.parametrize("answers", [{None: -1005}, {-5: -1005, -1005: -5}],
+                         ids=["to-the-same-chat", "back-and-forth"])
+def test_a_chat_that_keeps_migrating_is_followed_a_few_times_then_dead_lettered(
+    bot: Application, fake_telegram: FakeTelegramServer, answers: dict[int | None, int]
+) -> None:
+    for chat, new in answers.items():
+        fake_telegram.fail_next("sendMessage", 400, "Bad Request: group chat was upgraded to a supergroup chat",
+                                chat_id=chat, parameters={"migrate_to_chat_id": new}, times=100)
+    tell(bot, "hello", chat_id=-5, chat_type="group")
+    [letter] = until(fake_telegram, lambda: bot.runtime.dead_letters.letters())
+    assert letter.reason == "chat migrated" and "not followed" in letter.detail
+    assert len(fake_telegram.calls_to("sendMessage")) <= 3

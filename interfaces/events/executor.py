@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
-from autoresponse.interfaces.events.store import EventStore
+from autoresponse.interfaces.events.store import DateOutOfRange, EventStore
 from autoresponse.messages import ActionRequest, ActionResult, Envelope
 
 
@@ -16,7 +16,13 @@ class EventExecutor(TypedActor):
     @handles
     def on_action(self, request: ActionRequest, env: Envelope) -> None:
         payload = request.action.payload
-        event = self.store.add(payload, request.context)
+        try:
+            event = self.store.add(payload, request.context)
+        except DateOutOfRange as exc:  # refused: back through the LLM, which can tell its user
+            refused = ActionResult(action_type="event", command=f"remind: {payload.description}",
+                                   output=f"refused: {exc}", ok=False)
+            self.send(BUILDER, request.output(refused), cause=env)
+            return
         repeat = "" if event.repeat == "none" else f", repeating {event.repeat}"
         result = ActionResult(
             action_type="event", command=f"remind: {event.description}",

@@ -65,9 +65,17 @@ class StoredEvent(BaseModel):
         return dt.datetime.fromtimestamp(self.due).astimezone().isoformat(timespec="minutes")
 
 
+class DateOutOfRange(ValueError):
+    """A reminder's date this machine cannot represent (year 1, or 9999 in some zones)."""
+
+
 def first_due(date: dt.date, at: dt.time | None) -> float:
-    """The moment a reminder is for, in this machine's time zone."""
-    return dt.datetime.combine(date, at or DEFAULT_TIME).astimezone().timestamp()
+    """The moment a reminder is for, in this machine's time zone. Raises DateOutOfRange."""
+    try:
+        return dt.datetime.combine(date, at or DEFAULT_TIME).astimezone().timestamp()
+    except (ValueError, OverflowError, OSError) as exc:  # the zone's offset takes it past year 1 or 9999
+        raise DateOutOfRange(f"date out of range: {date} {at or DEFAULT_TIME} cannot be scheduled "
+                             f"({exc})") from None
 
 
 def next_due(due: float, repeat: str, now: float) -> float | None:

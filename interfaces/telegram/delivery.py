@@ -9,9 +9,12 @@ One ``TelegramDelivery`` per bot, used on the runtime's event loop:
   letter the operator can replay) and the chat's next replies go on;
 * ``TimedOut``/``NetworkError`` are retried a bounded number of times;
 * ``BadRequest`` is never retried as it is: an unparsable reply is resent once
-  as plain text, a too long one is split smaller; anything else is final;
+  as plain text, a too long one is split smaller (down to a floor); a reply whose
+  preview message is gone is sent anew; anything else is final;
 * ``Forbidden`` marks the chat unreachable until its user writes again
-  (``reachable``); ``ChatMigrated`` re-targets.
+  (``reachable``); ``ChatMigrated`` re-targets (a few times at most);
+* any other refusal (a revoked token, a conflict) or an unreadable answer makes
+  that reply undeliverable, with its reason: never a crash of the sender.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from telegram import Bot
 from telegram.error import (
     BadRequest,
     ChatMigrated,
+    Conflict,
+    EndPointNotFound,
     Forbidden,
+    InvalidToken,
     NetworkError,
     RetryAfter,
     TelegramError,
@@ -47,8 +53,10 @@ from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_GLOBAL_PER_SECOND,
     TELEGRAM_GROUP_PER_MINUTE,
     TELEGRAM_MAX_CONCURRENT_SENDS,
+    TELEGRAM_MAX_MIGRATIONS,
     TELEGRAM_MAX_RETRY_AFTER_SECONDS,
     TELEGRAM_MAX_RETRY_AFTERS,
+    TELEGRAM_MIN_CHUNK_UTF16,
     TELEGRAM_SEND_ATTEMPTS,
 )
 from autoresponse.messages import ChatId, OutboundMessage
@@ -152,10 +160,9 @@ class TelegramDelivery:
             for n, chunk in enumerate(split_message(message.text)):
                 if self.ledger.already_sent(message, n):
                     continue  # confirmed before a restart: never twice
-                if n == 0 and shown is not None:
-                    if chunk != shown.text:
-                        await self._send(lane, message, chunk, None, edit_of=shown.message_id)
-                    ids.append(shown.message_id)
+                if n == 0 and shown is not None:  # (sent anew if its user deleted the preview)
+                    ids += ([shown.message_id] if chunk == shown.text else
+                            await self._send(lane, message, chunk, None, edit_of=shown.message_id))
                 else:
                     reply_to = message.reply_to_message_id if n == 0 else None
                     ids += await self._send(lane, message, chunk, reply_to)
@@ -186,7 +193,7 @@ class TelegramDelivery:
                     while len(self._previews) > _PREVIEWS_KEPT:
                         self._previews.popitem(last=False)
                 elif shown.text != text:
-                    await self._send(lane, message, text, None, edit_of=shown.message_id)
+                    [shown.message_id] = await self._send(lane, message, text, None, edit_of=shown.message_id)
                     shown.text = text
             except (Undeliverable, TelegramError) as exc:
                 log.info("a preview was not shown (%s)", exc)
@@ -215,7 +222,11 @@ class TelegramDelivery:
         if markup is not None:  # buttons under the message (an approval's Approve and Deny)
             params["reply_markup"] = markup
         result = await self.bot.do_api_request("sendMessage", api_kwargs=params)
-        return int(result["message_id"])
+        try:
+            return int(result["message_id"])
+        except (KeyError, TypeError, ValueError):  # it may have been sent: the operator decides
+            raise Undeliverable("bad answer", f"Telegram answered sendMessage without a message id: "
+                                f"{str(result)[:200]}") from None
 
     async def _pace(self, lane: _ChatLane, group: bool) -> None:
         """Wait until this chat, this group and the bot may send again."""
@@ -232,6 +243,7 @@ class TelegramDelivery:
                     reply_to: Any, *, edit_of: int | None = None) -> list[int]:
         parse_mode = self.parse_mode
         failures = retry_afters = 0
+        targets = {str(self.migrated.get(str(message.chat_id), message.chat_id))}  # chats tried
         while True:
             chat_id = self.migrated.get(str(message.chat_id), message.chat_id)
             await self._pace(lane, message.context.is_group)
@@ -251,6 +263,10 @@ class TelegramDelivery:
                     raise Undeliverable("flood control", str(exc)) from None
                 await self._sleep(wait)
             except ChatMigrated as exc:
+                if str(exc.new_chat_id) in targets or len(targets) > TELEGRAM_MAX_MIGRATIONS:
+                    raise Undeliverable("chat migrated", f"chat {message.chat_id} migrates again, to "
+                                        f"{exc.new_chat_id}: a group migrates once; not followed") from None
+                targets.add(str(exc.new_chat_id))
                 self.migrated[str(message.chat_id)] = exc.new_chat_id
             except Forbidden as exc:
                 self.unreachable.add(str(chat_id))
@@ -261,9 +277,16 @@ class TelegramDelivery:
                     parse_mode = None  # fix the payload: plain text, once
                 elif edit_of is not None and "not modified" in problem:
                     return [edit_of]  # it already says this
-                elif "too long" in problem and utf16_len(text) > 1 and edit_of is None:
+                elif edit_of is not None and ("to edit not found" in problem or "can't be edited" in problem):
+                    # Its user deleted the message (a preview): what it was to say goes out anew.
+                    edit_of, reply_to = None, message.reply_to_message_id
+                elif "too long" in problem and edit_of is None:
+                    half = utf16_len(text) // 2
+                    if half < TELEGRAM_MIN_CHUNK_UTF16:  # that short is no message too long
+                        raise Undeliverable("bad request", f"Telegram calls a message of {utf16_len(text)} "
+                                            f"characters too long: {exc}") from None
                     ids: list[int] = []
-                    for part in split_message(text, max(1, utf16_len(text) // 2)):
+                    for part in split_message(text, half):
                         ids += await self._send(lane, message, part, reply_to if not ids else None)
                     return ids
                 else:
@@ -273,9 +296,28 @@ class TelegramDelivery:
                 if failures >= TELEGRAM_SEND_ATTEMPTS:
                     raise Undeliverable("network", str(exc)) from None
                 await self._sleep(SEND_BACKOFF.delay(failures))
+            except TelegramError as exc:  # a revoked token, a conflict: no retry helps
+                method = "sendMessage" if edit_of is None else "editMessageText"
+                raise Undeliverable("refused", refusal(method, exc) or f"Telegram refuses {method}: "
+                                    f"{exc.message}") from None
             finally:
                 lane.last = self._clock()
                 lane.recent.append(lane.last)
+
+
+def refusal(method: str, exc: TelegramError) -> str | None:
+    """Why Telegram refuses the bot, for the status (never the token), when ``exc`` is a
+    refusal that no retry fixes by itself: a token that is wrong or revoked (401, 404), a
+    bot that is blocked or deleted (403), another poller or a webhook in the way (409)."""
+    if isinstance(exc, EndPointNotFound) and isinstance(exc.__cause__, InvalidToken):
+        exc = exc.__cause__  # do_api_request's name for a 401 or 404 on a method that exists
+    if isinstance(exc, InvalidToken):
+        return f"Telegram refuses the bot token ({method}: {exc.message}): is it revoked? Ask @BotFather"
+    if isinstance(exc, Forbidden):
+        return f"Telegram forbids the bot ({method}: {exc.message})"
+    if isinstance(exc, Conflict):
+        return f"Telegram refuses {method}: {exc.message}"
+    return None
 
 
 async def _settled(confirmed: concurrent.futures.Future[bool]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from telegram import Bot, Message, MessageEntity, Update
-from telegram.error import Conflict, EndPointNotFound, Forbidden, InvalidToken, TelegramError
+from telegram.error import TelegramError
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
@@ -35,7 +35,7 @@ from autoresponse.actors.inbound import accept_input, dead_letter_malformed, tak
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.approval import TelegramCallback, answer_callback, answer_of, parse_callback
-from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+from autoresponse.interfaces.telegram.delivery import TelegramDelivery, refusal
 from autoresponse.messages.approval import ApprovalVerdict
 from autoresponse.interfaces.telegram.media import attachments_of
 from autoresponse.interfaces.telegram.settings import (
@@ -129,21 +129,6 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         attachments=attachments,
         media_group=message.media_group_id,
     )
-
-
-def refusal(method: str, exc: TelegramError) -> str | None:
-    """Why Telegram refuses the bot, for the status (never the token), when ``exc`` is a
-    refusal that no retry fixes by itself: a token that is wrong or revoked (401, 404), a
-    bot that is blocked or deleted (403), another poller or a webhook in the way (409)."""
-    if isinstance(exc, EndPointNotFound) and isinstance(exc.__cause__, InvalidToken):
-        exc = exc.__cause__  # do_api_request's name for a 401 or 404 on a method that exists
-    if isinstance(exc, InvalidToken):
-        return f"Telegram refuses the bot token ({method}: {exc.message}): is it revoked? Ask @BotFather"
-    if isinstance(exc, Forbidden):
-        return f"Telegram forbids the bot ({method}: {exc.message})"
-    if isinstance(exc, Conflict):
-        return f"Telegram refuses {method}: {exc.message}"
-    return None
 
 
 #: Webhook mode: how often Telegram is asked whether it can deliver to the webhook.

@@ -35,6 +35,13 @@ TELEGRAM_MAX_RETRY_AFTER_SECONDS = 60.0
 #: Telegram sends in flight at once (Telegram takes 30 a second overall anyway);
 #: more only grows the HTTP connection pool, which costs CPU per request.
 TELEGRAM_MAX_CONCURRENT_SENDS = 32
+#: Shortest chunk a reply is split into: it holds a code block's closing and reopened fence
+#: (with its language) and some text. A "message is too long" for a chunk this short is
+#: not believed: that reply is undeliverable.
+TELEGRAM_MIN_CHUNK_UTF16 = 64
+#: Chat migrations (a group upgraded to a supergroup) followed for one message: a group
+#: migrates once; more is a loop.
+TELEGRAM_MAX_MIGRATIONS = 2
 #: Largest webhook call body read; a larger one is answered 413 unread. A real update is a
 #: few kilobytes (one quoting a 4096-unit message with its entities stays under 100 KB).
 TELEGRAM_WEBHOOK_MAX_BYTES = 1024 * 1024
