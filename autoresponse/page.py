@@ -34,6 +34,7 @@ from autoresponse.supervisors.status import ActorStatus, Status, snapshot
 #: Seconds between two pushes to a listening page.
 PUSH_INTERVAL = 0.5
 #: Pages listening at once; each costs a snapshot of the tree per push on the event loop.
+#: Past it, the oldest page's stream ends (its browser reconnects by itself, in turn).
 MAX_STREAMS = 16
 #: Snapshots the processed-per-second rate spans (about two seconds): one alone is jumpy.
 RATE_WINDOW = 5
@@ -213,12 +214,12 @@ class StatusPage:
         # Set at shutdown, before aiohttp's cleanup, which would otherwise wait for every
         # open stream (they never end by themselves) until its shutdown timeout.
         self._closing = asyncio.Event()
-        self._streams = 0
+        self._streams: deque[asyncio.Event] = deque()  # each open stream's "make room", oldest first
 
     @property
     def listening(self) -> int:
         """Event streams open now."""
-        return self._streams
+        return len(self._streams)
 
     def close(self) -> None:
         """Ends every event stream at its next tick; called on the event loop."""
@@ -242,25 +243,27 @@ class StatusPage:
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         """text/event-stream: a push of what changed every PUSH_INTERVAL seconds, until the
-        client goes away or the endpoint stops."""
-        if self._streams >= MAX_STREAMS:
-            return web.json_response({"error": f"at most {MAX_STREAMS} pages may listen at once"},
-                                     status=503)
-        self._streams += 1
+        client goes away, the endpoint stops, or MAX_STREAMS newer pages listen: a page
+        left open (or a client that never reads) never locks a new one out."""
+        if len(self._streams) >= MAX_STREAMS:
+            self._streams.popleft().set()
+        make_room = asyncio.Event()
+        self._streams.append(make_room)
         try:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-store"})
             await response.prepare(request)
             await response.write(b"retry: 2000\n\n")  # how soon the browser reconnects
             feed = Feed(self.runtime)
-            while not self._closing.is_set():
+            while not self._closing.is_set() and not make_room.is_set():
                 await response.write(b"data: " + json.dumps(feed.changes()).encode() + b"\n\n")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), PUSH_INTERVAL)
         except ConnectionResetError:  # the client went away: a write noticed
             pass
         finally:
-            self._streams -= 1
+            with contextlib.suppress(ValueError):  # gone already, if it made room
+                self._streams.remove(make_room)
         return response
 
 

@@ -351,6 +351,27 @@ def test_without_a_token_cross_site_posts_and_foreign_hosts_are_refused(make_app
     assert status == 303 and headers["Location"] == "/" and "Set-Cookie" not in headers
 
 
+def test_pages_that_never_read_cannot_lock_a_new_one_out(make_app: MakeApp,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_STREAMS, the oldest stream ends (a browser's page reconnects by itself)."""
+    monkeypatch.setattr("autoresponse.page.MAX_STREAMS", 2)
+    app = make_app(admin=ADMIN)
+    assert app.admin is not None
+    split = urllib.parse.urlsplit(app.admin.url)
+    opened = []
+    for _ in range(3):
+        connection = http.client.HTTPConnection(split.hostname or "", split.port, timeout=10)
+        connection.request("GET", "/events")
+        response = connection.getresponse()
+        assert response.status == 200  # the newest is always let in
+        opened.append((connection, response))
+    oldest = opened[0][1]
+    oldest.read()  # its stream has ended: read() returns instead of waiting
+    wait_for(lambda: app.admin.page.listening == 2)  # type: ignore[union-attr]
+    for connection, _ in opened:
+        connection.close()
+
+
 def test_an_event_stream_ends_with_its_client_and_with_the_server(make_app: MakeApp) -> None:
     app = make_app(admin=ADMIN)
     assert app.admin is not None
