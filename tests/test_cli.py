@@ -16,6 +16,7 @@ import pytest
 from conftest import default_signals, environment, free_port
 
 from autoresponse.testing.fake_llm import FakeLLMServer
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 
 def autoresponse(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -155,6 +156,23 @@ def test_the_daemon_exits_with_one_clear_line_when_it_cannot_start() -> None:
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "WARNING" in line]
     assert len(errors) == 1, done.stderr  # nothing about the actors it stopped on its way out
     assert f"cannot start: the admin endpoint cannot listen on 127.0.0.1:{port}" in errors[0]
+
+
+def test_a_telegram_token_refused_at_start_is_one_clear_line(tmp_path: Path) -> None:
+    """Not "cannot reach": Telegram answered, and refused the token (which is never shown);
+    and nothing the start opened is left open to be complained of on the way out."""
+    token = "123456:REVOKED-s3cr3t"
+    with FakeTelegramServer() as telegram:
+        telegram.revoke(token)
+        done = autoresponse("run", env=environment(
+            AUTORESPONSE_TELEGRAM__TOKEN=token, AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+            AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]", AUTORESPONSE_CONSOLE__ENABLED="false",
+            AUTORESPONSE_ADMIN__PORT="0", AUTORESPONSE_DATA_DIR=str(tmp_path)), timeout=60)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line or "WARNING" in line]
+    assert len(errors) == 1, done.stderr
+    assert "cannot start: Telegram refuses the bot token (getMe: Unauthorized)" in errors[0]
+    assert "s3cr3t" not in done.stderr and "Unclosed" not in done.stderr
 
 
 @pytest.mark.parametrize("token", [None, "", "  "])

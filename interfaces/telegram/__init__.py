@@ -7,6 +7,7 @@ only when the platform is mounted (a token is set) or one of its parts is used.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Any
 
@@ -22,7 +23,9 @@ INTERFACE_NAME = "telegram"
 
 def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telegram.bot import make_bot
-    from autoresponse.interfaces.telegram.delivery import TelegramDelivery
+    from telegram.error import TelegramError
+
+    from autoresponse.interfaces.telegram.delivery import TelegramDelivery, refusal
     from autoresponse.interfaces.telegram.interface import TelegramInterface
     from autoresponse.interfaces.telegram.media import TelegramFiles
     from autoresponse.interfaces.telegram.sender import TelegramSender
@@ -34,7 +37,10 @@ def _mount(m: Mount) -> None:
     try:
         m.run(delivery.start())
     except Exception as exc:  # InvalidToken, NetworkError: say so, without the token
-        raise MountError(f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
+        with contextlib.suppress(Exception):
+            m.run(delivery.aclose())  # the sessions it opened before Telegram answered
+        refused = refusal("getMe", exc) if isinstance(exc, TelegramError) else None
+        raise MountError(refused or f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
     m.on_loop_close(delivery.aclose)
     files = TelegramFiles(delivery.bot)
     m.on_loop_close(files.aclose)

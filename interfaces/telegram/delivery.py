@@ -309,8 +309,10 @@ def refusal(method: str, exc: TelegramError) -> str | None:
     """Why Telegram refuses the bot, for the status (never the token), when ``exc`` is a
     refusal that no retry fixes by itself: a token that is wrong or revoked (401, 404), a
     bot that is blocked or deleted (403), another poller or a webhook in the way (409)."""
-    if isinstance(exc, EndPointNotFound) and isinstance(exc.__cause__, InvalidToken):
-        exc = exc.__cause__  # do_api_request's name for a 401 or 404 on a method that exists
+    if isinstance(exc, (EndPointNotFound, InvalidToken)) and isinstance(exc.__cause__, InvalidToken):
+        # do_api_request's name for a 401 or 404 on a method that exists; or Bot.initialize's
+        # words, which quote the token
+        exc = exc.__cause__
     if isinstance(exc, InvalidToken):
         return f"Telegram refuses the bot token ({method}: {exc.message}): is it revoked? Ask @BotFather"
     if isinstance(exc, Forbidden):
