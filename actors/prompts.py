@@ -370,13 +370,14 @@ def plain_retry(prompt: PromptRequest) -> PromptRequest:
 
 def reask_start(prompt: PromptRequest) -> int | None:
     """Where a re-ask's own exchange starts in its turns: the turn's message, as the user
-    first sent it (the memory is before it). None when ``prompt`` is no re-ask.
+    first sent it (the memory is before it). None when ``prompt`` is no re-ask, or is
+    asked again plainly (``plain_retry``: the turn as first asked, with no exchange).
 
     Each re-ask adds one user turn (what was asked) and the rejected answer after it (an
     assistant turn, and in the tools protocol a tool turn per call), so the message is
     the ``reask``-th user turn from the end."""
     left = prompt.reask
-    if not left:
+    if not left or prompt.system_message is None or prompt.system_message.type != "error":
         return None
     for index in range(len(prompt.turns) - 1, -1, -1):
         if prompt.turns[index].role == "user":

@@ -348,7 +348,7 @@ def _llm_labels(llm: dict[str, Any]) -> list[str]:
 def _cluster_label(cluster: dict[str, Any]) -> str:
     """The NATS cluster line of ``status``: this node, the leases and the work stream."""
     if "error" in cluster:
-        return f"[red]cluster: {cluster['error']}[/]"
+        return f"[red]cluster: {escape(cluster['error'])}[/]"
     leases = ", ".join(f"{name} held by {holder}" for name, holder in sorted(cluster["leases"].items()))
     return (f"cluster  node {cluster['node']}  pending {cluster['pending']}  in progress "
             f"{cluster['in_progress']}  redelivered {cluster['redelivered']}  leases: {leases or 'none'}")
@@ -398,9 +398,10 @@ def _trace_table(data: dict[str, Any]) -> Table:
     for hop in hops:
         outcome = hop["outcome"] or "under way"
         style = "" if outcome == "handled" else "red" if outcome != "under way" else "yellow"
-        view.add_row(ms(start, hop["queued"]), hop["actor"], hop["type"], ms(hop["queued"], hop["started"]),
-                     ms(hop["started"], hop["ended"]), str(hop["attempt"]),
-                     f"[{style}]{outcome}[/]" if style else outcome)
+        # What the daemon reports is text, never markup: a reason may hold "[/tmp/x]".
+        view.add_row(ms(start, hop["queued"]), escape(hop["actor"]), escape(hop["type"]),
+                     ms(hop["queued"], hop["started"]), ms(hop["started"], hop["ended"]), str(hop["attempt"]),
+                     f"[{style}]{escape(outcome)}[/]" if style else escape(outcome))
     return view
 
 
@@ -417,8 +418,8 @@ def deadletters(args: argparse.Namespace) -> int:
         for letter in data["letters"]:
             when = dt.datetime.fromtimestamp(letter["time"]).strftime("%H:%M:%S")
             detail = letter["detail"] or letter["error"] or ""
-            table.add_row(str(letter["id"]), when, letter["actor"] or "-", letter["reason"],
-                          detail[:80], letter["envelope"]["correlation_id"])
+            table.add_row(str(letter["id"]), when, escape(letter["actor"] or "-"), escape(letter["reason"]),
+                          escape(detail[:80]), escape(letter["envelope"]["correlation_id"]))
     RichConsole().print(table)
     return 0
 
@@ -565,7 +566,8 @@ def _show_history(args: argparse.Namespace, store: ConversationStore | Any, wher
     table = Table("time", "chat", "who", "kind", "text")
     for e in entries:
         when = dt.datetime.fromtimestamp(e.time).strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(when, e.chat, e.role, e.kind, e.content if len(e.content) < 300 else e.content[:297] + "...")
+        table.add_row(when, escape(e.chat), e.role, e.kind,
+                      escape(e.content if len(e.content) < 300 else e.content[:297] + "..."))
     RichConsole().print(table)
     return 0
 

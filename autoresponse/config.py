@@ -218,9 +218,16 @@ def _level_name(value: Any) -> Any:
     """A level in any case (``debug``). Anything else is left as given, for the Literal to
     refuse with the value the operator wrote; numbers too: logging's numbers take levels
     between the named ones, which nothing here logs at."""
-    if isinstance(value, str) and value.strip().upper() in get_args(LogLevel):
-        return value.strip().upper()
+    if isinstance(value, str):
+        name = value.strip().upper()
+        name = _LEVEL_ALIASES.get(name, name)
+        if name in get_args(LogLevel):
+            return name
     return value
+
+
+#: The other names Python's logging takes for two of its levels.
+_LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 
 
 def _cpu_core(value: Any) -> Any:

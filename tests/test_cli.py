@@ -9,12 +9,14 @@ import subprocess
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import default_signals, environment, free_port
 
+from autoresponse import Application
+from autoresponse.messages import Envelope, OriginalContext, OutboundMessage
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 
@@ -333,6 +335,19 @@ def test_an_answer_that_is_not_the_admin_endpoints_is_one_line(not_the_admin: tu
     url, _ = not_the_admin
     line = one_line_error(autoresponse(*command, "--url", url))
     assert expected in line
+
+
+def test_what_the_daemon_reports_is_printed_as_text_never_as_markup(make_app: Callable[..., Application]) -> None:
+    """A dead letter's detail quoting "[/tmp/report]" (a path, a user's words) crashed Rich's
+    markup reader; one quoting "[red]" lost that text."""
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0})
+    assert app.admin is not None
+    message = OutboundMessage.reply(OriginalContext(chat_id=1, interface_name="console"), "hi")
+    app.runtime.dead_letters.post(Envelope("m1", "c-1", message), "bad request", actor="sender.console",
+                                  detail="cannot open [/tmp/report] for [red]you[/red]")
+    done = autoresponse("deadletters", "list", "--url", app.admin.url)
+    assert done.returncode == 0, done.stderr
+    assert "[/tmp/report]" in done.stdout and "[red]you" in done.stdout
 
 
 def test_inject_sends_the_actor_and_the_type_as_given(not_the_admin: tuple[str, list[str]]) -> None:

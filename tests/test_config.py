@@ -108,7 +108,13 @@ def test_the_log_level_takes_its_names_in_any_case(monkeypatch: pytest.MonkeyPat
     assert Settings.load().log_level == given.strip().upper()
 
 
-@pytest.mark.parametrize("given", ["verbose", "10", "WARN", ""])
+@pytest.mark.parametrize(("given", "level"), [("warn", "WARNING"), (" Fatal", "CRITICAL")])
+def test_the_log_level_takes_loggings_other_names(monkeypatch: pytest.MonkeyPatch, given: str, level: str) -> None:
+    monkeypatch.setenv("AUTORESPONSE_LOG_LEVEL", given)
+    assert Settings.load().log_level == level
+
+
+@pytest.mark.parametrize("given", ["verbose", "10", "WARNS", ""])
 def test_a_log_level_that_is_no_level_names_its_variable_and_the_levels(monkeypatch: pytest.MonkeyPatch,
                                                                         given: str) -> None:
     monkeypatch.setenv("AUTORESPONSE_LOG_LEVEL", given)

@@ -24,7 +24,7 @@ from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.extractor import rejection
 from autoresponse.actors.llm.budget import ContextBudget, request_tokens
-from autoresponse.actors.prompts import build_chat_request, build_reask_request, render_openai_messages
+from autoresponse.actors.prompts import build_chat_request, build_reask_request, plain_retry, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import executor, sender
 from autoresponse.messages import OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
@@ -57,8 +57,13 @@ def replies(app: Application, text: str, clock: ManualClock) -> list[OutboundMes
     f"<thinking>{DRAFT}</thinking>\nThe answer is 42.",
     f"<reasoning>draft: {DRAFT}</reasoning>The answer is 42.",
     f"<THINK>{DRAFT}</THINK>The answer is 42.",
+    f"\ufeff<think>{DRAFT}</think>The answer is 42.",
+    f"\u200b <think>{DRAFT}</think>The answer is 42.",
+    f"{DRAFT} no, too risky.</think>The answer is 42.",
+    f"[plan] 1. {DRAFT} 2. refuse</think>The answer is 42.",
     f"The template opened it: {DRAFT}</think>The answer is 42.",
-], ids=["think", "thinking", "reasoning", "upper-case", "closing-tag-only"])
+], ids=["think", "thinking", "reasoning", "upper-case", "byte-order-mark", "zero-width-space",
+        "closing-tag-only-after-json", "closing-tag-only-after-a-list", "closing-tag-only"])
 def test_a_drafted_command_in_reasoning_never_runs(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, reply: str
 ) -> None:
@@ -256,10 +261,10 @@ def test_a_re_ask_of_a_huge_tool_call_keeps_the_question_and_each_call_with_its_
 
 
 def _reasked(prompt: PromptRequest, calls: int) -> PromptRequest:
-    """``prompt`` asked again after a reply of ``calls`` tool calls, all refused."""
+    """``prompt`` asked again after a reply of ``calls`` tool calls, all refused (none: in words)."""
     tool_calls = [ToolCall(id=f"c{prompt.reask}-{n}", name="message_console", arguments='{"text": "no"}')
                   for n in range(calls)]
-    error = rejection(prompt, "", [f"action {n + 1}: refused" for n in range(calls)])
+    error = rejection(prompt, "", [f"action {n + 1}: refused" for n in range(max(calls, 1))])
     return build_reask_request(prompt, error, tool_calls=tool_calls, max_errors=10)
 
 
@@ -293,6 +298,35 @@ def test_a_re_ask_trimmed_to_fit_keeps_its_question_and_each_call_with_its_answe
     tighter = ContextBudget(window=window - 50, reserve=100).fit(prompt, "tools")
     messages = render_openai_messages(tighter, "tools")
     assert _answered_calls(messages) and any("weather" in str(m["content"]) for m in messages)
+
+
+def test_a_turn_asked_again_plainly_fits_its_window_as_when_first_asked() -> None:
+    """``plain_retry`` asks the turn as first asked: its memory is trimmed as then, not kept
+    as if it were the exchange of a re-ask."""
+    memory = (Turn(role="user", content="memory: " + "once upon a time " * 400), Turn(role="assistant", content="ok"))
+    prompt = build_chat_request("what is the weather?", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"], turns=memory)
+    plain = plain_retry(_reasked(prompt, calls=0))
+    budget = ContextBudget(window=request_tokens(prompt.model_copy(update={"turns": ()}), "json_schema") + 500,
+                           reserve=100)
+    messages = render_openai_messages(budget.fit(plain, "json_schema"), "json_schema")
+    assert not any("memory" in str(m["content"]) for m in messages)
+    assert "weather" in messages[-1]["content"]
+
+
+@pytest.mark.parametrize("refusal", ["this model does not support tool use", "Tool calling is not supported",
+                                     "tools are not supported by this model"])
+def test_a_400_that_refuses_tools_in_its_own_words_is_learnt(fake_llm: FakeLLMServer, refusal: str) -> None:
+    fake_llm.script(FakeResponse(status=400, body=json.dumps({"error": {"message": refusal}})))
+    prompt = build_chat_request("hi", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"])
+
+    async def run() -> str:
+        async with HttpEngine(fake_llm.base_url, model="fake", stream=False) as engine:
+            await engine.answer(prompt)  # asked again at once, without tools
+            return engine.mode
+
+    assert asyncio.run(run()) == "json_schema"
 
 
 def test_a_400_about_a_tool_turn_is_never_learnt_as_a_refusal_of_tools(fake_llm: FakeLLMServer) -> None:

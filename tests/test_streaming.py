@@ -71,6 +71,22 @@ async def test_a_whole_reply_is_answered_though_its_stream_stays_open(fake_llm: 
     assert len(fake_llm.requests) == 1 and fake_llm.requests[0].body["stream"]
 
 
+async def test_a_pause_in_a_stream_that_says_finished_on_every_chunk_loses_nothing(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some proxies put a finish reason on every chunk: the wait for what follows a whole
+    reply only starts once a chunk says so and carries nothing more of it."""
+    monkeypatch.setattr("autoresponse.actors.llm.http.LLM_STREAM_END_GRACE_SECONDS", 0.2)
+    answer = "Part one of the answer. Part two, after the model paused."
+    fake_llm.script(FakeResponse(content=answer, piece=30, every=0.6, finish_on_every_chunk=True))
+    seen: list[str] = []
+    engine = HttpEngine(fake_llm.base_url, model="fake", max_attempts=1, stream=True, read_timeout=20.0)
+    try:
+        assert await engine.complete([{"role": "user", "content": "tell me"}], seen.append) == answer
+    finally:
+        await engine.aclose()
+
+
 @pytest.fixture
 def telegram() -> Iterator[FakeTelegramServer]:
     with FakeTelegramServer() as server:

@@ -169,7 +169,7 @@ def _format_member(name: str, allowed: tuple[str, ...], generation: int) -> byte
 _FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     # Not "tool" alone: a 400 about a ``tool`` turn (one answering no call) refuses that
     # request, not the feature.
-    "tools": ("tools", "tool_choice", "tool choice", "function call"),
+    "tools": ("tools", "tool_choice", "tool choice", "tool call", "tool use", "support tool", "function call"),
     "json_schema": ("response_format", "json_schema", "schema", "grammar"),
 }
 #: What a 400 says when the request did not fit the model's context window.
@@ -273,6 +273,14 @@ def _tool_calls(raw: Any) -> tuple[ToolCall, ...]:
         calls.append(ToolCall(id=_text(call.get("id")) or f"call_{n}", name=_text(function.get("name")) or "",
                               arguments=_arguments(arguments if arguments is not None else {})))
     return tuple(calls)
+
+
+def _adds_to_reply(chunk: dict[str, Any]) -> bool:
+    """Whether a stream's chunk (read by ``_Stream.take`` already) carries any of the reply:
+    its text, its reasoning, its tool calls."""
+    choices = chunk.get("choices")
+    delta = (choices[0].get("delta") or {}) if choices else {}
+    return any(delta.get(key) for key in ("content", "reasoning_content", "reasoning", "tool_calls"))
 
 
 class _Stream:
@@ -690,13 +698,14 @@ class HttpEngine:
         """
         stream = _Stream()
         size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
+        whole = False  # a finish reason came, and nothing of the reply after it
         clock = asyncio.get_running_loop().time
         content = resp.content
         try:
             while True:
-                if stream.finish_reason is None:
+                if not whole:
                     raw_line = await content.readline()
-                else:  # the reply is whole: what may follow is not waited for long
+                else:  # what may follow (the usage, [DONE]) is not waited for long
                     try:
                         raw_line = await asyncio.wait_for(content.readline(), LLM_STREAM_END_GRACE_SECONDS)
                     except TimeoutError:
@@ -727,6 +736,9 @@ class HttpEngine:
                     status = code if isinstance(code, int) and 400 <= code <= 599 else 500
                     raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
                 finished = finished or stream.finish_reason is not None
+                # Some proxies put a finish reason on every chunk: the reply is whole only
+                # once one comes with nothing more of it.
+                whole = stream.finish_reason is not None and not _adds_to_reply(chunk)
                 if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
                     seen = clock()
                     on_text(stream.partial())

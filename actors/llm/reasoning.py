@@ -18,12 +18,16 @@ part of the answer, in words or inside an action's JSON. Linear in the text.
 
 from __future__ import annotations
 
+import json
 import re
 
 #: The tags reasoning models wrap their thoughts in (DeepSeek-R1, Qwen3, QwQ: think).
 _TAGS = ("think", "thinking", "reasoning")
-#: A block's opening tag, after nothing but space.
-_OPENING = re.compile(r"\s*<(" + "|".join(_TAGS) + r")>", re.IGNORECASE)
+#: What may come before a block and still count as nothing: space, a byte-order mark,
+#: zero-width characters.
+_NOTHING = r"[\s\ufeff\u200b-\u200d\u2060]*"
+#: A block's opening tag, after nothing.
+_OPENING = re.compile(_NOTHING + r"<(" + "|".join(_TAGS) + r")>", re.IGNORECASE)
 #: A closing tag of any of them, and of each.
 _CLOSING = re.compile(r"</(" + "|".join(_TAGS) + r")>", re.IGNORECASE)
 _CLOSER = {tag: re.compile(f"</{tag}>", re.IGNORECASE) for tag in _TAGS}
@@ -35,16 +39,16 @@ def split_reasoning(text: str) -> tuple[str, str]:
     A block opened and never closed runs to the end (a reply cut off mid-thought has
     no answer yet). A closing tag with no opening one before it (the chat template
     opened the block inside the prompt) ends reasoning that began at the start of the
-    text, unless the text starts as an answer in JSON does.
+    text, unless it is inside the JSON value the text starts with (an answer quoting it).
     """
     if "<" not in text:
         return text.strip(), ""
     thoughts: list[str] = []
     at = 0
-    opening = _OPENING.match(text)
-    if opening is None and not text.lstrip().startswith(("{", "[")):
+    if _OPENING.match(text) is None:
         closing = _CLOSING.search(text)
-        if closing is not None and "<" + closing.group(1).lower() + ">" not in text[:closing.start()].lower():
+        if (closing is not None and "<" + closing.group(1).lower() + ">" not in text[:closing.start()].lower()
+                and not _inside_json(text, closing.start())):
             thoughts.append(text[:closing.start()])
             at = closing.end()
     while (opening := _OPENING.match(text, at)) is not None:
@@ -57,3 +61,18 @@ def split_reasoning(text: str) -> tuple[str, str]:
         at = closing.end()
     return text[at:].strip(), "\n".join(t.strip() for t in thoughts if t.strip())
 
+
+_DECODER = json.JSONDecoder()
+_LEADING = re.compile(_NOTHING)
+
+
+def _inside_json(text: str, at: int) -> bool:
+    """Whether ``at`` falls inside the JSON value ``text`` starts with (after nothing)."""
+    start = _LEADING.match(text).end()  # type: ignore[union-attr]  # it matches the empty string
+    if not text.startswith(("{", "["), start):
+        return False
+    try:
+        _, end = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):  # no JSON there, or nested past what Python reads
+        return False
+    return end > at

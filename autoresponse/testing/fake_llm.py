@@ -57,7 +57,8 @@ class FakeResponse:
     ``unfinished`` cuts the stream off half way, and ``stream_error`` ends it there
     with an error event saying so (llama.cpp's ``data: {"error": ...}``, of
     ``stream_error_code``); ``linger`` keeps the stream open once the reply and its
-    usage are sent, without ``[DONE]`` (until the server stops), as a proxy may.
+    usage are sent, without ``[DONE]`` (until the server stops), as a proxy may;
+    ``finish_on_every_chunk`` puts the finish reason on every chunk, as some proxies do.
     """
 
     status: int = 200
@@ -76,6 +77,7 @@ class FakeResponse:
     stream_error: str | None = None
     stream_error_code: int = 500
     linger: bool = False
+    finish_on_every_chunk: bool = False
     #: Native tool calls, as (name, arguments) pairs: the arguments an object or raw text.
     tool_calls: tuple[tuple[str, Any], ...] | None = None
     #: Sent in the message's ``reasoning_content`` (and streamed as reasoning deltas).
@@ -279,6 +281,8 @@ class FakeLLMServer(LoopbackServer):
         try:
             for delta in deltas:
                 chunk = {"model": body.get("model", "fake"), "choices": [{"index": 0, "delta": delta}]}
+                if scripted.finish_on_every_chunk:
+                    chunk["choices"][0]["finish_reason"] = "tool_calls" if calls else scripted.finish_reason
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 if scripted.every and await self._stopped_within(scripted.every):
                     return response
