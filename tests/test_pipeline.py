@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ask, console_text, system_messages
+from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application, request_llm_delivery
 from autoresponse.actors.kernel import ManualClock
@@ -218,10 +218,17 @@ def test_the_hop_limit_ends_a_chain(make_app: MakeApp) -> None:
 
 
 def journal_state(app: Application, correlation: str) -> str:
+    """The state its journal item closed in: its close is written as its work ends, which
+    may be just after ``wait_idle`` returns."""
     assert app.journal is not None
-    with sqlite3.connect(app.journal.path) as db:
-        [(state,)] = db.execute("SELECT state FROM items WHERE correlation = ?", (correlation,))
-    return state
+    path = app.journal.path
+
+    def closed() -> str | None:
+        with sqlite3.connect(path) as db:
+            [(state,)] = db.execute("SELECT state FROM items WHERE correlation = ?", (correlation,))
+        return None if state == "open" else state
+
+    return wait_for(closed, timeout=10)
 
 
 def test_a_failure_is_told_once_a_request_and_only_where_someone_waits_for_an_answer(make_app: MakeApp) -> None:
