@@ -84,6 +84,9 @@ MEDIA_MAX_DOCUMENT_CHARS = 8_000
 MEDIA_TIMEOUT_SECONDS = 30.0
 #: Items of one message group (a Telegram album) read in one turn; an album holds at most 10.
 MEDIA_MAX_ITEMS = 10
+#: Downloads of one message group (an album) in flight at once; together, not each, they
+#: take at most MEDIA_TIMEOUT.
+MEDIA_CONCURRENT_DOWNLOADS = 4
 #: How long a conversation gathers the messages of one group (an album) into one turn.
 ALBUM_GATHER_SECONDS = 1.0
 

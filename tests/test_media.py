@@ -8,9 +8,12 @@ fake share a ManualClock: an album's gathering window is a timer the tests fire.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +22,10 @@ from conftest import wait_for
 
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
-from autoresponse.messages import UserRequest
+from autoresponse.actors.limits import MEDIA_CONCURRENT_DOWNLOADS
+from autoresponse.actors.llm.media import MediaReader
+from autoresponse.actors.prompts import build_chat_request
+from autoresponse.messages import Attachment, OriginalContext, UserRequest
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 
@@ -37,10 +43,10 @@ def fake_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
 def make_bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
              make_app: Callable[..., Application]) -> Callable[..., Application]:
     """The bot on the fake Bot API, with these LLM settings (vision, caps, transcription)."""
-    def make(**llm: Any) -> Application:
+    def make(*, telegram: dict[str, Any] | None = None, **llm: Any) -> Application:
         return make_app(base_url=fake_llm.base_url, llm=llm, telegram={
             "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
-            "allowed_users": [ALLOWED], "poll_timeout": 1,
+            "allowed_users": [ALLOWED], "poll_timeout": 1, **(telegram or {}),
         }, clock=fake_telegram.clock)
     return make
 
@@ -107,6 +113,32 @@ def test_a_file_that_is_not_text_is_described_not_downloaded(
     assert fake_telegram.calls_to("getFile") == []
 
 
+@pytest.mark.parametrize("name, data, read", [
+    ("out.txt", "Name,Stadt\nJürgen,München\n".encode("utf-16"), True),  # PowerShell's "> out.txt"
+    ("wide.txt", "Name,Stadt\nJürgen,München\n".encode("utf-32"), True),
+    ("excel.csv", "Name;Stadt\nJürgen;München\n".encode("cp1252"), True),  # Excel's "CSV" on Windows
+    ("marked.txt", "Name,Stadt\nJürgen,München\n".encode("utf-8-sig"), True),
+    ("data.csv", b"PK\x03\x04\x14\x00\x00\x00\x08\x00", False),  # a zip named .csv: binary
+    ("odd.txt", b"\x81\x8d\x8f\x90\x9d", False),  # neither UTF-8 nor Windows-1252
+], ids=["utf-16", "utf-32", "cp1252", "utf-8 with a mark", "binary", "undecodable"])
+def test_a_text_file_in_a_windows_encoding_is_read_and_binary_is_not(
+    name: str, data: bytes, read: bool,
+    make_bot: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    bot = make_bot()
+    fake_llm.script(replies("Jürgen lives in München."))
+    fake_telegram.push_document(data, file_name=name, caption="where?", chat_id=CHAT, user_id=ALLOWED)
+    [reply] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram)
+    assert reply.params["text"] == "Jürgen lives in München."
+    content = user_content(fake_llm)
+    if read:
+        assert "\nJürgen" in content and "München\n" in content and "\ufeff" not in content
+        assert "its text follows" in content
+    else:
+        assert content == f'where?\n[document "{name}" ({len(data)} B): not read: it is not text]'
+
+
 # ---------------------------------------------------------------- photos
 
 
@@ -140,6 +172,32 @@ def test_without_vision_the_model_is_told_a_photo_came(
     assert reply.params["text"] == "I cannot see pictures here, but tell me about it."
     assert user_content(fake_llm) == "[photo (1280x960, 29.3 KB): you cannot see images here; say so if it matters]"
     assert fake_telegram.calls_to("getFile") == []  # nothing downloaded for nothing
+
+
+HEIC = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"\x01" * 2000
+
+
+@pytest.mark.parametrize("sent, label", [
+    ("heic", '[document "IMG_0042.HEIC" (2.0 KB)'),  # an iPhone photo sent as a file
+    ("html", "[photo (800x600, 40 B)"),  # the file URL answered a proxy's error page
+], ids=["heic", "html"])
+def test_with_vision_what_the_model_cannot_decode_is_described_never_sent_as_an_image(
+    sent: str, label: str,
+    make_bot: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    bot = make_bot(vision=True)
+    fake_llm.script(replies("I cannot see that picture; could you send it as a JPEG?"))
+    if sent == "heic":
+        fake_telegram.push_document(HEIC, file_name="IMG_0042.HEIC", mime_type="image/heic",
+                                    caption="what is in this picture?", chat_id=CHAT, user_id=ALLOWED)
+    else:
+        fake_telegram.push_photo([(800, 600, b"<html><body>Access denied</body></html>\n")],
+                                 caption="what is in this picture?", chat_id=CHAT, user_id=ALLOWED)
+    [reply] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram)
+    # The model answers (a server would refuse the whole turn over an image it cannot decode).
+    assert reply.params["text"] == "I cannot see that picture; could you send it as a JPEG?"
+    assert user_content(fake_llm) == f"what is in this picture?\n{label}: not read: not an image the model can see]"
 
 
 # ---------------------------------------------------------------- voice
@@ -209,6 +267,114 @@ def test_a_video_alone_gets_a_short_notice_and_the_model_is_not_asked(
 
 
 # ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("answer", ["absolute", "traversal", "a Bot API path that is a file here too"])
+def test_a_file_is_only_ever_downloaded_from_the_bot_apis_file_url_never_read_from_this_machine(
+    answer: str, make_bot: Callable[..., Application], fake_llm: FakeLLMServer,
+    fake_telegram: FakeTelegramServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    bot = make_bot()
+    fake_llm.script(replies("Here is a summary."))
+    sent = fake_telegram.push_document(b"harmless user text\n", file_name="notes.txt", caption="summarize",
+                                       chat_id=CHAT, user_id=ALLOWED)
+    file_id = sent["document"]["file_id"]
+    path, data = fake_telegram.files[file_id]
+    if answer == "absolute":  # a hostile or compromised Bot API answers getFile with a path here
+        fake_telegram.files[file_id] = (str(secret), data)
+    elif answer == "traversal":
+        fake_telegram.files[file_id] = (os.path.relpath(secret), data)  # "../../tmp/.../secret.txt"
+    else:  # Telegram's own path, which happens to name a file in the working directory
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / path).parent.mkdir(parents=True)
+        secret.rename(tmp_path / path)
+    [reply] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram)
+    assert reply.params["text"] == "Here is a summary."
+    content = user_content(fake_llm)
+    assert "root:" not in content
+    if answer == "a Bot API path that is a file here too":
+        assert "harmless user text" in content
+        assert [c.params["path"] for c in fake_telegram.calls_to("file")] == [path]
+    else:
+        assert content == 'summarize\n[document "notes.txt" (19 B): not read: its download failed]'
+        assert fake_telegram.calls_to("file") == []
+
+
+@pytest.mark.parametrize("where", ["inside", "outside", "linked outside"])
+def test_a_local_bot_api_servers_files_are_read_from_its_directory_and_nowhere_else(
+    where: str, make_bot: Callable[..., Application], fake_llm: FakeLLMServer,
+    fake_telegram: FakeTelegramServer, tmp_path: Any
+) -> None:
+    """``--local`` hands out paths on its machine: read under ``telegram.local_files`` only,
+    once every link is followed."""
+    served = tmp_path / "bot-api"
+    (served / "documents").mkdir(parents=True)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    bot = make_bot(telegram={"local_files": str(served)})
+    fake_llm.script(replies("Here is a summary."))
+    sent = fake_telegram.push_document(b"harmless user text\n", file_name="notes.txt", caption="summarize",
+                                       chat_id=CHAT, user_id=ALLOWED)
+    file_id = sent["document"]["file_id"]
+    _, data = fake_telegram.files[file_id]
+    local = served / "documents" / "file_1.txt"
+    if where == "inside":
+        local.write_bytes(data)
+    elif where == "outside":
+        local = secret
+    else:
+        local.symlink_to(secret)
+    fake_telegram.files[file_id] = (str(local), data)
+    until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram)
+    content = user_content(fake_llm)
+    assert "root:" not in content and fake_telegram.calls_to("file") == []
+    assert ("harmless user text" in content) == (where == "inside")
+
+
+def test_telegram_downloads_are_bounded_by_the_configured_media_timeout_not_a_shorter_one(
+    make_bot: Callable[..., Application]
+) -> None:
+    bot = make_bot(media_timeout=120.0)
+    files = bot.mounts["telegram"].downloaders["telegram"].__self__  # type: ignore[attr-defined]
+    assert files.timeout is None  # no 30 s cap of its own under the LLM hop's 120 s deadline
+
+
+def test_an_albums_photos_are_downloaded_together_within_one_timeout() -> None:
+    """Ten photos whose downloads hang cost the turn one media timeout, not ten."""
+    import autoresponse.interfaces.console  # noqa: F401  (its action, allowed below)
+
+    in_flight, peak, started = 0, 0, []
+
+    async def download(file_id: str, max_bytes: int) -> bytes:
+        nonlocal in_flight, peak
+        if file_id == "p0":
+            return jpeg(2_000)  # the first arrives; the other nine hang
+        started.append(file_id)
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            in_flight -= 1
+        raise AssertionError("unreachable")
+
+    reader = MediaReader(vision=True, timeout=0.2, downloaders={"telegram": download})
+    context = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")
+    prompt = build_chat_request("our trip", context, allowed_actions=("message_console",), turns=[],
+                                now=time.time())
+    prompt = prompt.model_copy(update={"attachments": tuple(
+        Attachment(kind="photo", file_id=f"p{n}", size=2_000, width=800, height=600) for n in range(10))})
+    read, notices, left = asyncio.run(asyncio.wait_for(reader.read(prompt), 30))
+    assert read.attachments[0].image is not None  # what arrived is shown
+    assert [a.note for a in read.attachments[1:]] == ["not read: its download failed"] * 9
+    assert (notices, left) == ([], True)
+    assert peak == MEDIA_CONCURRENT_DOWNLOADS > 1  # together, a few at a time
+    # The message's one deadline passed while the rest waited their turn: they never started.
+    assert len(started) == MEDIA_CONCURRENT_DOWNLOADS
 
 
 def test_an_album_of_ten_photos_is_one_turn(

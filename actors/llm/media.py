@@ -5,15 +5,19 @@ URL), so the journal never holds the bytes. ``MediaReader.read`` turns them into
 the model can use, on the event loop, with a size cap and a timeout:
 
 * a photo: with ``vision`` on, the largest size under ``max_image_bytes`` as a data URL
-  (an OpenAI ``image_url`` part); off, the model is told a photo came;
-* a text file under ``max_file_bytes``: its text, up to ``max_document_chars``;
+  (an OpenAI ``image_url`` part) when it is a PNG, JPEG, GIF or WebP, what vision models
+  decode (anything else, a HEIC or an error page, is a note); off, the model is told a
+  photo came;
+* a text file under ``max_file_bytes``: its text (UTF-8, UTF-16 or UTF-32 with a byte-order
+  mark, or Windows-1252), up to ``max_document_chars``;
 * a voice note: its transcript, when ``transcribe_url`` names an OpenAI-compatible
   ``/audio/transcriptions``; otherwise the model is told a voice note came;
 * a sticker, a place, a contact, a poll: their words, already in the attachment;
 * anything else: a note the model reads ("you cannot watch videos").
 
 A file above the cap is not downloaded: the user gets a notice, and when the message
-held nothing else the model is not asked at all.
+held nothing else the model is not asked at all. The items of one message (an album) are
+downloaded a few at a time, all within one ``timeout``.
 
 Platforms give the downloads: ``Mount.downloader(interface, download)`` registers an
 ``async download(file_id, max_bytes) -> bytes`` that raises ``TooLarge`` past the cap.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +39,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from autoresponse.actors.limits import (
+    MEDIA_CONCURRENT_DOWNLOADS,
     MEDIA_MAX_DOCUMENT_CHARS,
     MEDIA_MAX_FILE_BYTES,
     MEDIA_MAX_IMAGE_BYTES,
@@ -82,17 +88,19 @@ async def read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> bytes
     return bytes(body)
 
 
-def image_type(data: bytes, declared: str | None = None) -> str:
-    """The MIME type of an image, from its first bytes (Telegram photos are JPEG)."""
-    if data.startswith(b"\x89PNG"):
+def image_type(data: bytes) -> str | None:
+    """The MIME type of an image a vision model decodes (PNG, JPEG, GIF, WebP), from its
+    first bytes; None for anything else (a HEIC, a TIFF, an HTML error page): sent as an
+    image, the server would refuse the whole request."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
         return "image/png"
     if data[:6] in (b"GIF87a", b"GIF89a"):
         return "image/gif"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
-    if data.startswith(b"\xff\xd8"):
+    if data.startswith(b"\xff\xd8\xff"):
         return "image/jpeg"
-    return declared if declared and declared.startswith("image/") else "image/jpeg"
+    return None
 
 
 def is_text_file(item: Attachment) -> bool:
@@ -101,13 +109,33 @@ def is_text_file(item: Attachment) -> bool:
     return mime.startswith("text/") or mime in TEXT_TYPES or suffix in TEXT_SUFFIXES
 
 
+#: Byte-order marks and their encodings; UTF-32's before UTF-16's, whose marks they start with.
+BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
 def as_text(data: bytes) -> str | None:
-    """``data`` as text, or None when it is not (not UTF-8, or binary)."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
+    """``data`` as text, or None when it is not (binary).
+
+    A byte-order mark names the encoding (PowerShell writes UTF-16 with one); without one,
+    UTF-8, else Windows-1252 (a CSV from Excel), which decodes all but five bytes: so data
+    with a NUL byte is taken for binary first.
+    """
+    for bom, encoding in BOMS:
+        if data.startswith(bom):
+            try:
+                text = data[len(bom):].decode(encoding)
+            except UnicodeDecodeError:
+                return None
+            return None if "\x00" in text else text
+    if b"\x00" in data:
         return None
-    return None if "\x00" in text else text
+    for encoding in ("utf-8", "cp1252"):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            pass
+    return None
 
 
 def unsupported(attachments: tuple[Attachment, ...]) -> bool:
@@ -160,29 +188,42 @@ class MediaReader:
         """The prompt as the model should see it (each attachment read, or noted why not),
         the notices for the user (a file too large), and whether anything is left to ask
         (False: the message was only files too large to read)."""
-        download = self.downloaders.get(prompt.original_context.interface_name)
         items = list(prompt.attachments)
-        read: list[Attachment] = []
-        notices: list[str] = []
-        refused = 0
-        for n, item in enumerate(items):
-            if n >= MEDIA_MAX_ITEMS:
-                read.append(item.model_copy(update={"note": f"not read: at most {MEDIA_MAX_ITEMS} items a message"}))
-                continue
-            try:
-                read.append(await self._read_one(item, download))
-            except TooLarge as exc:
-                refused += 1
-                size = item.size if exc.size is None else exc.size
-                notices.append(TOO_LARGE_NOTICE.format(what=_named(item), cap=human_size(exc.cap),
-                                                       size=human_size(size) if size else "its size unknown"))
-                read.append(item.model_copy(update={"note": f"not read: larger than {human_size(exc.cap)}; "
-                                                            "the user was told"}))
-            except Exception as exc:  # a failed download: the model says so, the turn goes on
-                log.warning("reading a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
-                read.append(item.model_copy(update={"note": "not read: its download failed"}))
-        left = bool(prompt.current_text.strip()) or refused < len(items)
+        download = self._bounded(self.downloaders.get(prompt.original_context.interface_name))
+        outcomes = await asyncio.gather(*(self._outcome(item, download) for item in items[:MEDIA_MAX_ITEMS]))
+        read = [attachment for attachment, _ in outcomes]
+        read += [item.model_copy(update={"note": f"not read: at most {MEDIA_MAX_ITEMS} items a message"})
+                 for item in items[MEDIA_MAX_ITEMS:]]
+        notices = [notice for _, notice in outcomes if notice is not None]
+        left = bool(prompt.current_text.strip()) or len(notices) < len(items)  # a notice per file too large
         return prompt.model_copy(update={"attachments": tuple(read)}), notices, left
+
+    def _bounded(self, download: Downloader | None) -> Downloader | None:
+        """``download`` for the items of one message: MEDIA_CONCURRENT_DOWNLOADS at a time,
+        all of them (waiting their turn too) within one ``timeout``, not one each."""
+        if download is None:
+            return None
+        gate = asyncio.Semaphore(MEDIA_CONCURRENT_DOWNLOADS)
+        deadline = asyncio.get_running_loop().time() + self.timeout
+
+        async def bounded(file_id: str, max_bytes: int) -> bytes:
+            async with asyncio.timeout_at(deadline), gate:
+                return await download(file_id, max_bytes)
+        return bounded
+
+    async def _outcome(self, item: Attachment, download: Downloader | None) -> tuple[Attachment, str | None]:
+        """``item`` read, or noted why not; the user's notice when it was too large."""
+        try:
+            return await self._read_one(item, download), None
+        except TooLarge as exc:
+            size = item.size if exc.size is None else exc.size
+            notice = TOO_LARGE_NOTICE.format(what=_named(item), cap=human_size(exc.cap),
+                                             size=human_size(size) if size else "its size unknown")
+            return item.model_copy(update={"note": f"not read: larger than {human_size(exc.cap)}; "
+                                                   "the user was told"}), notice
+        except Exception as exc:  # a failed download: the model says so, the turn goes on
+            log.warning("reading a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
+            return item.model_copy(update={"note": "not read: its download failed"}), None
 
     async def _read_one(self, item: Attachment, download: Downloader | None) -> Attachment:
         if item.kind == "photo" or (item.kind == "document" and (item.mime_type or "").startswith("image/")
@@ -203,7 +244,7 @@ class MediaReader:
             raise TooLarge(size, cap)  # said before any download
         if download is None or file_id is None:
             raise LookupError("this platform gives no downloads")
-        return await asyncio.wait_for(download(file_id, cap), self.timeout)
+        return await download(file_id, cap)  # within the message's deadline (``_bounded``)
 
     async def _photo(self, item: Attachment, download: Downloader | None) -> Attachment:
         if not self.vision:
@@ -215,7 +256,10 @@ class MediaReader:
             raise TooLarge(min(v.size or 0 for v in variants), self.max_image_bytes)
         chosen = max(fitting, key=lambda v: (v.size or 0, (v.width or 0) * (v.height or 0)))
         data = await self._fetch(download, chosen.file_id or None, chosen.size, self.max_image_bytes)
-        url = f"data:{image_type(data, item.mime_type)};base64,{base64.b64encode(data).decode()}"
+        mime = image_type(data)
+        if mime is None:  # never sent as an image: the server would refuse the whole turn
+            return item.model_copy(update={"note": "not read: not an image the model can see"})
+        url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
         return item.model_copy(update={"image": url, "width": chosen.width or item.width,
                                        "height": chosen.height or item.height, "size": len(data)})
 

@@ -42,7 +42,8 @@ def _mount(m: Mount) -> None:
         refused = refusal("getMe", exc) if isinstance(exc, TelegramError) else None
         raise MountError(refused or f"cannot reach the Telegram Bot API: {type(exc).__name__}: {exc}") from None
     m.on_loop_close(delivery.aclose)
-    files = TelegramFiles(delivery.bot)
+    # The LLM hop's media_timeout bounds each download.
+    files = TelegramFiles(delivery.bot, timeout=None, local_files=settings.local_files)
     m.on_loop_close(files.aclose)
     m.downloader(INTERFACE_NAME, files.download)  # photos, voice notes and files, read in the LLM hop
     m.expose(delivery)

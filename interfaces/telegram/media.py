@@ -11,12 +11,12 @@ bytes); ``TelegramFiles.download`` is the platform's downloader for the LLM hop:
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from telegram import Bot, Message
-from telegram._utils.files import is_local_file
 from telegram.error import BadRequest
 
 from autoresponse.actors.llm.media import TooLarge, read_capped
@@ -32,6 +32,27 @@ def file_base_url(base_url: str) -> str | None:
     """Where the Bot API at ``base_url`` (``.../bot``) serves files (``.../file/bot``); None to
     keep python-telegram-bot's default."""
     return base_url[: -len("/bot")] + "/file/bot" if base_url.rstrip("/").endswith("/bot") else None
+
+
+def file_url(base_file_url: str, file_path: str) -> str:
+    """The URL of getFile's ``file_path`` under the Bot API's ``base_file_url``.
+
+    python-telegram-bot leaves a path as it came when a file of that name exists on this
+    machine (relative to the working directory), so what came back may be a bare path:
+    it is joined to the file URL again. Nothing is ever read from this machine's disk: a
+    path that would leave the file URL (absolute, ``..``, a scheme) is refused
+    (LookupError), so a hostile Bot API cannot make the bot read ``/etc/passwd``.
+
+    >>> file_url("https://api.telegram.org/file/bot1:T", "photos/file_0.jpg")
+    'https://api.telegram.org/file/bot1:T/photos/file_0.jpg'
+    """
+    relative = file_path.removeprefix(base_file_url + "/")
+    segments = relative.split("/")
+    if (not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative
+            or ":" in segments[0] or any(s in (".", "..") for s in segments)):
+        raise LookupError("Telegram gave a file path that is not under its file URL (a local or absolute "
+                          "path); files are only downloaded by URL")
+    return f"{base_file_url}/{relative}"
 
 
 def _place(latitude: float, longitude: float) -> str:
@@ -96,12 +117,16 @@ def _seconds(duration: Any) -> int | None:
 
 class TelegramFiles:
     """The LLM hop's way to a Telegram file: ``getFile`` through the bot, then the bytes
-    from the file URL, at most ``max_bytes`` of them, within ``timeout`` seconds. No error
-    it raises holds the URL (the bot's token is in it)."""
+    from the file URL (see ``file_url``), or from ``local_files`` (a local Bot API
+    server's directory, nothing outside it), at most ``max_bytes`` of them, within
+    ``timeout`` seconds (None: the caller's deadline alone, as the LLM hop's
+    ``media_timeout``). No error it raises holds the URL (the bot's token is in it)."""
 
-    def __init__(self, bot: Bot, timeout: float = MEDIA_TIMEOUT_SECONDS) -> None:
+    def __init__(self, bot: Bot, timeout: float | None = MEDIA_TIMEOUT_SECONDS, *,
+                 local_files: Path | None = None) -> None:
         self.bot = bot
         self.timeout = timeout
+        self.local_files = local_files
         self._session: aiohttp.ClientSession | None = None
 
     async def download(self, file_id: str, max_bytes: int) -> bytes:
@@ -115,15 +140,13 @@ class TelegramFiles:
             raise TooLarge(file.file_size, max_bytes)
         if not file.file_path:
             raise LookupError("Telegram gave no path for the file")
-        if is_local_file(file.file_path):  # a local Bot API server (--local) hands out paths
-            path = Path(file.file_path)
-            if path.stat().st_size > max_bytes:
-                raise TooLarge(path.stat().st_size, max_bytes)
-            return path.read_bytes()
+        if self.local_files is not None and Path(file.file_path).is_absolute():
+            return await asyncio.to_thread(_read_local, self.local_files, Path(file.file_path), max_bytes)
+        url = file_url(self.bot.base_file_url, file.file_path)
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         try:
-            async with self._session.get(file.file_path) as response:
+            async with self._session.get(url) as response:
                 if response.status != 200:
                     raise ConnectionError(f"the file download answered HTTP {response.status}")
                 return await read_capped(response, max_bytes)
@@ -134,3 +157,15 @@ class TelegramFiles:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+def _read_local(root: Path, path: Path, max_bytes: int) -> bytes:
+    """A local Bot API server's file, read only when it lies under ``root`` once every
+    link is followed (LookupError otherwise); TooLarge past ``max_bytes``."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise LookupError("Telegram gave a file path outside telegram.local_files; it is not read")
+    size = resolved.stat().st_size
+    if size > max_bytes:
+        raise TooLarge(size, max_bytes)
+    return resolved.read_bytes()

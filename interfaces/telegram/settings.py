@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -83,6 +84,11 @@ class TelegramSettings(StrangerSettings):
     #: python-telegram-bot's base_url: a local Bot API server or a fake ends in "/bot".
     base_url: str = "https://api.telegram.org/bot"
     allowed_users: list[int] = Field(default_factory=list)
+    #: A local Bot API server run with ``--local`` hands out files as paths on its machine:
+    #: the directory it keeps them in (its ``--dir``), when this machine can read it. Files
+    #: under it are read from disk; nothing outside it ever is. Unset: files are only
+    #: downloaded by URL.
+    local_files: Path | None = None
     #: Parse mode of replies; a reply Telegram cannot parse is resent once as plain text.
     parse_mode: str | None = "Markdown"
     poll_timeout: int = Field(default=TELEGRAM_POLL_TIMEOUT_SECONDS, ge=0)
