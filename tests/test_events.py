@@ -9,20 +9,24 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ask, console_text, system_messages, wait_for
+from conftest import NatsServer, ask, console_text, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.journal.jetstream import JetStreamJournal
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.interfaces.events.scheduler import EVENTS, Tick
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
 from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
+from autoresponse.interfaces.events.shared_store import EVENTS_BUCKET, SharedEventStore
+from autoresponse.interfaces.events.store import UnreadableEvent
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext
 
@@ -190,4 +194,168 @@ def test_a_reminder_for_a_date_this_machine_cannot_represent_is_refused_through_
     assert output["ok"] is False and "date out of range" in output["output"]
     assert "I cannot remind you that long ago." in console_text(app)
     assert app.runtime.dead_letters.letters() == []
+    assert state_of(tmp_path / "data", 1) is None
+
+
+def test_a_reminder_that_cannot_be_read_is_one_dead_letter_and_the_others_are_delivered(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    data = tmp_path / "data"
+    bad = schedule(data, CONSOLE, -10, description="bad one")
+    good = schedule(data, CONSOLE, -5, description="drink water")
+    db = sqlite3.connect(data / "events.sqlite3")
+    try:  # its context damaged (a cut write, a hand edit): it no longer parses
+        db.execute("UPDATE events SET context = ? WHERE id = ?", ('{"chat_id": "console"', bad))
+        db.commit()
+    finally:
+        db.close()
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, clock=manual_clock)
+    wait_for(lambda: state_of(data, good).state == "delivered")  # the check at the start
+    check(app, manual_clock, times=5)  # more checks: the bad one is not read (nor reported) again
+    assert console_text(app).count("Reminder: drink water") == 1
+    assert "bad one" not in console_text(app)
+    [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "unreadable reminder"]
+    assert f"reminder #{bad} cannot be read" in letter.detail and "Invalid JSON" in letter.detail
+    store = EventStore(data / "events.sqlite3")
+    try:
+        assert store.get(bad) is None and store.due(time.time()) == []
+    finally:
+        store.close()
+
+
+def test_a_shared_reminder_that_cannot_be_read_is_reported_once_and_the_others_still_come_due(
+    tmp_path: Path, nats_server: NatsServer
+) -> None:
+    journal = JetStreamJournal(nats_server.url, node="solo")
+    try:
+        store = SharedEventStore(journal)
+        date, at = due_in(-60)
+        bad, good = (store.add(EventPayload(date=date, time=at, description=d), CONSOLE).id
+                     for d in ("bad", "good"))
+        journal.run(journal.bucket(EVENTS_BUCKET).put(f"event-{bad}", b'{"id": 1, "context": {'))
+        first, second = store.due(time.time()), store.due(time.time())
+        assert [e.id for e in first] == [bad, good] and isinstance(first[0], UnreadableEvent)
+        assert "JSONDecodeError" in first[0].reason
+        assert [e.id for e in second] == [good]  # given up: not read, nor reported, again
+        assert not isinstance(second[0], UnreadableEvent)
+        assert store.get(bad) is None
+    finally:
+        journal.close()
+
+
+def test_a_reminder_is_not_handed_out_again_while_its_turn_is_still_under_way(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """A slow LLM (or a backlog before it): the turn outlasts ``unconfirmed_seconds`` many
+    times over, and the reminder still reaches its chat once."""
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5, description="take the pill")
+    fake_llm.script(FakeResponse(delay=4.0))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
+                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2,
+                           "retry_min": 1, "retry_max": 1})
+    wait_for(lambda: fake_llm.requests)  # the check at the start handed it out
+    check(app, manual_clock, times=10)  # 10 s of checks, on the runtime's clock, while its turn runs
+    wait_for(lambda: state_of(data, event_id).state == "delivered")
+    check(app, manual_clock, times=3)
+    assert app.runtime.wait_idle(timeout=15), "a turn did not end"  # every turn started has ended
+    assert console_text(app).count("Reminder: take the pill") == 1
+    assert len(system_messages(fake_llm, "event")) == 1
+    assert state_of(data, event_id).failures == 0
+
+
+def test_a_reminder_whose_turn_ends_with_no_word_is_tried_again_then_given_up(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """Its chat's interface is not running: the turn ends with nothing sent and no receipt;
+    ``unconfirmed_seconds`` after that, it counts as a failed try."""
+    data = tmp_path / "data"
+    chat = OriginalContext(chat_id=42, message_id=8, interface_name="telegram", chat_type="private")
+    event_id = schedule(data, chat, -5)
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
+                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2, "max_attempts": 2,
+                           "retry_min": 1, "retry_max": 1})
+    for _ in range(30):
+        check(app, manual_clock)
+        if state_of(data, event_id).state == "failed":
+            break
+    event = state_of(data, event_id)
+    assert (event.state, event.failures) == ("failed", 2)
+    [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
+    assert "no confirmation within 2s" in letter.detail
+
+
+def _deliver_each(store: EventStore, event_id: int, times: int) -> list[str]:
+    """Confirm each occurrence a minute after it is due: the next ones, as local wall times."""
+    seen = []
+    for _ in range(times):
+        event = store.get(event_id)
+        assert event is not None
+        store.delivered(event_id, event.due, now=event.due + 60)
+        following = store.get(event_id)
+        assert following is not None
+        seen.append(dt.datetime.fromtimestamp(following.due).strftime("%Y-%m-%d %H:%M"))
+    return seen
+
+
+def test_a_monthly_reminder_on_the_31st_comes_on_each_months_last_day_without_drifting(
+    tmp_path: Path
+) -> None:
+    store = EventStore(tmp_path / "events.sqlite3")
+    try:
+        event = store.add(EventPayload(date=dt.date(2026, 1, 31), time=dt.time(9, 0), repeat="monthly",
+                                       description="pay the rent"), CONSOLE)
+        assert _deliver_each(store, event.id, 5) == ["2026-02-28 09:00", "2026-03-31 09:00",
+                                                     "2026-04-30 09:00", "2026-05-31 09:00",
+                                                     "2026-06-30 09:00"]
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def berlin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is Europe/Berlin (daylight saving: 2026-03-29, 2026-10-25)."""
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+@pytest.mark.usefixtures("berlin")
+@pytest.mark.parametrize(("repeat", "start", "expected"), [
+    ("daily", "2026-03-27", ["2026-03-28 09:00", "2026-03-29 09:00", "2026-03-30 09:00"]),
+    ("weekly", "2026-10-16", ["2026-10-23 09:00", "2026-10-30 09:00", "2026-11-06 09:00"]),
+    ("monthly", "2026-02-15", ["2026-03-15 09:00", "2026-04-15 09:00", "2026-05-15 09:00"]),
+])
+def test_a_repeating_reminder_keeps_its_local_time_across_a_daylight_saving_change(
+    tmp_path: Path, repeat: str, start: str, expected: list[str]
+) -> None:
+    store = EventStore(tmp_path / "events.sqlite3")
+    try:
+        event = store.add(EventPayload(date=dt.date.fromisoformat(start), time=dt.time(9, 0), repeat=repeat,
+                                       description="take the pill"), CONSOLE)
+        assert _deliver_each(store, event.id, 3) == expected
+    finally:
+        store.close()
+
+
+def test_a_reminder_for_a_moment_long_past_is_refused_through_the_llm(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A model that thinks it is still 2023: the reminder would go out at once, years late."""
+    fake_llm.script(
+        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
+            "date": "2023-05-01", "time": "09:00", "description": "dentist"}}]})),
+        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
+            "text": "That day has passed; which date did you mean?"}}]})))
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
+    ask(app, "remind me on May 1st at 9 to go to the dentist")
+    [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    assert output["ok"] is False
+    assert "2023-05-01T09:00" in output["output"] and "already past" in output["output"]
+    assert "That day has passed; which date did you mean?" in console_text(app)
+    assert "scheduled for" not in console_text(app)
     assert state_of(tmp_path / "data", 1) is None

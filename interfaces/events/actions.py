@@ -10,12 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from autoresponse.messages import CommandAction
 
 
+#: How a reminder repeats.
+Repeat = Literal["none", "daily", "weekly", "monthly"]
+
+
 class EventPayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     date: dt.date = Field(description="Day of the (first) reminder, YYYY-MM-DD.")
     time: dt.time | None = Field(default=None, description="HH:MM, optional.")
-    repeat: Literal["none", "daily", "weekly", "monthly"] = "none"
+    repeat: Repeat = "none"
     description: str = Field(min_length=1, max_length=1_000)
 
 

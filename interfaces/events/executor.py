@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.routes import BUILDER
-from autoresponse.interfaces.events.store import DateOutOfRange, EventStore
+from autoresponse.interfaces.events.settings import EVENTS_PAST_GRACE_SECONDS
+from autoresponse.interfaces.events.shared_store import SharedEventStore
+from autoresponse.interfaces.events.store import DateOutOfRange, EventStore, first_due
 from autoresponse.messages import ActionRequest, ActionResult, Envelope
 
 
+class DateInPast(ValueError):
+    """A reminder for a moment already past: it would go out at once, "N days late"."""
+
+
 class EventExecutor(TypedActor):
-    def __init__(self, store: EventStore) -> None:
+    def __init__(self, store: EventStore | SharedEventStore) -> None:
         super().__init__()
         self.store = store
 
@@ -17,8 +25,9 @@ class EventExecutor(TypedActor):
     def on_action(self, request: ActionRequest, env: Envelope) -> None:
         payload = request.action.payload
         try:
+            _refuse_past(first_due(payload.date, payload.time), self.runtime.clock.time())
             event = self.store.add(payload, request.context)
-        except DateOutOfRange as exc:  # refused: back through the LLM, which can tell its user
+        except (DateOutOfRange, DateInPast) as exc:  # refused: back through the LLM, which can tell its user
             refused = ActionResult(action_type="event", command=f"remind: {payload.description}",
                                    output=f"refused: {exc}", ok=False)
             self.send(BUILDER, request.output(refused), cause=env)
@@ -29,3 +38,12 @@ class EventExecutor(TypedActor):
             output=f"reminder #{event.id} scheduled for {event.due_text}{repeat}",
         )
         self.send(BUILDER, request.output(result), cause=env)
+
+
+def _refuse_past(due: float, now: float) -> None:
+    """Raise DateInPast if ``due`` is more than ``EVENTS_PAST_GRACE_SECONDS`` before ``now``."""
+    if due < now - EVENTS_PAST_GRACE_SECONDS:
+        def local(moment: float) -> str:
+            return dt.datetime.fromtimestamp(moment).astimezone().isoformat(timespec="minutes")
+        raise DateInPast(f"date in the past: {local(due)} is already past (it is now {local(now)}); "
+                         f"a reminder needs a date and time still to come")

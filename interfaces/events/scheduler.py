@@ -3,8 +3,9 @@
 A reminder is marked delivered only when the sender confirms the reply went
 out (a send receipt). One that was handed to the LLM but never confirmed (the
 daemon stopped, the send failed) is still pending in its store, so it is tried
-again, late, with how late it is. When several daemons share the reminders (NATS),
-only the holder of the "reminders" lease hands them out.
+again, late, with how late it is; but never while its turn is still under way
+(a slow LLM, a backlog), which would deliver it twice. When several daemons share
+the reminders (NATS), only the holder of the "reminders" lease hands them out.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from autoresponse.actors.inbound import dead_letter_malformed
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.polling import SharedPoller
 from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.interfaces.events.settings import EventsSettings
 from autoresponse.interfaces.events.shared_store import SharedEventStore
-from autoresponse.interfaces.events.store import EventStore
+from autoresponse.interfaces.events.store import EventStore, UnreadableEvent
 from autoresponse.messages import DueEvent, Envelope, EventDue, OutboundMessage, SendReceipt
 
 log = logging.getLogger("autoresponse.events")
@@ -32,6 +35,23 @@ EVENTS = "events"
 
 class Tick(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+
+class TurnsEnded(BaseModel):
+    """The turns of the reminders one check handed out (``keys``, in the check's
+    ``correlation``) have all ended."""
+
+    model_config = ConfigDict(frozen=True)
+    correlation: str
+    keys: tuple[str, ...]
+
+
+@dataclass
+class _Handed:
+    """An occurrence handed to the LLM and not confirmed yet."""
+
+    turn: str  # the correlation its turn runs in
+    ended: float | None = None  # when that turn ended; None while it is under way
 
 
 def _key(event_id: int, due: float) -> str:
@@ -46,9 +66,10 @@ class EventScheduler(TypedActor):
 
     An occurrence is delivered once its reply's send is confirmed. One that fails
     (the LLM unreachable, re-asks exhausted, the send refused, or no word within
-    ``unconfirmed_seconds``) is tried again with backoff, at most ``max_attempts``
-    times; then it is given up: one notice to its chat, and a dead letter that the
-    operator can replay.
+    ``unconfirmed_seconds`` after its turn ended) is tried again with backoff, at most
+    ``max_attempts`` times; then it is given up: one notice to its chat, and a dead letter
+    that the operator can replay. A stored reminder that cannot be read is given up at
+    once: a dead letter naming it, and the others go out as usual.
     """
 
     def __init__(self, store: EventStore | SharedEventStore, settings: EventsSettings) -> None:
@@ -56,7 +77,7 @@ class EventScheduler(TypedActor):
         self.store = store
         self._shared: SharedPoller | None = None
         self.settings = settings
-        self._handed: dict[str, float] = {}  # receipt key → when it was handed to the LLM
+        self._handed: dict[str, _Handed] = {}  # by receipt key
 
     def setup(self) -> None:
         # Several daemons share the reminders: only the holder of this lease hands them out.
@@ -79,19 +100,40 @@ class EventScheduler(TypedActor):
         try:
             if self._shared is not None and not self._shared.holding:
                 return  # another daemon hands out the reminders
-            for key in [k for k, at in self._handed.items() if now - at >= self.settings.unconfirmed_seconds]:
-                self._failed(key, f"no confirmation within {self.settings.unconfirmed_seconds:g}s", env)
+            unconfirmed = self.settings.unconfirmed_seconds
+            for key in [k for k, handed in self._handed.items()
+                        if handed.ended is not None and now - handed.ended >= unconfirmed]:
+                self._failed(key, f"no confirmation within {unconfirmed:g}s of its turn's end", env)
+            keys: list[str] = []
             for event in self.store.due(now):
+                if isinstance(event, UnreadableEvent):  # given up by the store: it is not read again
+                    dead_letter_malformed(self, event.raw, "unreadable reminder",
+                                          f"reminder #{event.id} cannot be read, given up: {event.reason}")
+                    continue
                 key = _key(event.id, event.due)
                 if key in self._handed:
-                    continue
-                self._handed[key] = now
+                    continue  # its turn is under way, or ended moments ago and may yet be confirmed
+                self._handed[key] = _Handed(turn=env.correlation_id)
+                keys.append(key)
                 context = event.context.model_copy(update={"receipt_to": self.name, "receipt_key": key})
                 due = DueEvent(description=event.description, due=event.due_text,
                                late_seconds=max(0.0, now - event.due))
                 self.send(BUILDER, EventDue(context=context, event=due), cause=env)
+            if keys:  # their turns are this check's work: when it has all ended, so have they
+                self.runtime.when_finished(env.correlation_id, self.name,
+                                           TurnsEnded(correlation=env.correlation_id, keys=tuple(keys)))
         finally:
             self.schedule(self.settings.check_seconds, Tick())
+
+    @handles
+    def on_turns_ended(self, ended: TurnsEnded, env: Envelope) -> None:
+        """Those still unconfirmed now wait ``unconfirmed_seconds`` for a late word, then
+        count as failed (a turn lost in a restart is tried again by the next incarnation)."""
+        now = self.runtime.clock.time()
+        for key in ended.keys:
+            handed = self._handed.get(key)
+            if handed is not None and handed.turn == ended.correlation:  # not a later try of it
+                handed.ended = now
 
     @handles
     def on_receipt(self, receipt: SendReceipt, env: Envelope) -> None:

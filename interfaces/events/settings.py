@@ -8,13 +8,16 @@ from autoresponse.actors.kernel.backoff import BackoffPolicy
 
 #: How often due reminders are looked for.
 EVENTS_CHECK_SECONDS = 5.0
-#: How long a reminder handed to the LLM may stay unconfirmed before it is tried again.
+#: How long after its turn ended a reminder may stay unconfirmed before it is tried again.
 EVENTS_UNCONFIRMED_SECONDS = 300.0
 #: Tries to deliver one occurrence of a reminder before it is given up (one notice, a dead letter).
 EVENTS_MAX_ATTEMPTS = 5
 #: Wait before trying a failed reminder again: 30 s, doubling, at most 30 min.
 EVENTS_RETRY_MIN_SECONDS = 30.0
 EVENTS_RETRY_MAX_SECONDS = 1800.0
+#: A reminder for a moment longer ago than this is refused (it would go out at once, "days
+#: late": a model unsure of today's date); less is a turn's own delay, and goes out at once.
+EVENTS_PAST_GRACE_SECONDS = 600.0
 
 
 class EventsSettings(BaseModel):
@@ -22,7 +25,8 @@ class EventsSettings(BaseModel):
 
     enabled: bool = True
     check_seconds: float = Field(default=EVENTS_CHECK_SECONDS, gt=0)
-    #: A reminder handed to the LLM but not confirmed sent within this long is tried again.
+    #: A reminder whose turn ended but was not confirmed sent within this long after is tried again
+    #: (never while its turn is under way: it would go out twice).
     unconfirmed_seconds: float = Field(default=EVENTS_UNCONFIRMED_SECONDS, gt=0)
     #: Tries per occurrence; a failed one is tried again with backoff, then given up.
     max_attempts: int = Field(default=EVENTS_MAX_ATTEMPTS, ge=1)

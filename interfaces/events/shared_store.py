@@ -18,11 +18,19 @@ from typing import Any
 
 from autoresponse.actors.journal.jetstream import compare_and_set
 from autoresponse.interfaces.events.actions import EventPayload
-from autoresponse.interfaces.events.store import StoredEvent, first_due, next_due
+from autoresponse.interfaces.events.store import (
+    StoredEvent,
+    UnreadableEvent,
+    first_due,
+    next_due,
+    read_event,
+    unreadable_reason,
+)
 from autoresponse.messages import OriginalContext
 
 EVENTS_BUCKET = "autoresponse_events"
 _COUNTER = "next-id"
+_EVENT = "event-"  # and the reminder's id: its key
 
 
 class SharedEventStore:
@@ -35,14 +43,15 @@ class SharedEventStore:
     def close(self) -> None:
         """Nothing of its own to close: the journal owns the connection."""
 
-    async def _read(self, key: str) -> tuple[dict[str, Any] | None, int | None]:
+    async def _raw(self, key: str) -> bytes | None:
+        """One value as stored; None if there is none."""
         from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
         try:
             entry = await self._kv.get(key)
         except (KeyNotFoundError, KeyDeletedError):
-            return None, None
-        return _load(entry.value), entry.revision
+            return None
+        return entry.value  # type: ignore[no-any-return]
 
     async def _change(self, key: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]) -> None:
         """Apply ``change`` to one value (another daemon may write it too)."""
@@ -64,37 +73,48 @@ class SharedEventStore:
             await self._kv.put(f"event-{got[0]}", _dump({
                 "id": got[0], "context": context.model_dump(mode="json"), "description": payload.description,
                 "repeat": payload.repeat, "due": due, "state": "pending", "failures": 0, "next_try": None,
-                "last_error": None, "created": time.time()}))
+                "last_error": None, "created": time.time(), "first_due": due}))
             return got[0]
         event = self.get(self._journal.run(add()))
         assert event is not None
         return event
 
     def get(self, event_id: int) -> StoredEvent | None:
-        value, _ = self._journal.run(self._read(f"event-{event_id}"))
-        return None if value is None else _event(value)
+        """The reminder, or None if there is none (or it cannot be read)."""
+        key = f"{_EVENT}{event_id}"
+        found = read_value(key, self._journal.run(self._raw(key)))
+        return found if isinstance(found, StoredEvent) else None
 
-    def due(self, now: float) -> list[StoredEvent]:
-        """Pending occurrences that are due and not waiting out a failure's backoff."""
-        async def everything() -> list[dict[str, Any]]:
+    def due(self, now: float) -> list[StoredEvent | UnreadableEvent]:
+        """Pending occurrences that are due and not waiting out a failure's backoff; and
+        each value that cannot be read, once: it is given up here, so it is never read again."""
+        async def everything() -> list[tuple[str, bytes | None]]:
             from nats.js.errors import NoKeysError
 
             try:
                 keys = await self._kv.keys()
             except NoKeysError:
                 return []
-            values = [(await self._read(k))[0] for k in keys if k.startswith("event-")]
-            return [v for v in values if v is not None]
-        due = [v for v in self._journal.run(everything(), timeout=60)
-               if v["state"] == "pending" and v["due"] <= now and (v["next_try"] is None or v["next_try"] <= now)]
-        return [_event(v) for v in sorted(due, key=lambda v: v["due"])]
+            ours = [k for k in keys if k.startswith(_EVENT) and k[len(_EVENT):].isdigit()]
+            return [(k, await self._raw(k)) for k in ours]
+        due: list[StoredEvent] = []
+        unreadable: list[UnreadableEvent] = []
+        for key, data in self._journal.run(everything(), timeout=60):
+            found = read_value(key, data)
+            if isinstance(found, UnreadableEvent):
+                self._journal.run(compare_and_set(self._kv, key, _give_up(data, found.reason)))
+                unreadable.append(found)
+            elif found is not None and found.state == "pending" and found.due <= now \
+                    and (found.next_try is None or found.next_try <= now):
+                due.append(found)
+        return [*unreadable, *sorted(due, key=lambda event: event.due)]
 
     def delivered(self, event_id: int, due: float, now: float) -> None:
         """The occurrence at ``due`` was confirmed sent: move on to the next, or finish."""
         def move_on(value: dict[str, Any] | None) -> dict[str, Any] | None:
             if value is None or value["due"] != due:
                 return None  # already moved on
-            following = next_due(due, value["repeat"], now)
+            following = next_due(due, value["repeat"], now, first=value.get("first_due"))
             if following is None:
                 return {**value, "state": "delivered", "failures": 0, "next_try": None}
             return {**value, "due": following, "failures": 0, "next_try": None}
@@ -114,7 +134,39 @@ class SharedEventStore:
 
 
 def _load(data: bytes | None) -> dict[str, Any] | None:
-    return json.loads(data) if data else None
+    if not data:
+        return None
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"a reminder is a JSON object, not {type(value).__name__}")
+    return value
+
+
+def read_value(key: str, data: bytes | None) -> StoredEvent | UnreadableEvent | None:
+    """One reminder's value, read on its own (one that cannot be read holds up no other):
+    its reminder, an ``UnreadableEvent`` if it is pending (or says nothing of its state)
+    and cannot be read, or None if there is none. One delivered or given up is not looked
+    at further: what cannot be read of it matters to nobody."""
+    value = None
+    try:
+        value = _load(data)
+        return None if value is None else read_event(value)
+    except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+        if isinstance(value, dict) and value.get("state") in ("delivered", "failed"):
+            return None
+        raw = (data or b"").decode("utf-8", "replace")
+        return UnreadableEvent(id=int(key[len(_EVENT):]), reason=unreadable_reason(exc), raw=raw)
+
+
+def _give_up(data: bytes | None, reason: str) -> Callable[[bytes | None], bytes | None]:
+    """The change that marks an unreadable value given up, keeping what it held (unless it
+    was written meanwhile: then it is read again)."""
+    def change(current: bytes | None) -> bytes | None:
+        if current != data:
+            return None
+        return _dump({"state": "failed", "last_error": f"unreadable: {reason}",
+                      "unreadable": (data or b"").decode("utf-8", "replace")})
+    return change
 
 
 def _dump(value: dict[str, Any]) -> bytes:
@@ -122,7 +174,3 @@ def _dump(value: dict[str, Any]) -> bytes:
     return json.dumps(value).encode()
 
 
-def _event(value: dict[str, Any]) -> StoredEvent:
-    return StoredEvent(id=value["id"], context=OriginalContext.model_validate(value["context"]),
-                       description=value["description"], repeat=value["repeat"], due=value["due"],
-                       state=value["state"], failures=value["failures"])

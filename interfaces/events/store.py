@@ -12,12 +12,14 @@ import datetime as dt
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors.memory import open_store
-from autoresponse.interfaces.events.actions import EventPayload
+from autoresponse.interfaces.events.actions import EventPayload, Repeat
 from autoresponse.messages import OriginalContext
 
 #: When a reminder gives a day but no time.
@@ -34,12 +36,14 @@ CREATE TABLE IF NOT EXISTS events (
     failures INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
     created REAL NOT NULL,
-    next_try REAL                              -- after a failure: not before this time
+    next_try REAL,                             -- after a failure: not before this time
+    first_due REAL                             -- the first occurrence, which repeats count from
 );
 CREATE INDEX IF NOT EXISTS events_due ON events (state, due);
 """
 #: Columns added since the first release, for stores made by it.
-_MIGRATIONS = {"next_try": "ALTER TABLE events ADD COLUMN next_try REAL"}
+_MIGRATIONS = {"next_try": "ALTER TABLE events ADD COLUMN next_try REAL",
+               "first_due": "ALTER TABLE events ADD COLUMN first_due REAL"}
 
 
 def _set_up(db: sqlite3.Connection) -> None:
@@ -55,14 +59,45 @@ class StoredEvent(BaseModel):
     id: int
     context: OriginalContext
     description: str
-    repeat: str
+    repeat: Repeat
     due: float
     state: str
     failures: int
+    next_try: float | None = None  # after a failure: not before this time
 
     @property
     def due_text(self) -> str:
         return dt.datetime.fromtimestamp(self.due).astimezone().isoformat(timespec="minutes")
+
+
+@dataclass(frozen=True)
+class UnreadableEvent:
+    """A stored reminder that cannot be read (its context no longer valid JSON, say). It is
+    given up when found, so it is reported once (a dead letter) and never holds up the rest."""
+
+    id: int
+    reason: str
+    raw: Any  # as stored, for the operator
+
+
+def unreadable_reason(exc: Exception) -> str:
+    """Why a stored reminder cannot be read, in one line (pydantic's first error)."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{exc.title}{'.' + where if where else ''}: {first['msg']}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def read_event(row: dict[str, Any]) -> StoredEvent:
+    """A stored reminder from its columns (the context as JSON text); raises ValueError,
+    TypeError or KeyError if they are not one."""
+    context = row["context"]
+    context = (OriginalContext.model_validate_json(context) if isinstance(context, (str, bytes))
+               else OriginalContext.model_validate(context))
+    return StoredEvent(id=row["id"], context=context, description=row["description"], repeat=row["repeat"],
+                       due=row["due"], state=row["state"], failures=row["failures"],
+                       next_try=row.get("next_try"))
 
 
 class DateOutOfRange(ValueError):
@@ -78,21 +113,36 @@ def first_due(date: dt.date, at: dt.time | None) -> float:
                              f"({exc})") from None
 
 
-def next_due(due: float, repeat: str, now: float) -> float | None:
-    """The first occurrence after ``now`` of a repeating reminder; None if it does not repeat."""
+def next_due(due: float, repeat: str, now: float, first: float | None = None) -> float | None:
+    """The first occurrence after ``now`` (and not before ``due``) of a repeating reminder;
+    None if it does not repeat. Occurrences count from ``first`` (default ``due``) in local
+    wall-clock time: 09:00 stays 09:00 across a daylight-saving change, and a monthly one on
+    the 31st comes on each month's last day when it is shorter, and on the 31st again after."""
     if repeat == "none":
         return None
-    when = dt.datetime.fromtimestamp(due).astimezone()
-    while when.timestamp() <= now:
-        if repeat == "daily":
-            when += dt.timedelta(days=1)
-        elif repeat == "weekly":
-            when += dt.timedelta(weeks=1)
-        else:  # monthly: the same day, or the month's last day
-            year, month = (when.year + 1, 1) if when.month == 12 else (when.year, when.month + 1)
-            day = min(when.day, calendar.monthrange(year, month)[1])
-            when = when.replace(year=year, month=month, day=day)
-    return when.timestamp()
+    start = dt.datetime.fromtimestamp(due if first is None else first)  # naive: local wall time
+    # Skip most of the occurrences already past, so a reminder years old costs no more.
+    past = (dt.datetime.fromtimestamp(max(due, now)) - start).days // _MAX_DAYS_APART[repeat]
+    n = max(0, past - 1)
+    while (when := _occurrence(start, repeat, n).timestamp()) <= now or when < due:
+        n += 1
+    return when
+
+
+#: The most days between two occurrences of each repeat.
+_MAX_DAYS_APART = {"daily": 1, "weekly": 7, "monthly": 31}
+
+
+def _occurrence(start: dt.datetime, repeat: str, n: int) -> dt.datetime:
+    """The ``n``th occurrence after ``start`` (naive, local): the same wall-clock time; for a
+    monthly one ``start``'s day of month, or the month's last day when it has fewer."""
+    if repeat == "daily":
+        return start + dt.timedelta(days=n)
+    if repeat == "weekly":
+        return start + dt.timedelta(weeks=n)
+    year, month = divmod(start.month - 1 + n, 12)
+    year, month = start.year + year, month + 1
+    return start.replace(year=year, month=month, day=min(start.day, calendar.monthrange(year, month)[1]))
 
 
 class EventStore:
@@ -112,37 +162,55 @@ class EventStore:
         due = first_due(payload.date, payload.time)
         with self._lock:
             cursor = self._db.execute(
-                "INSERT INTO events (context, description, repeat, due, created) VALUES (?, ?, ?, ?, ?)",
-                (context.model_dump_json(), payload.description, payload.repeat, due, time.time()),
+                "INSERT INTO events (context, description, repeat, due, created, first_due) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (context.model_dump_json(), payload.description, payload.repeat, due, time.time(), due),
             )
         event = self.get(cursor.lastrowid)  # type: ignore[arg-type]
         assert event is not None
         return event
 
-    def _rows(self, sql: str, *args: object) -> list[StoredEvent]:
+    def _rows(self, sql: str, *args: object) -> list[StoredEvent | UnreadableEvent]:
+        """The rows ``sql`` selects, each read on its own: one that cannot be read is
+        an ``UnreadableEvent``, and the others are read as usual."""
         with self._lock:
-            rows = self._db.execute(
-                f"SELECT id, context, description, repeat, due, state, failures FROM events {sql}", args
-            ).fetchall()
-        return [StoredEvent(id=r[0], context=OriginalContext.model_validate_json(r[1]), description=r[2],
-                            repeat=r[3], due=r[4], state=r[5], failures=r[6]) for r in rows]
+            cursor = self._db.execute("SELECT id, context, description, repeat, due, state, failures, "
+                                      f"next_try FROM events {sql}", args)
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        found: list[StoredEvent | UnreadableEvent] = []
+        for row in rows:
+            try:
+                found.append(read_event(row))
+            except (ValueError, TypeError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+                found.append(UnreadableEvent(id=row["id"], reason=unreadable_reason(exc), raw=row))
+        return found
 
     def get(self, event_id: int) -> StoredEvent | None:
+        """The reminder, or None if there is none (or it cannot be read)."""
         found = self._rows("WHERE id = ?", event_id)
-        return found[0] if found else None
+        return found[0] if found and isinstance(found[0], StoredEvent) else None
 
-    def due(self, now: float) -> list[StoredEvent]:
-        """Pending occurrences that are due and not waiting out a failure's backoff."""
-        return self._rows("WHERE state = 'pending' AND due <= ? AND (next_try IS NULL OR next_try <= ?) "
-                          "ORDER BY due", now, now)
+    def due(self, now: float) -> list[StoredEvent | UnreadableEvent]:
+        """Pending occurrences that are due and not waiting out a failure's backoff; and
+        each row that cannot be read, once: it is given up here, so it is never read again."""
+        found = self._rows("WHERE state = 'pending' AND due <= ? AND (next_try IS NULL OR next_try <= ?) "
+                           "ORDER BY due", now, now)
+        for event in found:
+            if isinstance(event, UnreadableEvent):
+                with self._lock:
+                    self._db.execute("UPDATE events SET state = 'failed', last_error = ? WHERE id = ?",
+                                     (f"unreadable: {event.reason}", event.id))
+        return found
 
     def delivered(self, event_id: int, due: float, now: float) -> None:
         """The occurrence at ``due`` was confirmed sent: move on to the next, or finish."""
         with self._lock:
-            row = self._db.execute("SELECT repeat, due FROM events WHERE id = ?", (event_id,)).fetchone()
+            row = self._db.execute("SELECT repeat, due, first_due FROM events WHERE id = ?",
+                                   (event_id,)).fetchone()
             if row is None or row[1] != due:
                 return  # already moved on
-            following = next_due(due, row[0], now)
+            following = next_due(due, row[0], now, first=row[2])
             if following is None:
                 self._db.execute("UPDATE events SET state = 'delivered', failures = 0, next_try = NULL "
                                  "WHERE id = ?", (event_id,))
