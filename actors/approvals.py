@@ -14,7 +14,11 @@ action to its executor: it hands it here (``ApprovalRequest``). The desk
   to the chat's conversation as a turn (``ApprovalOutcome``): the action runs, or the
   LLM is told, in an error system message, that it was denied, to tell the user;
 * expires what nobody decided in time, with a notice to the user;
-* calls off a chat's pending approvals when its user cancels (``CancelApprovals``).
+* calls off a chat's pending approvals when its user cancels (``CancelApprovals``; a
+  stranger's cancel, only the ones they asked for).
+
+Answers come only from Telegram's buttons and the console, so the daemon refuses to
+start with approvals on where nobody could answer them (``Application._check_approval``).
 
 The wait is not work in flight: the request that asked finishes once the approval is
 offered, and the answer comes in as work of its own (journaled by its interface), so
@@ -374,12 +378,17 @@ class ApprovalDesk(TypedActor):
 
     @handles
     def on_cancel(self, cancel: CancelApprovals, env: Envelope) -> None:
-        chat = cancel.context.chat_key
-        called_off = [a for a in self._pending.values() if a.request.context.chat_key == chat]
+        who = cancel.context
+        chat = who.chat_key
+        # A stranger (an autonomous turn) calls off only what they asked for; in a shared
+        # chat (an X thread) someone else's approvals are not theirs.
+        called_off = [a for a in self._pending.values() if a.request.context.chat_key == chat
+                      and (not who.autonomous or (who.user_id is not None
+                                                  and str(a.request.context.user_id) == str(who.user_id)))]
         for approval in called_off:
             self._settle(approval, "cancelled", by=cancel.context.user_name or "", decision=env.correlation_id)
             log.info("%s was cancelled while it waited for approval", approval.command)
-        if cancel.confirm:
+        if cancel.confirm and (called_off or not who.autonomous):  # a stranger's empty /cancel: no answer
             text = (CANCELLED_PENDING.format(command=", ".join(a.command for a in called_off)) if called_off
                     else NOTHING_TO_CANCEL)
             self.send(sender(cancel.context.interface_name),

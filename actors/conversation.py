@@ -9,7 +9,10 @@ conversation:
   dead-lettered), so replies go out in the order the requests came in;
 * answers messages that arrive while a turn runs *together*: they join the next
   turn as one request, in order, and its reply threads to the last of them
-  (people split one thought over several quick messages);
+  (people split one thought over several quick messages); but only the messages of
+  one user, all allowed or all a stranger's: in a shared chat (an X thread, a group)
+  someone else's message is a turn of its own, so nobody's words run with another's
+  rights;
 * gives each turn the chat's memory (``memory.ConversationStore``): its recent
   messages, replies and action records, and remembers the new message, and each
   reply once its sender confirms it;
@@ -18,12 +21,17 @@ conversation:
 * takes a user's ``/forget`` as a turn of its own, in the chat's order: it clears
   the memory once the turns before it have finished (their replies remembered), so
   "forgotten" leaves nothing of what came before it. Messages that came before it
-  are answered first, never merged with what came after it;
+  are answered first, never merged with what came after it. A stranger's (an
+  autonomous turn's) ``/forget`` is taken only in their private chat: a shared chat's
+  memory is not theirs to wipe;
 * takes a user's ``/cancel`` (or "stop" in a private chat) at once, ahead of the chat's
   queued turns: the turn under way is cancelled (its journal item closes as cancelled, its
   LLM call is aborted, its command killed; see ``cancellation``), the queued turns are
   dropped, pending approvals are called off, and the user gets a one-line confirmation,
-  or "nothing to cancel";
+  or "nothing to cancel". An allowed user cancels all of it; a stranger only their own
+  (the turn under way if it is theirs, their queued messages and approvals);
+* says nothing to a stranger's ``/cancel`` or ``/forget`` it does not take: like any
+  notice to an autonomous turn (``failures``), it would be a public reply to whoever typed it;
 * runs a decided approval (``ApprovalOutcome``: the action, or the LLM told it was
   denied) as a turn of its own, in the chat's order.
 
@@ -32,9 +40,10 @@ Per-chat state is data in a handful of actors, not an actor per chat.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -45,7 +54,16 @@ from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.routes import LLM, route_of, sender
 from autoresponse.messages.approval import ApprovalOutcome, CancelApprovals, CancelWork
-from autoresponse.messages import Envelope, OutboundMessage, ReplyDelivered, UserRequest, attachments_label
+from autoresponse.messages import (
+    Envelope,
+    OriginalContext,
+    OutboundMessage,
+    ReplyDelivered,
+    UserRequest,
+    attachments_label,
+)
+
+log = logging.getLogger("autoresponse.conversation")
 
 FORGOTTEN = "Done: I have forgotten our conversation."
 #: ``/forget``, also as a Telegram group command addressed to a bot (``/forget@synth_bot``).
@@ -112,14 +130,46 @@ def alone(body: Any) -> bool:
     return not isinstance(body, UserRequest) or is_forget(body)
 
 
+def user_of(body: Any) -> str | None:
+    """Whose a chat's item is: the user who sent the request, or who asked for the decided action."""
+    context: OriginalContext = body.request.context if isinstance(body, ApprovalOutcome) else body.context
+    return None if context.user_id is None else str(context.user_id)
+
+
+def speaker(request: UserRequest) -> tuple[str | None, bool]:
+    """Who a request speaks for, and with which rights (a stranger's turn is autonomous):
+    only requests of the same speaker may share a turn."""
+    return user_of(request), request.context.autonomous
+
+
+def may_cancel(request: UserRequest, owner: str | None) -> bool:
+    """Whether ``request`` (a /cancel) may call off what ``owner`` sent: an allowed user
+    anything of their chat, a stranger (an autonomous turn) only their own."""
+    return not request.context.autonomous or (owner is not None and owner == user_of(request))
+
+
 def merged(requests: list[UserRequest]) -> UserRequest:
-    """Several messages of one chat as one request: their texts in order, one per line,
-    in the context of the last (the reply threads to it)."""
+    """Several messages of one chat and one speaker as one request: their texts in order,
+    one per line, in the context of the last (the reply threads to it)."""
     if len(requests) == 1:
         return requests[0]
     text = "\n".join(r.text for r in requests if r.text)  # an album's photos mostly have no caption
     context = requests[-1].context.model_copy(update={"original_command": text})
     return UserRequest(text=text, context=context, attachments=tuple(a for r in requests for a in r.attachments))
+
+
+class _Running(NamedTuple):
+    """A chat's turn under way: its correlation, and the user it runs for."""
+
+    correlation: str
+    user: str | None
+
+
+class _Group(NamedTuple):
+    """A message group being gathered: its first message (its timer's), and what was held."""
+
+    first: str
+    held: list[Envelope]
 
 
 class ConversationActor(TypedActor):
@@ -128,15 +178,19 @@ class ConversationActor(TypedActor):
     def __init__(self, store: ConversationStore | None = None) -> None:
         super().__init__()
         self.store = store
-        self._running: dict[str, str] = {}  # chat → the correlation of its turn under way
+        self._running: dict[str, _Running] = {}  # chat → its turn under way
         self._waiting: dict[str, deque[Envelope]] = {}
-        self._gathering: dict[str, list[Envelope]] = {}  # chat → a message group being gathered
+        self._gathering: dict[str, _Group] = {}  # chat → a message group being gathered
 
     @handles
     def on_request(self, request: UserRequest, env: Envelope) -> None:
         chat = request.context.chat_key
         if is_cancel(request):  # at once: it cannot wait for the turn it cancels
             self._cancel(chat, env)
+            return
+        if is_forget(request) and request.context.autonomous and request.context.chat_type != "private":
+            # A shared chat's memory (an X thread, a group) is not a stranger's to wipe.
+            self._ignore(request, "/forget")
             return
         if chat in self._gathering or request.media_group is not None:
             self._gather(chat, env)
@@ -154,10 +208,10 @@ class ConversationActor(TypedActor):
         self.hold(env)
         gathering = self._gathering.get(chat)
         if gathering is None:
-            self._gathering[chat] = [env]
+            self._gathering[chat] = _Group(first=env.message_id, held=[env])
             self.schedule(ALBUM_GATHER_SECONDS, AlbumDue(chat=chat, first=env.message_id), cause=env)
         else:
-            gathering.append(env)
+            gathering.held.append(env)
 
     @handles
     def on_album_due(self, due: AlbumDue, env: Envelope) -> None:
@@ -167,30 +221,33 @@ class ConversationActor(TypedActor):
     @handles
     def on_album_close(self, close: AlbumClose, env: Envelope) -> None:
         gathered = self._gathering.get(close.chat)
-        if not gathered or gathered[0].message_id != close.first:
+        if gathered is None or gathered.first != close.first:
             return  # the group was cancelled (a newer one may be gathering)
         del self._gathering[close.chat]
-        self._waiting.setdefault(close.chat, deque()).extend(gathered)
+        self._waiting.setdefault(close.chat, deque()).extend(gathered.held)
         if close.chat not in self._running:
             self._next_turn(close.chat)
 
     @handles
     def on_turn_ended(self, ended: TurnEnded, env: Envelope) -> None:
-        if ended.correlation is not None and self._running.get(ended.chat) != ended.correlation:
+        running = self._running.get(ended.chat)
+        if ended.correlation is not None and (running is None or running.correlation != ended.correlation):
             return  # a cancelled turn's work ended: the chat went on without it
         self._running.pop(ended.chat, None)
         self._next_turn(ended.chat)
 
     def _next_turn(self, chat: str) -> None:
         """Start the chat's next turn from what waits: a /forget alone, or the messages up
-        to the next /forget together."""
+        to the next /forget, or the next message of someone else, together."""
         waiting = self._waiting.get(chat)
         if not waiting:
             self._waiting.pop(chat, None)
             return
         turn = [waiting.popleft()]
         if not alone(turn[0].body):
-            while waiting and not alone(waiting[0].body):
+            # One speaker a turn: merged, a stranger's words would run as an allowed user's.
+            who = speaker(turn[0].body)
+            while waiting and not alone(waiting[0].body) and speaker(waiting[0].body) == who:
                 turn.append(waiting.popleft())
         if not waiting:
             del self._waiting[chat]
@@ -227,7 +284,7 @@ class ConversationActor(TypedActor):
 
     def _turn(self, chat: str, env: Envelope) -> None:
         """``env``'s correlation is the chat's turn under way until it has finished."""
-        self._running[chat] = env.correlation_id
+        self._running[chat] = _Running(env.correlation_id, user_of(env.body))
         self.runtime.when_finished(env.correlation_id, self.name,
                                    TurnEnded(chat=chat, correlation=env.correlation_id))
 
@@ -262,27 +319,68 @@ class ConversationActor(TypedActor):
             self.send(LLM, request, cause=env)
 
     def _cancel(self, chat: str, env: Envelope) -> None:
-        """Cancel the chat's turn under way and drop its queued turns, then confirm."""
-        ctx = env.body.context
+        """Cancel the chat's turn under way and drop its queued turns (a stranger's /cancel:
+        only theirs), then confirm."""
+        request: UserRequest = env.body
+        ctx = request.context
         if self.runtime.intake.distributed:
             # On a shared journal a chat's items run one after the other, so this one
             # runs only once the request it would cancel has finished: say so plainly.
             self._say(ctx, CANCEL_UNAVAILABLE, env)
             return
-        dropped = list(self._waiting.pop(chat, ())) + self._gathering.pop(chat, [])
-        running = self._running.pop(chat, None)
-        cancelled = ([running] if running is not None else []) + [e.correlation_id for e in dropped]
+        dropped = self._drop_waiting(chat, request) + self._drop_gathered(chat, request)
+        running = self._running.get(chat)
+        if running is not None and not may_cancel(request, running.user):
+            running = None  # someone else's turn: it goes on
+        if running is not None:
+            del self._running[chat]
+        cancelled = ([running.correlation] if running is not None else []) + [e.correlation_id for e in dropped]
         for correlation in dict.fromkeys(cancelled):
             cancel_request(self.runtime, correlation)
         if cancelled:
             abort(self.runtime, CancelWork(chat=chat, correlations=tuple(dict.fromkeys(cancelled))))
         for held in dropped:
             self.release(held)
-        if self.runtime.has(APPROVALS):  # a pending approval of the chat is called off too
+        if running is not None:
+            self._next_turn(chat)  # what others queued (not this user's to cancel) goes on
+        if self.runtime.has(APPROVALS):  # the chat's pending approvals (a stranger's: theirs) are called off too
             self.send(APPROVALS, CancelApprovals(context=ctx, confirm=not cancelled), cause=env)
             if not cancelled:
                 return  # the desk answers: it knows whether an approval was pending
-        self._say(ctx, CANCELLED if cancelled else NOTHING_TO_CANCEL, env)
+        if cancelled:
+            self._say(ctx, CANCELLED, env)
+        elif ctx.autonomous:
+            self._ignore(request, "/cancel")
+        else:
+            self._say(ctx, NOTHING_TO_CANCEL, env)
+
+    def _drop_waiting(self, chat: str, request: UserRequest) -> list[Envelope]:
+        """Take what ``request``'s user may cancel out of the chat's queue; the rest stays, in order."""
+        waiting = self._waiting.pop(chat, deque())
+        dropped = [e for e in waiting if may_cancel(request, user_of(e.body))]
+        kept = deque(e for e in waiting if not may_cancel(request, user_of(e.body)))
+        if kept:
+            self._waiting[chat] = kept
+        return dropped
+
+    def _drop_gathered(self, chat: str, request: UserRequest) -> list[Envelope]:
+        """Take what ``request``'s user may cancel out of the group being gathered; the
+        rest is still gathered, until the group's timer."""
+        group = self._gathering.pop(chat, None)
+        if group is None:
+            return []
+        dropped = [e for e in group.held if may_cancel(request, user_of(e.body))]
+        kept = [e for e in group.held if not may_cancel(request, user_of(e.body))]
+        if kept:
+            self._gathering[chat] = group._replace(held=kept)
+        return dropped
+
+    def _ignore(self, request: UserRequest, what: str) -> None:
+        """A stranger's command that is not theirs to give: logged, not answered (an autonomous
+        turn gets no notices, see ``failures``; on X each would be a public reply)."""
+        ctx = request.context
+        log.info("ignored %s from %s in %s chat %s: a stranger's may touch only their own",
+                 what, ctx.user_name or ctx.user_id, ctx.interface_name, ctx.chat_id)
 
     def _say(self, ctx: Any, text: str, env: Envelope) -> None:
         self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, text, notice=True), cause=env)

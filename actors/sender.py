@@ -13,11 +13,14 @@ pacing, flood waits, threading) and gets the actor for free::
 
 Each reply is handed to the event loop, so many go out at once; how it ended
 comes back as a message. A reply that cannot be delivered is a dead letter with
-its reason, never a crash, and whoever asked for a receipt hears either way.
+its reason, never a crash, and whoever asked for a receipt hears either way: an
+error the delivery did not foresee is one too ("delivery failed", naming it), since a
+crash would cancel every other reply in flight and send them again.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.messages import Envelope, OutboundMessage
+
+log = logging.getLogger("autoresponse.sender")
 
 
 class Undeliverable(Exception):
@@ -79,6 +84,9 @@ class DeliverySender(TypedActor):
             return Delivered(ids=tuple(str(i) for i in await self.delivery.deliver(message)))
         except Undeliverable as exc:
             return NotDelivered(reason=exc.reason, detail=exc.detail)
+        except Exception as exc:  # unforeseen: this reply's dead letter, not the sender's crash
+            log.exception("delivering a reply to %s failed", message.chat_id)
+            return NotDelivered(reason="delivery failed", detail=f"{type(exc).__name__}: {exc}")
 
     @handles
     def on_delivered(self, done: Delivered, env: Envelope) -> None:

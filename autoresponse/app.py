@@ -66,6 +66,8 @@ ROOT = "root"
 PIPELINE = "pipeline"
 RETRY = "retry"
 INTERFACES = "interfaces"
+#: The interfaces whose users can answer an approval (Telegram's buttons, ``/approve`` at the console).
+APPROVAL_ANSWERS = frozenset({"telegram", "console"})
 
 
 def make_engine(settings: LLMSettings, clock: Clock | None = None) -> LLMEngine:
@@ -346,8 +348,19 @@ class Application:
 
     def _check_approval(self) -> None:
         """Approvals are journaled (the wait and the decision survive a restart): they need a
-        journal that keeps them, which the NATS journal does not (yet)."""
-        if self.gated_actions() and not hasattr(self.journal, "record_approval"):
+        journal that keeps them, which the NATS journal does not (yet). And they are offered
+        in the requester's chat, on its platform: only Telegram's buttons and the console
+        take an answer, so another platform that talks to users (X, the userbot, Reddit)
+        refuses to start with them. A typed ``/approve`` there would be no fix: on X the offer
+        to an approver's "private chat" is a public post, and answers would be public too."""
+        gated = self.gated_actions()
+        mute = [p.name for p in platforms() if p.name in self.mounts and p.interface is not None
+                and p.interface not in APPROVAL_ANSWERS]
+        if gated and mute:
+            raise StartError(f"{', '.join(gated)} approval = \"ask\" cannot be answered on "
+                             f"{', '.join(mute)} (only Telegram's buttons and the console take an answer): "
+                             f"disable {', '.join(mute)}, or set approval = \"never\"")
+        if gated and not hasattr(self.journal, "record_approval"):
             where = ("the NATS journal does not keep approvals" if getattr(self.journal, "distributed", False)
                      else "the journal is off")
             raise StartError(f"{', '.join(self.gated_actions())} approval = \"ask\" needs the SQLite journal, "

@@ -300,6 +300,56 @@ def test_a_chat_that_blocked_the_account_is_a_dead_letter_not_a_retry_loop(
     assert len(standin.sent) == 1
 
 
+def test_a_chat_telethon_cannot_find_is_a_dead_letter_not_a_sender_crash(
+    userbot: Application, standin: StandInUserbot
+) -> None:
+    # What Telethon raises for a peer its session has not met (since a restart, say).
+    standin.fail_next(ADA, ValueError(f"Could not find the input entity for PeerUser(user_id={ADA}) "
+                                      "(PeerUser). Please read https://docs.telethon.dev/..."))
+    tell(userbot, "hello after a restart", ADA, 61)
+    [letter] = wait_for(lambda: userbot.runtime.dead_letters.letters())
+    assert userbot.runtime.wait_idle(timeout=10)
+    assert letter.reason == "chat unreachable" and "Could not find the input entity" in letter.detail
+    assert len(standin.sent) == 1
+    telethon_sender = snapshot(userbot.runtime).find(sender("telethon"))
+    assert telethon_sender is not None and telethon_sender.restarts == 0
+
+
+class HeldStandIn(StandInUserbot):
+    """Telegram takes what is sent to Mallory at once, but answers only once ``release``d."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    async def send_message(self, entity: int, message: str, *, reply_to: int | None = None,
+                           parse_mode: Any = ()) -> types.Message:
+        sent = await super().send_message(entity, message, reply_to=reply_to, parse_mode=parse_mode)
+        if entity == MALLORY:
+            await asyncio.to_thread(self.release.wait, 15)
+        return sent
+
+
+def test_an_unforeseen_error_is_its_replys_dead_letter_and_other_replies_go_out_once(
+    fake_llm: FakeLLMServer, manual_clock: ManualClock, make_userbot: Callable[..., Application]
+) -> None:
+    standin = HeldStandIn(user(ME, "me_myself"), clock=manual_clock)
+    app = make_userbot(fake_llm, standin)
+    try:
+        tell(app, "to Mallory", MALLORY, 70)
+        wait_for(lambda: standin.delivered(MALLORY))  # Telegram has it; its answer is on the way
+        standin.fail_next(ADA, ValueError("Request was unsuccessful 5 time(s)"))  # Telethon's own
+        tell(app, "to Ada", ADA, 71)
+        [letter] = wait_for(lambda: app.runtime.dead_letters.letters())
+    finally:
+        standin.release.set()
+    assert app.runtime.wait_idle(timeout=10)
+    assert letter.reason == "delivery failed" and "Request was unsuccessful" in letter.detail
+    assert [s.text for s in standin.delivered(MALLORY)] == ["to Mallory"]  # never sent twice
+    telethon_sender = snapshot(app.runtime).find(sender("telethon"))
+    assert telethon_sender is not None and telethon_sender.restarts == 0
+
+
 def test_the_refusal_policy_can_answer_strangers_politely(
     fake_llm: FakeLLMServer, standin: StandInUserbot, make_userbot: Callable[..., Application]
 ) -> None:

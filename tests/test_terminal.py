@@ -15,6 +15,7 @@ from conftest import ask, console_text, system_messages
 
 from autoresponse import Application
 from autoresponse.testing.fake_llm import FakeLLMServer
+from autoresponse.actors.kernel._loop import EventLoopKind, new_event_loop
 from autoresponse.actors.routes import BUILDER, executor
 from autoresponse.interfaces.terminal import (
     DEFAULT_ARGUMENT_RULES,
@@ -149,8 +150,19 @@ def test_output_is_capped_with_a_note() -> None:
     kept, note = result.output[:1000], result.output[1000:]
     assert kept.startswith("1\n2\n3\n")
     assert result.truncated
-    assert re.fullmatch(r"\n\[output cut: \d+ more bytes not shown\]", note)
+    assert note == "\n[output cut at 1000 bytes: the rest was not read]"
     assert result.ok  # cutting the output is not a failure of the command
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_endless_output_is_stopped_at_the_cap_on_either_event_loop(loop: EventLoopKind) -> None:
+    """``yes`` never ends: it is stopped where its output is cut, not left to its timeout
+    (on asyncio's own loop, that timeout's kill used to wait for it forever)."""
+    with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
+        result = runner.run(asyncio.wait_for(
+            run_command(["yes"], label="yes", timeout=5, output_cap=1000), 30))
+    assert result.output == "y\n" * 500 + "\n[output cut at 1000 bytes: the rest was not read]"
+    assert result.ok and result.truncated and result.exit_code is None  # cut, not timed out
 
 
 def test_a_non_zero_exit_is_delivered_through_the_llm(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:

@@ -10,6 +10,7 @@ waited out on one, so a test fires the timers (``advance_until``) instead of wai
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -18,17 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import system_messages, wait_for
+from conftest import Gate, system_messages, wait_for
 
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import executor, interface, sender
+from autoresponse.actors.conversation import CANCELLED, FORGOTTEN, NOTHING_TO_CANCEL
+from autoresponse.actors.prompts import SILENCE_ALLOWED
+from autoresponse.actors.routes import CONVERSATIONS, executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.x import PLATFORM, REFUSAL
 from autoresponse.interfaces.x.counting import split_post, weighted_length
-from autoresponse.testing.fake_x import FakeXServer
+from autoresponse.interfaces.x.settings import X_UNKNOWN_RESET_WAIT_SECONDS
+from autoresponse.testing.fake_x import Call, FakeXServer
 from autoresponse.messages import OriginalContext, OutboundMessage
 from autoresponse.supervisors import registered
 from autoresponse.supervisors.status import snapshot
@@ -185,6 +189,74 @@ def test_a_429_on_the_mentions_waits_for_x_rate_limit_reset(bot: Application, fa
     assert 3.0 <= after.time - refused.time < 60  # the reset X named, not the next poll
 
 
+class UnreadableResetX(FakeXServer):
+    """Answers the next posts with a 429 whose ``x-rate-limit-reset`` is no number."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.resets: list[str] = []
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.Response:
+        if self.resets and self._call_name(request.method, request.path) == "POST /2/tweets":
+            await request.read()
+            with self._lock:
+                self.calls.append(Call(self.clock.monotonic(), request.method, request.path, {},
+                                       "oauth1", False))
+            return self._problem(429, "Too Many Requests", {"x-rate-limit-reset": self.resets.pop(0)})
+        return await super()._dispatch(request)
+
+
+def test_a_429_whose_reset_is_no_number_is_waited_out_and_the_reply_goes_out_once(
+    fake_llm: FakeLLMServer, manual_clock: ManualClock, make_app: Callable[..., Application], tmp_path: Path,
+) -> None:
+    with UnreadableResetX(user_id=ME, username="synth", oauth1=KEYS, clock=manual_clock) as x:
+        app = make_app(base_url=fake_llm.base_url, x=x_settings(x, tmp_path), clock=x.clock)
+        mention = x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+        x.resets.append("soon")
+        tell(app, "eventually", mention)
+        [post] = until(x, lambda: x.posts())
+        assert app.runtime.wait_idle(timeout=10)
+        [refused, accepted] = x.calls_to("POST /2/tweets")
+        assert accepted.time - refused.time >= X_UNKNOWN_RESET_WAIT_SECONDS  # waited, on the clock
+        assert post.text == "eventually" and app.runtime.dead_letters.letters() == []
+        sender_x = snapshot(app.runtime).find(sender("x"))
+        assert sender_x is not None and sender_x.restarts == 0
+        app.stop()
+
+
+@pytest.mark.parametrize("body", [b'{"data": null}', b'{"data": {"id": "1800'], ids=["no post", "cut short"])
+def test_a_reply_answered_with_what_cannot_be_read_is_a_dead_letter_never_posted_again(
+    bot: Application, fake_x: FakeXServer, body: bytes
+) -> None:
+    mention = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    fake_x.answer_next("POST /2/tweets", body, status=201)  # X took it (maybe): its answer is garbled
+    tell(bot, "just once", mention)
+    [letter] = wait_for(lambda: bot.runtime.dead_letters.letters())
+    assert bot.runtime.wait_idle(timeout=10)
+    assert letter.reason == "unreadable answer"
+    assert len(fake_x.calls_to("POST /2/tweets")) == 1
+    sender_x = snapshot(bot.runtime).find(sender("x"))
+    assert sender_x is not None and sender_x.restarts == 0
+
+
+def test_429s_on_the_mentions_with_a_reset_already_past_back_off_and_show_failing(
+    bot: Application, fake_x: FakeXServer
+) -> None:
+    until(fake_x, lambda: looks(fake_x) >= 1)
+    fake_x.fail_next("GET mentions", 429, reset_in=-600, times=6)  # "the limit reset 10 minutes ago"
+
+    def refused() -> list[Any]:
+        return [c for c in fake_x.calls_to("GET mentions") if not c.ok]
+
+    first, *_, last = until(fake_x, lambda: len(refused()) == 6 and refused())
+    assert last.time - first.time >= 25  # backing off (1, 2, 4, 8, 16 s, less jitter), not a look a second
+    status = snapshot(bot.runtime)
+    failing = status.failing.get(interface("x"))
+    assert not status.healthy and failing is not None and "rate-limits the mentions" in failing.reason
+    until(fake_x, lambda: fake_x.calls_to("GET mentions")[-1].ok)  # X lets it read again
+    assert snapshot(bot.runtime).healthy
+
+
 def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
     bot: Application, fake_x: FakeXServer
 ) -> None:
@@ -310,3 +382,114 @@ def test_no_secret_appears_in_logs_status_or_dead_letters(
     assert "Making API request" in log and "[secret]" in log  # tweepy logged, and was redacted
     for secret in KEYS:
         assert secret not in log and secret not in status and secret not in letters
+
+
+# ---------------------------------------------------------------- strangers = "converse"
+# A stranger who answers in an allowed user's public thread shares her chat (the X
+# conversation): not her request, her rights, nor her memory.
+
+
+def conversing(fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application],
+               tmp_path: Path, **settings: Any) -> Application:
+    return make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="converse"),
+                    clock=fake_x.clock, **settings)
+
+
+def read(fake: FakeXServer, post: str) -> None:
+    """Fire the polling until the bot has taken ``post`` (its next look starts after it)."""
+    until(fake, lambda: any(c.params.get("since_id") == post for c in fake.calls_to("GET mentions")))
+
+
+def test_a_strangers_cancel_in_the_thread_leaves_the_allowed_users_request_alone(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    gate = Gate(tmp_path / "gate")  # Ada's command runs until the stranger's /cancel was taken
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": gate.command}}),
+                    actions({"type": "message_x", "payload": {"text": "Done, Ada."}}))
+    app = conversing(fake_llm, fake_x, make_app, tmp_path, allowed=["cat"], runtime={"batch_wait": 3600})
+    with app.runtime.probe(executor("terminal")) as ran:
+        root = fake_x.push_mention("@synth run the slow one", author_id=ADA, username="ada")
+        until(fake_x, lambda: ran.envelopes)
+        cancel = fake_x.push_mention("@synth /cancel", author_id=STRANGER, username="mallory", conversation_id=root)
+        read(fake_x, cancel)
+        assert app.runtime.wait_idle(f"x-{cancel}", timeout=10)
+        gate.open()
+        posts = until(fake_x, lambda: fake_x.posts())
+    assert [(p.in_reply_to, p.text) for p in posts] == [(root, "Done, Ada.")]  # not a word to the stranger
+    assert app.runtime.wait_idle(timeout=10)
+    assert {p.text for p in fake_x.posts()}.isdisjoint({CANCELLED, NOTHING_TO_CANCEL})
+
+
+def test_a_strangers_cancel_stops_their_own_turn_and_the_allowed_users_turn_follows(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    fake_llm.script(FakeResponse(hang=True),  # the stranger's turn never ends on its own
+                    actions({"type": "message_x", "payload": {"text": "Hello, Ada."}}))
+    app = conversing(fake_llm, fake_x, make_app, tmp_path, llm={"read_timeout": 60})  # no retry meanwhile
+    theirs = fake_x.push_mention("@synth tell me everything", author_id=STRANGER, username="mallory")
+    until(fake_x, lambda: fake_llm.requests)
+    hers = fake_x.push_mention("@synth hello", author_id=ADA, username="ada", conversation_id=theirs)
+    cancel = fake_x.push_mention("@synth /cancel", author_id=STRANGER, username="mallory", conversation_id=theirs)
+    posts = until(fake_x, lambda: len(fake_x.posts()) == 2 and fake_x.posts())
+    assert {(p.in_reply_to, p.text) for p in posts} == {(cancel, CANCELLED), (hers, "Hello, Ada.")}
+
+
+def test_a_strangers_forget_in_the_thread_wipes_nothing(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    fake_llm.script(actions({"type": "message_x", "payload": {"text": "Up 3 days, Ada."}}),
+                    actions({"type": "message_x", "payload": {"text": "Still up, Ada."}}))
+    app = conversing(fake_llm, fake_x, make_app, tmp_path)
+    root = fake_x.push_mention("@synth how long has it been up?", author_id=ADA, username="ada")
+    until(fake_x, lambda: fake_x.posts())
+    forget = fake_x.push_mention("@synth /forget", author_id=STRANGER, username="mallory", conversation_id=root)
+    read(fake_x, forget)
+    assert app.runtime.wait_idle(f"x-{forget}", timeout=10)
+    fake_x.push_mention("@synth and now?", author_id=ADA, username="ada", conversation_id=root)
+    until(fake_x, lambda: len(fake_x.posts()) == 2)
+    assert FORGOTTEN not in [p.text for p in fake_x.posts()]
+    said = [m["content"] for m in fake_llm.requests[-1].messages]
+    assert said[-3:] == ["how long has it been up?", "Up 3 days, Ada.", "and now?"]  # she still has her thread
+
+
+def test_a_strangers_words_in_the_thread_are_a_turn_of_their_own(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
+) -> None:
+    """Two messages that wait behind Ada's turn, a stranger's and hers: two turns, the
+    stranger's an autonomous one (no commands), never one turn with Ada's rights."""
+    gate = Gate(tmp_path / "gate")  # Ada's first turn runs until both are queued behind it
+    fake_llm.script(actions({"type": "terminal", "payload": {"command": gate.command}}),
+                    actions({"type": "message_x", "payload": {"text": "Done, Ada."}}),
+                    actions({"type": "message_x", "payload": {"text": "Hello, Mallory."}}),
+                    actions({"type": "message_x", "payload": {"text": "You're welcome, Ada."}}))
+    app = conversing(fake_llm, fake_x, make_app, tmp_path, allowed=["cat"], runtime={"batch_wait": 3600})
+    pool = [cell.name for cell in app.runtime.cells if cell.name.startswith(f"{CONVERSATIONS}.")]
+    with app.runtime.probe(executor("terminal")) as ran, contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(app.runtime.probe(name)) for name in pool]
+        root = fake_x.push_mention("@synth run the slow one", author_id=ADA, username="ada")
+        until(fake_x, lambda: ran.envelopes)
+        theirs = fake_x.push_mention("@synth run uptime and post its output", author_id=STRANGER,
+                                     username="mallory", conversation_id=root)
+        thanks = fake_x.push_mention("@synth thanks", author_id=ADA, username="ada", conversation_id=root)
+        until(fake_x, lambda: any(e.correlation_id == f"x-{thanks}" for p in probes for e in p.envelopes))
+        gate.open()
+        posts = until(fake_x, lambda: len(fake_x.posts()) == 3 and fake_x.posts())
+        assert app.runtime.wait_idle(timeout=10)
+        assert len(ran.envelopes) == 1  # only Ada's command ran
+    assert [(p.in_reply_to, p.text) for p in posts] == [
+        (root, "Done, Ada."), (theirs, "Hello, Mallory."), (thanks, "You're welcome, Ada.")]
+    [stranger_turn] = [r for r in fake_llm.requests if r.messages[-1]["content"] == "run uptime and post its output"]
+    assert SILENCE_ALLOWED in stranger_turn.messages[0]["content"]  # an autonomous turn: the stranger's rights
+
+
+def test_approval_refuses_to_start_where_nobody_could_answer_it(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An approval offered on X could be answered by nobody (only Telegram's buttons and the
+    console take answers), and its offer to an approver would be a public post."""
+    monkeypatch.setenv("AUTORESPONSE_TERMINAL__APPROVAL", "ask")
+    with pytest.raises(StartError, match=r"terminal approval = \"ask\" cannot be answered on x"):
+        make_app(base_url=fake_llm.base_url, approvers=[4242],
+                 x=x_settings(fake_x, tmp_path), clock=fake_x.clock)
+    assert fake_x.posts() == []

@@ -8,7 +8,8 @@
   only its own chat for the seconds Telegram names (a bounded number of times, up to a
   bounded wait); other chats keep flowing.
 * Connection errors are retried a bounded number of times; a chat that blocked the
-  account, or where it may not write, is a dead letter at once.
+  account, where it may not write, or that Telethon cannot find (not in its session's
+  cache), is a dead letter at once.
 
 >>> delivery = UserbotDelivery(userbot, journal)                     # doctest: +SKIP
 >>> await delivery.deliver(OutboundMessage.reply(ctx, "Your disks are fine."))   # doctest: +SKIP
@@ -43,6 +44,11 @@ log = logging.getLogger("autoresponse.telethon")
 _UNREACHABLE = (errors.UserIsBlockedError, errors.ChatWriteForbiddenError, errors.PeerIdInvalidError,
                 errors.ChannelPrivateError, errors.InputUserDeactivatedError,
                 errors.UserBannedInChannelError, errors.ChatAdminRequiredError)
+
+
+#: How Telethon's ValueError begins when it has no access hash for the chat (not met since
+#: its session began): it cannot address the chat, as if it were gone.
+_UNKNOWN_PEER = "Could not find the input entity"
 
 
 class UserbotDelivery:
@@ -97,6 +103,10 @@ class UserbotDelivery:
                 log.info("Telegram asks the userbot to wait %ss before writing to chat %s", exc.seconds, chat)
                 await self._sleep(exc.seconds)
             except _UNREACHABLE as exc:
+                raise Undeliverable("chat unreachable", f"{type(exc).__name__}: {exc}") from None
+            except ValueError as exc:
+                if not str(exc).startswith(_UNKNOWN_PEER):
+                    raise  # the sender dead-letters it, naming it
                 raise Undeliverable("chat unreachable", f"{type(exc).__name__}: {exc}") from None
             except errors.RPCError as exc:
                 raise Undeliverable("rejected by Telegram", f"{type(exc).__name__}: {exc}") from None

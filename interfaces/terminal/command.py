@@ -147,40 +147,52 @@ async def run_command(argv: list[str], *, label: str, timeout: float, output_cap
             start_new_session=True,  # its own process group, so a timeout kills every descendant
         )
     kept = bytearray()
-    dropped = 0
+    overflowed = False  # more came than the cap: the rest is not read
 
-    async def read() -> None:
-        nonlocal dropped
+    async def finish() -> None:
+        nonlocal overflowed
         assert proc.stdout is not None
         while chunk := await proc.stdout.read(_READ_CHUNK):
             room = output_cap - len(kept)
             kept.extend(chunk[:room])
-            dropped += max(0, len(chunk) - room)
+            if len(chunk) > room:  # nothing more would be shown: stopped now, not at the timeout
+                overflowed = True
+                return
+        await proc.wait()
 
-    timed_out = False
-    work = asyncio.gather(read(), proc.wait())
+    timed_out = stopped = False
     try:
-        await asyncio.wait_for(work, timeout)
+        await asyncio.wait_for(finish(), timeout)
     except asyncio.TimeoutError:
         timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
     finally:
-        if proc.returncode is None:  # cancelled (a user's /cancel, a shutdown): leave nothing behind
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            # ... and reap it, so that no zombie keeps its process group alive.
-            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError, ProcessLookupError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), REAP_SECONDS)
-        if work.done() and not work.cancelled():
-            work.exception()  # read: a gather cut short by the cancel is no lost error
+        # Timed out, past the cap, or cancelled (a user's /cancel, a shutdown): leave nothing behind.
+        stopped = proc.returncode is None
+        await _stop(proc)
     output = kept.decode("utf-8", errors="replace")
-    if dropped:
-        output += f"\n[output cut: {dropped} more bytes not shown]"
+    if overflowed:
+        output += f"\n[output cut at {output_cap} bytes: the rest was not read]"
     if timed_out:
         output += f"\n[timed out after {timeout:g}s: the process group was killed]"
         return ActionResult(action_type="terminal", command=label, output=output, ok=False,
-                            truncated=bool(dropped))
+                            truncated=overflowed)
+    # A command stopped at the cap has no exit code of its own; the cut is no failure of it.
     return ActionResult(action_type="terminal", command=label, output=output,
-                        exit_code=proc.returncode, truncated=bool(dropped))
+                        exit_code=None if stopped else proc.returncode, truncated=overflowed)
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc``'s process group (if it still runs) and reap it, within REAP_SECONDS.
+
+    Our end of its output is closed first: asyncio's own loop finishes ``wait()`` only once
+    that pipe is closed too, which a read left paused (its buffer full) never sees."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    transport = getattr(proc, "_transport", None)  # asyncio's and uvloop's: no public way to it
+    pipe = transport.get_pipe_transport(1) if transport is not None else None
+    if pipe is not None:
+        pipe.close()
+    # Reaped, so that no zombie keeps its process group alive; a cancel leaves the reaping on.
+    with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), REAP_SECONDS)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import socket
 import ssl
 import time
@@ -36,6 +37,7 @@ from autoresponse.interfaces.x.settings import (
     X_MAX_RATE_LIMIT_WAIT_SECONDS,
     X_MENTION_PAGES,
     X_MENTIONS_PER_PAGE,
+    X_UNKNOWN_RESET_WAIT_SECONDS,
     XSettings,
 )
 
@@ -46,12 +48,21 @@ _TWEET_FIELDS = ["author_id", "conversation_id", "created_at", "in_reply_to_user
 _MEDIA_FIELDS = ["type", "url", "preview_image_url", "alt_text", "duration_ms"]
 
 
+class UnknownReset(Exception):
+    """X answered a 429 whose ``x-rate-limit-reset`` is no number (tweepy cannot read it)."""
+
+
+class UnreadableAnswer(Exception):
+    """X answered a post with what cannot be read: it may have been posted all the same."""
+
+
 def seconds_until(reset: int | None, now: float | None = None) -> float:
     """How long a 429 asks us to wait: until ``x-rate-limit-reset`` (epoch seconds), from
     ``now`` (the runtime's clock's wall time; default the wall clock), at least a second,
-    at most ``X_MAX_RATE_LIMIT_WAIT_SECONDS``; a minute if X named no time."""
+    at most ``X_MAX_RATE_LIMIT_WAIT_SECONDS``; ``X_UNKNOWN_RESET_WAIT_SECONDS`` if X named
+    no time."""
     if reset is None:
-        return 60.0
+        return X_UNKNOWN_RESET_WAIT_SECONDS
     now = time.time() if now is None else now
     return min(X_MAX_RATE_LIMIT_WAIT_SECONDS, max(1.0, reset - now + 1.0))
 
@@ -118,7 +129,8 @@ class XApi:
                  reader: AsyncClient) -> None:
         self.client = client
         self.session = session
-        #: The same account's client, answering with X's JSON (``return_type=dict``): the mentions'.
+        #: The same account's client, answering with X's JSON (``return_type=dict``): the
+        #: mentions' and the replies'.
         self.reader = reader
         #: OAuth 1.0a (True), or an OAuth 2.0 user-context token as the bearer (False).
         self.user_auth = user_auth
@@ -157,10 +169,23 @@ class XApi:
         return sorted(found, key=lambda pair: post_id(pair[0]) or 0)
 
     async def reply(self, text: str, in_reply_to: int) -> int:
-        """Post ``text`` in reply to ``in_reply_to``; the new post's id."""
-        response = await self.client.create_tweet(text=text, in_reply_to_tweet_id=in_reply_to,
-                                                  user_auth=self.user_auth)
-        return int(response.data["id"])
+        """Post ``text`` in reply to ``in_reply_to``; the new post's id. Raises tweepy's
+        errors, aiohttp's, ``UnknownReset`` and ``UnreadableAnswer``."""
+        try:  # read as JSON (the reader's): our own reading of the answer fails nowhere else
+            answer = await self.reader.create_tweet(text=text, in_reply_to_tweet_id=in_reply_to,
+                                                    user_auth=self.user_auth)
+        except (UnicodeError, RecursionError, json.JSONDecodeError) as exc:  # a body that is no JSON
+            raise UnreadableAnswer(f"{type(exc).__name__}: {exc}") from None
+        except aiohttp.ContentTypeError as exc:
+            if 200 <= exc.status < 300:  # posted, but no JSON came back: retrying would post twice
+                raise UnreadableAnswer(f"{type(exc).__name__}: {exc}") from None
+            raise
+        except ValueError as exc:  # the one other ValueError: tweepy's int() of a 429's reset
+            raise UnknownReset(f"429 with an x-rate-limit-reset that is no number ({exc})") from None
+        found = post_id(answer.get("data")) if isinstance(answer, dict) else None
+        if found is None:
+            raise UnreadableAnswer(f"no post id in {str(answer)[:200]}")
+        return found
 
     async def aclose(self) -> None:
         await self.session.close()

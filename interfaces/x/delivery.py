@@ -4,10 +4,11 @@
   other target is written to.
 * A reply heavier than 280 weighted characters (see ``counting``) is cut between words
   into posts, each answering the one before it: a thread, in order.
-* A 429 waits for ``x-rate-limit-reset`` (that reply only; others go on), a bounded
-  number of times; network errors and 5xx are retried a bounded number of times;
-  anything else X refuses (a duplicate, a deleted post, no permission) is final: a dead
-  letter with X's words.
+* A 429 waits for ``x-rate-limit-reset`` (that reply only; others go on; a fixed wait
+  when the reset cannot be read), a bounded number of times; network errors and 5xx are
+  retried a bounded number of times; anything else X refuses (a duplicate, a deleted
+  post, no permission) is final: a dead letter with X's words. So is an answer that
+  cannot be read: the post may be up, and is never made twice.
 
 >>> delivery = XDelivery(api, journal)                               # doctest: +SKIP
 >>> await delivery.deliver(OutboundMessage.reply(ctx, "Your disks are fine."))   # doctest: +SKIP
@@ -28,7 +29,7 @@ from autoresponse.actors.kernel.backoff import SEND_BACKOFF
 from autoresponse.actors.kernel.clock import Clock
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
-from autoresponse.interfaces.x.client import XApi, seconds_until
+from autoresponse.interfaces.x.client import UnknownReset, UnreadableAnswer, XApi, seconds_until
 from autoresponse.interfaces.x.counting import split_post
 from autoresponse.interfaces.x.settings import (
     X_MAX_RATE_LIMIT_WAIT_SECONDS,
@@ -77,9 +78,10 @@ class XDelivery:
         while True:
             try:
                 return await self.api.reply(text, in_reply_to)
-            except TooManyRequests as exc:
+            except (TooManyRequests, UnknownReset) as exc:
                 rate_limits += 1
-                wait = seconds_until(exc.reset_time, now=self._clock.time())
+                reset = exc.reset_time if isinstance(exc, TooManyRequests) else None
+                wait = seconds_until(reset, now=self._clock.time())
                 if rate_limits > X_MAX_RATE_LIMITS or wait >= X_MAX_RATE_LIMIT_WAIT_SECONDS:
                     raise Undeliverable("rate limited", str(exc)) from None
                 log.info("X rate-limited the reply to %s; it waits %.0fs", in_reply_to, wait)
@@ -89,5 +91,7 @@ class XDelivery:
                 if failures >= X_SEND_ATTEMPTS:
                     raise Undeliverable("network", f"{type(exc).__name__}: {exc}") from None
                 await self._sleep(SEND_BACKOFF.delay(failures))
+            except UnreadableAnswer as exc:
+                raise Undeliverable("unreadable answer", str(exc)) from None
             except HTTPException as exc:  # 400, 401, 403 (a duplicate, no permission), 404
                 raise Undeliverable("rejected by X", f"{type(exc).__name__}: {exc}") from None

@@ -3,8 +3,9 @@
 A polling task this actor owns reads the mentions timeline with tweepy, journals each
 new mention (``runtime.accept``, one correlation per post id), and only then moves
 ``since_id`` past it (``cursor``): a kill between the two asks X for it again, and the
-journal recognises it. A 429 waits for ``x-rate-limit-reset``. Authorization happens
-here, in the actor, when the journaled mention is handled.
+journal recognises it. A 429 waits for ``x-rate-limit-reset``, or longer while 429s go on
+(shown as failing). Authorization happens here, in the actor, when the journaled mention
+is handled.
 
 Mentions are read post by post from X's JSON, so one malformed post (a field of the
 wrong type) is logged, dead-lettered with its raw form and the field it got wrong, and
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -37,6 +40,10 @@ from autoresponse.interfaces.x.settings import XSettings
 from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.x")
+
+#: Back-to-back 429s on the mentions: the poll backoff, doubling up to its longest wait
+#: (never started over by its reset_after: its waits soon outlast that).
+_RATE_LIMIT_BACKOFF = replace(POLL_BACKOFF, reset_after=math.inf)
 
 
 class XMention(BaseModel):
@@ -109,13 +116,18 @@ class XInterface(TypedActor):
     async def _read_mentions(self, failures: Backoff, shared: SharedPoller | None) -> None:
         clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
         health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz
+        rate_limits = Backoff(_RATE_LIMIT_BACKOFF, clock=clock.monotonic)
         while True:
             try:
                 await self._take_new()
                 if shared is not None and self._cursor.since_id is not None:
                     await shared.save(str(self._cursor.since_id))
             except TooManyRequests as exc:
-                wait = seconds_until(exc.reset_time, now=clock.time())
+                # X's reset, but never sooner than the backoff: a reset already past (a
+                # clock apart from X's) or 429 after 429 would otherwise be a look a second.
+                wait = max(seconds_until(exc.reset_time, now=clock.time()), rate_limits.next_delay())
+                health.failed(f"X rate-limits the mentions timeline (429, x-rate-limit-reset "
+                              f"{exc.reset_time})")
                 log.warning("X rate-limited the mentions timeline; looking again in %.0fs", wait)
                 await clock.sleep(wait)
                 continue
@@ -131,6 +143,7 @@ class XInterface(TypedActor):
                 await clock.sleep(delay)
                 continue
             failures.reset()
+            rate_limits.reset()
             health.worked()
             await clock.sleep(self.settings.poll_interval)
 

@@ -29,6 +29,8 @@ X_SEND_ATTEMPTS = 3
 #: either the reply is a dead letter (a poll simply waits the longest wait and looks again).
 X_MAX_RATE_LIMITS = 3
 X_MAX_RATE_LIMIT_WAIT_SECONDS = 900.0
+#: The wait after a 429 that names no reset, or one that cannot be read.
+X_UNKNOWN_RESET_WAIT_SECONDS = 60.0
 #: Seconds to wait for X to answer one request.
 X_TIMEOUT_SECONDS = 30.0
 
