@@ -11,6 +11,7 @@ from conftest import wait_for
 from pydantic import BaseModel
 
 from autoresponse.actors.kernel import ManualClock, Runtime, TypedActor, handles
+from autoresponse.actors.kernel.backoff import POLL_BACKOFF
 from autoresponse.messages import Crash, Envelope
 from autoresponse.supervisors import (
     Backoff,
@@ -220,6 +221,20 @@ def test_backoff_follows_min_max_and_jitter_and_resets_when_quiet() -> None:
     # 1 * (1 - 0.5), 2 * (1 + 0.5), then 4 and 8 without jitter, then capped at max.
     assert delays == [0.5, 3.0, 4.0, 8.0, 8.0]
     now[0] += 30.0
+    assert backoff.next_delay() == 1.0
+
+
+def test_a_backoff_whose_waits_outlast_its_quiet_spell_still_reaches_its_max() -> None:
+    """A poll failing every time it is tried again waits 1, 2, 4 … up to 5 minutes: a wait
+    longer than reset_after is no quiet spell (it used to start over after 32 s, for ever)."""
+    now = [0.0]
+    backoff = Backoff(POLL_BACKOFF, clock=lambda: now[0], rng=lambda: 0.5)
+    delays = []
+    for _ in range(12):
+        delays.append(backoff.next_delay())
+        now[0] += delays[-1] + 0.5  # tried again as soon as the wait ran out, and failed
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0, 300.0]
+    now[0] += POLL_BACKOFF.reset_after  # then quiet, past the last wait
     assert backoff.next_delay() == 1.0
 
 

@@ -2,12 +2,12 @@
 HTTP retries, polling after errors), on a clock you can control.
 
 >>> BackoffPolicy(min=0.5, max=8, jitter=0).delay(3)
-4.0
+2.0
 >>> now = [0.0]
->>> backoff = Backoff(BackoffPolicy(min=1, max=4, jitter=0, reset_after=60), clock=lambda: now[0])
+>>> backoff = Backoff(BackoffPolicy(min=1.0, max=4.0, jitter=0, reset_after=60), clock=lambda: now[0])
 >>> [backoff.next_delay() for _ in range(4)]
 [1.0, 2.0, 4.0, 4.0]
->>> now[0] = 100.0   # a quiet minute and more
+>>> now[0] = 100.0   # a quiet minute and more after the last wait (4 s)
 >>> backoff.next_delay()
 1.0
 """
@@ -56,21 +56,24 @@ class Backoff:
         self._clock = clock
         self._rng = rng
         self._consecutive = 0
-        self._last: float | None = None
+        self._waited_until: float | None = None  # when the last delay given ran out
 
     def next_delay(self) -> float:
-        """The delay before the next try; call once per try."""
+        """The delay before the next try; call once per try. Quiet is counted from when the
+        last delay ran out, not from when it was given: a wait longer than ``reset_after``
+        (a poll backing off towards minutes) is no quiet spell, and must not start it over."""
         now = self._clock()
-        if self._last is not None and now - self._last >= self.policy.reset_after:
+        if self._waited_until is not None and now - self._waited_until >= self.policy.reset_after:
             self._consecutive = 0
         self._consecutive += 1
-        self._last = now
-        return self.policy.delay(self._consecutive, self._rng)
+        delay = self.policy.delay(self._consecutive, self._rng)
+        self._waited_until = now + delay
+        return delay
 
     def reset(self) -> None:
         """It worked: the next failure starts from ``min`` again."""
         self._consecutive = 0
-        self._last = None
+        self._waited_until = None
 
 
 #: A platform's API refused or dropped a send: wait 1 s, doubling, at most 30 s.

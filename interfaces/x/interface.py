@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
-from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -40,11 +38,6 @@ from autoresponse.interfaces.x.settings import XSettings
 from autoresponse.messages import Attachment, Envelope, OriginalContext
 
 log = logging.getLogger("autoresponse.x")
-
-#: Back-to-back 429s on the mentions: the poll backoff, doubling up to its longest wait
-#: (never started over by its reset_after: its waits soon outlast that).
-_RATE_LIMIT_BACKOFF = replace(POLL_BACKOFF, reset_after=math.inf)
-
 
 class XMention(BaseModel):
     """A post that mentions the account."""
@@ -116,7 +109,7 @@ class XInterface(TypedActor):
     async def _read_mentions(self, failures: Backoff, shared: SharedPoller | None) -> None:
         clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
         health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz
-        rate_limits = Backoff(_RATE_LIMIT_BACKOFF, clock=clock.monotonic)
+        rate_limits = Backoff(POLL_BACKOFF, clock=clock.monotonic)  # back-to-back 429s
         while True:
             try:
                 await self._take_new()
