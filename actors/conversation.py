@@ -142,6 +142,15 @@ def speaker(request: UserRequest) -> tuple[str | None, bool]:
     return user_of(request), request.context.autonomous
 
 
+def by_speaker(held: list[Envelope]) -> list[Envelope]:
+    """Messages gathered together (albums two people sent at once, interleaved), each
+    speaker's together, in the order each began: so each one's album is one turn."""
+    groups: dict[tuple[str | None, bool], list[Envelope]] = {}
+    for env in held:
+        groups.setdefault(speaker(env.body), []).append(env)
+    return [env for group in groups.values() for env in group]
+
+
 def may_cancel(request: UserRequest, owner: str | None) -> bool:
     """Whether ``request`` (a /cancel) may call off what ``owner`` sent: an allowed user
     anything of their chat, a stranger (an autonomous turn) only their own."""
@@ -224,7 +233,7 @@ class ConversationActor(TypedActor):
         if gathered is None or gathered.first != close.first:
             return  # the group was cancelled (a newer one may be gathering)
         del self._gathering[close.chat]
-        self._waiting.setdefault(close.chat, deque()).extend(gathered.held)
+        self._waiting.setdefault(close.chat, deque()).extend(by_speaker(gathered.held))
         if close.chat not in self._running:
             self._next_turn(close.chat)
 
@@ -325,8 +334,12 @@ class ConversationActor(TypedActor):
         ctx = request.context
         if self.runtime.intake.distributed:
             # On a shared journal a chat's items run one after the other, so this one
-            # runs only once the request it would cancel has finished: say so plainly.
-            self._say(ctx, CANCEL_UNAVAILABLE, env)
+            # runs only once the request it would cancel has finished: say so plainly
+            # (to a stranger nothing: on X it would be a public reply).
+            if ctx.autonomous:
+                self._ignore(request, "/cancel")
+            else:
+                self._say(ctx, CANCEL_UNAVAILABLE, env)
             return
         dropped = self._drop_waiting(chat, request) + self._drop_gathered(chat, request)
         running = self._running.get(chat)

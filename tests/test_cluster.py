@@ -430,3 +430,23 @@ def test_a_nats_outage_pauses_the_daemons_and_loses_nothing(tmp_path: Path, nats
                 if daemon.proc is not None and daemon.proc.poll() is None:
                     daemon.stop()
     assert sorted(replies_per_chat(telegram, base)) == list(range(updates))
+
+
+def test_a_cancel_on_a_shared_journal_is_explained_to_its_user_and_a_stranger_hears_nothing(
+    nats_server: NatsServer, make_app: Any
+) -> None:
+    """A chat's items run one after another on a shared journal, so /cancel cannot reach the
+    request under way: its user is told; a stranger's (on X, a public reply) gets nothing."""
+    from autoresponse.actors.conversation import CANCEL_UNAVAILABLE
+    from autoresponse.actors.routes import CONVERSATIONS, sender
+    from autoresponse.messages import OutboundMessage
+
+    app = make_app(journal={"backend": "nats"}, nats={"url": nats_server.url})
+    allowed = OriginalContext(chat_id="thread-1", message_id=8, interface_name="console", user_id=7)
+    stranger = allowed.model_copy(update={"message_id": 9, "user_id": 666, "autonomous": True})
+    with app.runtime.probe(sender("console")) as out:
+        for context in (stranger, allowed):  # the stranger's first: its answer would come first
+            envelope = app.runtime.send(CONVERSATIONS, UserRequest(text="/cancel", context=context))
+            assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, timeout=10)
+        wait_for(lambda: out.bodies(OutboundMessage))
+        assert [(m.reply_to_message_id, m.text) for m in out.bodies(OutboundMessage)] == [(8, CANCEL_UNAVAILABLE)]

@@ -396,3 +396,24 @@ def test_a_damaged_memory_row_is_left_out_and_the_chat_goes_on(
     said = [m["content"] for m in last if m["role"] == "user"]
     assert "the second question" in said and said[-1] == "the third question"
     assert "the first question" not in said
+
+
+def test_two_peoples_albums_sent_at_once_are_a_turn_each(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """Albums two people send into a group at the same moment arrive interleaved: each
+    person's album is one turn of its own (never one turn of both, nor a turn a photo)."""
+    from autoresponse.messages import OriginalContext, UserRequest
+    from autoresponse.messages.media import Attachment
+
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    for n, user in enumerate([1, 2, 1, 2, 1], start=1):
+        context = OriginalContext(chat_id="group-1", message_id=n, interface_name="console", chat_type="group",
+                                  user_id=user, user_name=f"user{user}")
+        app.runtime.send(CONVERSATIONS, UserRequest(text=f"caption {user}-{n}", context=context,
+                                                    media_group=f"album-{user}",
+                                                    attachments=(Attachment(kind="photo", file_id=f"f{n}"),)))
+    assert manual_clock.advance_until(lambda: len(fake_llm.requests) == 2 and app.runtime.inflight.count() == 0, 15)
+    turns = sorted(r.messages[-1]["content"] for r in fake_llm.requests)
+    assert turns[0].startswith("caption 1-1\ncaption 1-3\ncaption 1-5") and "caption 2" not in turns[0]
+    assert turns[1].startswith("caption 2-2\ncaption 2-4") and "caption 1" not in turns[1]

@@ -359,3 +359,41 @@ def test_a_reminder_for_a_moment_long_past_is_refused_through_the_llm(
     assert "That day has passed; which date did you mean?" in console_text(app)
     assert "scheduled for" not in console_text(app)
     assert state_of(tmp_path / "data", 1) is None
+
+
+def test_a_daily_reminder_whose_first_time_today_has_passed_starts_tomorrow(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """"Every day at this time two hours ago": not refused, nor sent at once; from tomorrow."""
+    earlier = dt.datetime.now() - dt.timedelta(hours=2)
+    fake_llm.script(
+        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
+            "date": earlier.date().isoformat(), "time": earlier.strftime("%H:%M"), "description": "vitamins",
+            "repeat": "daily"}}]})),
+        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
+            "text": "Done: every day."}}]})))
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
+    ask(app, "remind me to take my vitamins every day at this time")
+    [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    tomorrow = (earlier + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    assert output["ok"] is True and f"scheduled for {tomorrow}" in output["output"], output
+
+
+def test_a_monthly_reminder_kept_before_its_first_day_was_stored_stops_drifting(tmp_path: Path) -> None:
+    """A row an older release wrote has no first occurrence: from its next delivery on, it
+    counts from the day it is due then (the 31st here), not from each shortened month."""
+    store = EventStore(tmp_path / "events.sqlite3")
+    try:
+        context = OriginalContext(chat_id="console", message_id=1, interface_name="console")
+        event = store.add(EventPayload(date=dt.date(2026, 1, 31), time=dt.time(9, 0), repeat="monthly",
+                                       description="rent"), context)
+        store._db.execute("UPDATE events SET first_due = NULL")  # as the older release left it
+        seen = []
+        for _ in range(3):
+            due = store.get(event.id).due  # type: ignore[union-attr]
+            store.delivered(event.id, due, due + 60)
+            seen.append(dt.datetime.fromtimestamp(store.get(event.id).due).strftime("%m-%d"))  # type: ignore[union-attr]
+    finally:
+        store.close()
+    assert seen == ["02-28", "03-31", "04-30"]
+

@@ -27,6 +27,7 @@ from autoresponse.actors.llm.media import MediaReader
 from autoresponse.actors.prompts import build_chat_request
 from autoresponse.messages import Attachment, OriginalContext, UserRequest
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
+from autoresponse.interfaces.telegram.media import file_url
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 ALLOWED = 7
@@ -301,6 +302,14 @@ def test_a_file_is_only_ever_downloaded_from_the_bot_apis_file_url_never_read_fr
     else:
         assert content == 'summarize\n[document "notes.txt" (19 B): not read: its download failed]'
         assert fake_telegram.calls_to("file") == []
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "photos/%2e%2e/%2e%2e/x", "%2Fetc/passwd",
+                                  "file:///etc/passwd", "photos/a\\..\\b"])
+def test_a_file_path_that_would_leave_the_bot_apis_file_url_is_refused(path: str) -> None:
+    with pytest.raises(LookupError):
+        file_url("https://api.telegram.org/file/bot1:T", path)
+    assert file_url("https://api.telegram.org/file/bot1:T", "photos/a%20b.jpg").endswith("/photos/a%20b.jpg")
 
 
 @pytest.mark.parametrize("where", ["inside", "outside", "linked outside"])

@@ -150,19 +150,30 @@ def test_output_is_capped_with_a_note() -> None:
     kept, note = result.output[:1000], result.output[1000:]
     assert kept.startswith("1\n2\n3\n")
     assert result.truncated
-    assert note == "\n[output cut at 1000 bytes: the rest was not read]"
-    assert result.ok  # cutting the output is not a failure of the command
+    everything = len("".join(f"{n}\n" for n in range(1, 100_001)))
+    assert note == f"\n[output cut: {everything - 1000} more bytes not shown]"  # all of it read
+    assert result.ok and result.exit_code == 0  # cutting the output is not a failure of the command
+
+
+def test_a_verbose_command_runs_to_its_end_past_the_cap_and_its_exit_code_counts(tmp_path: Path) -> None:
+    """Past the cap its output is read and dropped, never left to fill the pipe nor cut short
+    by a kill: `tar -v` or `make` finishes its work, and fails by its own exit code."""
+    done = tmp_path / "done"
+    script = f"seq 1 20000; sleep 0.2; touch {done}; exit 3"
+    result = asyncio.run(run_command(["sh", "-c", script], label="verbose", timeout=10, output_cap=1000))
+    assert done.exists() and result.exit_code == 3 and not result.ok and result.truncated
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_endless_output_is_stopped_at_the_cap_on_either_event_loop(loop: EventLoopKind) -> None:
-    """``yes`` never ends: it is stopped where its output is cut, not left to its timeout
-    (on asyncio's own loop, that timeout's kill used to wait for it forever)."""
+def test_endless_output_ends_at_the_timeout_on_either_event_loop(loop: EventLoopKind) -> None:
+    """``yes`` never ends: its timeout kills it, and the call returns (on asyncio's own loop,
+    the wait after the kill used to wait for the pipe for ever)."""
     with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
         result = runner.run(asyncio.wait_for(
-            run_command(["yes"], label="yes", timeout=5, output_cap=1000), 30))
-    assert result.output == "y\n" * 500 + "\n[output cut at 1000 bytes: the rest was not read]"
-    assert result.ok and result.truncated and result.exit_code is None  # cut, not timed out
+            run_command(["yes"], label="yes", timeout=1, output_cap=1000), 30))
+    assert result.output.startswith("y\n" * 500 + "\n[output cut: ")
+    assert result.output.endswith("more bytes not shown]\n[timed out after 1s: the process group was killed]")
+    assert not result.ok and result.truncated
 
 
 def test_a_non_zero_exit_is_delivered_through_the_llm(make_app: MakeApp, fake_llm: FakeLLMServer) -> None:

@@ -24,9 +24,11 @@ class EventExecutor(TypedActor):
     @handles
     def on_action(self, request: ActionRequest, env: Envelope) -> None:
         payload = request.action.payload
+        now = self.runtime.clock.time()
         try:
-            _refuse_past(first_due(payload.date, payload.time), self.runtime.clock.time())
-            event = self.store.add(payload, request.context)
+            if payload.repeat == "none":  # a repeating one starts at its next occurrence instead
+                _refuse_past(first_due(payload.date, payload.time), now)
+            event = self.store.add(payload, request.context, now)
         except (DateOutOfRange, DateInPast) as exc:  # refused: back through the LLM, which can tell its user
             refused = ActionResult(action_type="event", command=f"remind: {payload.description}",
                                    output=f"refused: {exc}", ok=False)

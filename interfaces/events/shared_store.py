@@ -21,9 +21,9 @@ from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.interfaces.events.store import (
     StoredEvent,
     UnreadableEvent,
-    first_due,
     next_due,
     read_event,
+    scheduled,
     unreadable_reason,
 )
 from autoresponse.messages import OriginalContext
@@ -60,8 +60,9 @@ class SharedEventStore:
             return None if changed is None else _dump(changed)
         await compare_and_set(self._kv, key, apply)
 
-    def add(self, payload: EventPayload, context: OriginalContext) -> StoredEvent:
-        due = first_due(payload.date, payload.time)
+    def add(self, payload: EventPayload, context: OriginalContext, now: float | None = None) -> StoredEvent:
+        """Store a new reminder (``scheduled`` at ``now``)."""
+        due, first = scheduled(payload, now)
 
         async def add() -> int:
             got: list[int] = []
@@ -73,7 +74,7 @@ class SharedEventStore:
             await self._kv.put(f"event-{got[0]}", _dump({
                 "id": got[0], "context": context.model_dump(mode="json"), "description": payload.description,
                 "repeat": payload.repeat, "due": due, "state": "pending", "failures": 0, "next_try": None,
-                "last_error": None, "created": time.time(), "first_due": due}))
+                "last_error": None, "created": time.time(), "first_due": first}))
             return got[0]
         event = self.get(self._journal.run(add()))
         assert event is not None
@@ -114,10 +115,11 @@ class SharedEventStore:
         def move_on(value: dict[str, Any] | None) -> dict[str, Any] | None:
             if value is None or value["due"] != due:
                 return None  # already moved on
-            following = next_due(due, value["repeat"], now, first=value.get("first_due"))
+            first = value.get("first_due") or due  # a value kept before first_due was: from here on
+            following = next_due(due, value["repeat"], now, first=first)
             if following is None:
                 return {**value, "state": "delivered", "failures": 0, "next_try": None}
-            return {**value, "due": following, "failures": 0, "next_try": None}
+            return {**value, "due": following, "first_due": first, "failures": 0, "next_try": None}
         self._journal.run(self._change(f"event-{event_id}", move_on))
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors.memory import open_store
 from autoresponse.interfaces.events.actions import EventPayload, Repeat
+from autoresponse.interfaces.events.settings import EVENTS_PAST_GRACE_SECONDS
 from autoresponse.messages import OriginalContext
 
 #: When a reminder gives a day but no time.
@@ -53,6 +54,7 @@ def _set_up(db: sqlite3.Connection) -> None:
     for column, statement in _MIGRATIONS.items():
         if column not in columns:
             db.execute(statement)
+
 
 
 class StoredEvent(BaseModel):
@@ -98,6 +100,19 @@ def read_event(row: dict[str, Any]) -> StoredEvent:
     return StoredEvent(id=row["id"], context=context, description=row["description"], repeat=row["repeat"],
                        due=row["due"], state=row["state"], failures=row["failures"],
                        next_try=row.get("next_try"))
+
+
+def scheduled(payload: EventPayload, now: float | None = None) -> tuple[float, float]:
+    """When a new reminder is first due, and the occurrence its repeats count from. A
+    repeating one whose first date is past by more than EVENTS_PAST_GRACE_SECONDS at ``now``
+    (every day at 9, asked at 10) starts at its next occurrence; a one-off is the executor's
+    to refuse. Raises DateOutOfRange."""
+    first = first_due(payload.date, payload.time)
+    if now is None or payload.repeat == "none" or first >= now - EVENTS_PAST_GRACE_SECONDS:
+        return first, first
+    upcoming = next_due(first, payload.repeat, now, first=first)
+    assert upcoming is not None  # it repeats
+    return upcoming, first
 
 
 class DateOutOfRange(ValueError):
@@ -158,13 +173,14 @@ class EventStore:
         with self._lock:
             self._db.close()
 
-    def add(self, payload: EventPayload, context: OriginalContext) -> StoredEvent:
-        due = first_due(payload.date, payload.time)
+    def add(self, payload: EventPayload, context: OriginalContext, now: float | None = None) -> StoredEvent:
+        """Store a new reminder (``scheduled`` at ``now``)."""
+        due, first = scheduled(payload, now)
         with self._lock:
             cursor = self._db.execute(
                 "INSERT INTO events (context, description, repeat, due, created, first_due) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (context.model_dump_json(), payload.description, payload.repeat, due, time.time(), due),
+                (context.model_dump_json(), payload.description, payload.repeat, due, time.time(), first),
             )
         event = self.get(cursor.lastrowid)  # type: ignore[arg-type]
         assert event is not None
@@ -210,13 +226,14 @@ class EventStore:
                                    (event_id,)).fetchone()
             if row is None or row[1] != due:
                 return  # already moved on
-            following = next_due(due, row[0], now, first=row[2])
+            first = due if row[2] is None else row[2]  # a row kept before first_due was: from here on
+            following = next_due(due, row[0], now, first=first)
             if following is None:
                 self._db.execute("UPDATE events SET state = 'delivered', failures = 0, next_try = NULL "
                                  "WHERE id = ?", (event_id,))
             else:
-                self._db.execute("UPDATE events SET due = ?, failures = 0, next_try = NULL WHERE id = ?",
-                                 (following, event_id))
+                self._db.execute("UPDATE events SET due = ?, first_due = ?, failures = 0, next_try = NULL "
+                                 "WHERE id = ?", (following, first, event_id))
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
                retry_in: float, now: float | None = None) -> StoredEvent | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 from telegram import Bot, Message
@@ -47,8 +48,9 @@ def file_url(base_file_url: str, file_path: str) -> str:
     'https://api.telegram.org/file/bot1:T/photos/file_0.jpg'
     """
     relative = file_path.removeprefix(base_file_url + "/")
-    segments = relative.split("/")
-    if (not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative
+    decoded = unquote(relative)  # as the URL's reader takes it: "%2e%2e" is ".."
+    segments = decoded.split("/")
+    if (not relative or decoded.startswith("/") or "\\" in decoded or "\x00" in decoded
             or ":" in segments[0] or any(s in (".", "..") for s in segments)):
         raise LookupError("Telegram gave a file path that is not under its file URL (a local or absolute "
                           "path); files are only downloaded by URL")

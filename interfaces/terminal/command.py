@@ -147,38 +147,34 @@ async def run_command(argv: list[str], *, label: str, timeout: float, output_cap
             start_new_session=True,  # its own process group, so a timeout kills every descendant
         )
     kept = bytearray()
-    overflowed = False  # more came than the cap: the rest is not read
+    dropped = 0  # bytes past the cap: read (a full pipe would stall the command), not kept
 
     async def finish() -> None:
-        nonlocal overflowed
+        nonlocal dropped
         assert proc.stdout is not None
         while chunk := await proc.stdout.read(_READ_CHUNK):
-            room = output_cap - len(kept)
+            room = max(0, output_cap - len(kept))
             kept.extend(chunk[:room])
-            if len(chunk) > room:  # nothing more would be shown: stopped now, not at the timeout
-                overflowed = True
-                return
+            dropped += len(chunk) - min(room, len(chunk))
         await proc.wait()
 
-    timed_out = stopped = False
+    timed_out = False
     try:
         await asyncio.wait_for(finish(), timeout)
     except asyncio.TimeoutError:
         timed_out = True
     finally:
-        # Timed out, past the cap, or cancelled (a user's /cancel, a shutdown): leave nothing behind.
-        stopped = proc.returncode is None
+        # Timed out, or cancelled (a user's /cancel, a shutdown): leave nothing behind.
         await _stop(proc)
     output = kept.decode("utf-8", errors="replace")
-    if overflowed:
-        output += f"\n[output cut at {output_cap} bytes: the rest was not read]"
+    if dropped:
+        output += f"\n[output cut: {dropped} more bytes not shown]"
     if timed_out:
         output += f"\n[timed out after {timeout:g}s: the process group was killed]"
         return ActionResult(action_type="terminal", command=label, output=output, ok=False,
-                            truncated=overflowed)
-    # A command stopped at the cap has no exit code of its own; the cut is no failure of it.
+                            truncated=bool(dropped))
     return ActionResult(action_type="terminal", command=label, output=output,
-                        exit_code=None if stopped else proc.returncode, truncated=overflowed)
+                        exit_code=proc.returncode, truncated=bool(dropped))
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
