@@ -15,7 +15,9 @@ Each reply is handed to the event loop, so many go out at once; how it ended
 comes back as a message. A reply that cannot be delivered is a dead letter with
 its reason, never a crash, and whoever asked for a receipt hears either way: an
 error the delivery did not foresee is one too ("delivery failed", naming it), since a
-crash would cancel every other reply in flight and send them again.
+crash would cancel every other reply in flight and send them again. Only a journal that
+cannot say whether a reply went out already (``LedgerUnavailable``) crashes it: its
+restart tries the reply again once the journal is back, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel.actor import TypedActor, handles
+from autoresponse.actors.journal import LedgerUnavailable
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.messages import Envelope, OutboundMessage
 
@@ -84,6 +87,8 @@ class DeliverySender(TypedActor):
             return Delivered(ids=tuple(str(i) for i in await self.delivery.deliver(message)))
         except Undeliverable as exc:
             return NotDelivered(reason=exc.reason, detail=exc.detail)
+        except LedgerUnavailable:
+            raise  # the journal away, not the platform: the sender's restart tries the reply again
         except Exception as exc:  # unforeseen: this reply's dead letter, not the sender's crash
             log.exception("delivering a reply to %s failed", message.chat_id)
             return NotDelivered(reason="delivery failed", detail=f"{type(exc).__name__}: {exc}")

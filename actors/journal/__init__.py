@@ -10,11 +10,12 @@ from autoresponse.actors.journal.journal import (
     DeliveryJournal,
     JournalCorrupt,
     JournalInUse,
+    LedgerUnavailable,
     JournalItem,
     SendLedger,
     SqliteJournal,
     check_journal,
 )
 
-__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "SendLedger", "SqliteJournal",
+__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "LedgerUnavailable", "SendLedger", "SqliteJournal",
            "check_journal"]

@@ -105,6 +105,11 @@ class JournalCorrupt(Exception):
     """The journal file exists but is not a readable journal. It is never replaced silently."""
 
 
+class LedgerUnavailable(Exception):
+    """The journal could not say whether a reply was sent already (the NATS server away,
+    say): the reply waits for its sender to try again, rather than go out twice or not at all."""
+
+
 class JournalInUse(Exception):
     """Another process has this journal open. Two would each resume the other's unfinished
     work as their own on starting, and answer it twice."""
@@ -791,8 +796,14 @@ class SendLedger:
         return f"{message.key}#{chunk}"
 
     def already_sent(self, message: OutboundMessage, chunk: int) -> bool:
+        """Whether the chunk was sent before; LedgerUnavailable when the journal cannot say."""
         key = self._key(message, chunk)
-        return key is not None and self.journal.was_sent(key, current_correlation.get())  # type: ignore[union-attr]
+        if key is None:
+            return False
+        try:
+            return self.journal.was_sent(key, current_correlation.get())  # type: ignore[union-attr]
+        except Exception as exc:
+            raise LedgerUnavailable(f"the journal cannot say whether it was sent: {type(exc).__name__}: {exc}") from exc
 
     def confirm(self, message: OutboundMessage, chunk: int) -> concurrent.futures.Future[bool]:
         """Record the chunk as sent; the future resolves once that is durable.
