@@ -56,6 +56,13 @@ def schedule(data_dir: Path, context: OriginalContext, seconds_from_now: float,
         store.close()
 
 
+def answers(fake_llm: FakeLLMServer, event: dict[str, Any], then: str) -> None:
+    """The LLM answers with this event action, then, given its outcome, says ``then``."""
+    fake_llm.script(
+        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": event}]})),
+        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {"text": then}}]})))
+
+
 def state_of(data_dir: Path, event_id: int) -> Any:
     store = EventStore(data_dir / "events.sqlite3")
     try:
@@ -183,11 +190,8 @@ def test_a_reminder_for_a_date_this_machine_cannot_represent_is_refused_through_
 ) -> None:
     """Year 1 (in any zone) is past what the machine's clock can say: the LLM hears why the
     reminder was refused, and tells its user; nothing crashes, nothing is stored."""
-    fake_llm.script(
-        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
-            "date": "0001-01-01", "time": "09:00", "description": "stretch"}}]})),
-        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
-            "text": "I cannot remind you that long ago."}}]})))
+    answers(fake_llm, {"date": "0001-01-01", "time": "09:00", "description": "stretch"},
+            "I cannot remind you that long ago.")
     app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
     ask(app, "remind me on the first day of year one to stretch")
     [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
@@ -346,11 +350,8 @@ def test_a_reminder_for_a_moment_long_past_is_refused_through_the_llm(
     make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path
 ) -> None:
     """A model that thinks it is still 2023: the reminder would go out at once, years late."""
-    fake_llm.script(
-        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
-            "date": "2023-05-01", "time": "09:00", "description": "dentist"}}]})),
-        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
-            "text": "That day has passed; which date did you mean?"}}]})))
+    answers(fake_llm, {"date": "2023-05-01", "time": "09:00", "description": "dentist"},
+            "That day has passed; which date did you mean?")
     app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
     ask(app, "remind me on May 1st at 9 to go to the dentist")
     [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
@@ -366,12 +367,8 @@ def test_a_daily_reminder_whose_first_time_today_has_passed_starts_tomorrow(
 ) -> None:
     """"Every day at this time two hours ago": not refused, nor sent at once; from tomorrow."""
     earlier = dt.datetime.now() - dt.timedelta(hours=2)
-    fake_llm.script(
-        FakeResponse(content=json.dumps({"actions": [{"type": "event", "payload": {
-            "date": earlier.date().isoformat(), "time": earlier.strftime("%H:%M"), "description": "vitamins",
-            "repeat": "daily"}}]})),
-        FakeResponse(content=json.dumps({"actions": [{"type": "message_console", "payload": {
-            "text": "Done: every day."}}]})))
+    answers(fake_llm, {"date": earlier.date().isoformat(), "time": earlier.strftime("%H:%M"),
+                       "description": "vitamins", "repeat": "daily"}, "Done: every day.")
     app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=tmp_path / "data")
     ask(app, "remind me to take my vitamins every day at this time")
     [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]

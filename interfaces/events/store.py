@@ -103,16 +103,26 @@ def read_event(row: dict[str, Any]) -> StoredEvent:
 
 
 def scheduled(payload: EventPayload, now: float | None = None) -> tuple[float, float]:
-    """When a new reminder is first due, and the occurrence its repeats count from. A
-    repeating one whose first date is past by more than EVENTS_PAST_GRACE_SECONDS at ``now``
-    (every day at 9, asked at 10) starts at its next occurrence; a one-off is the executor's
-    to refuse. Raises DateOutOfRange."""
+    """When a new reminder is first due, and the occurrence its repeats count from. One
+    whose first date is past by more than EVENTS_PAST_GRACE_SECONDS at ``now`` would go out
+    at once, "N days late": a repeating one (every day at 9, asked at 10) starts at its next
+    occurrence, a one-off is refused (DateInPast). Raises DateOutOfRange too."""
     first = first_due(payload.date, payload.time)
-    if now is None or payload.repeat == "none" or first >= now - EVENTS_PAST_GRACE_SECONDS:
+    if now is None or first >= now - EVENTS_PAST_GRACE_SECONDS:
         return first, first
     upcoming = next_due(first, payload.repeat, now, first=first)
-    assert upcoming is not None  # it repeats
+    if upcoming is None:  # a one-off
+        raise DateInPast(f"date in the past: {_local(first)} is already past (it is now {_local(now)}); "
+                         "a reminder needs a date and time still to come")
     return upcoming, first
+
+
+def _local(moment: float) -> str:
+    return dt.datetime.fromtimestamp(moment).astimezone().isoformat(timespec="minutes")
+
+
+class DateInPast(ValueError):
+    """A reminder for a moment already past: it would go out at once, "N days late"."""
 
 
 class DateOutOfRange(ValueError):
