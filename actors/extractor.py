@@ -2,6 +2,7 @@
 
 LLMs wrap JSON in many ways; all of these are accepted::
 
+    >>> import autoresponse.interfaces  # the built-in platforms register their actions
     >>> text = 'Sure! ```json\\n{"actions": [{"type": "bash", "payload": {"command": "df -h"}}]}\\n```'
     >>> found = extract_actions(text, allowed=["terminal", "message_console"])
     >>> [a.type for a in found.actions], found.errors

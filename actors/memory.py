@@ -8,10 +8,13 @@ oldest entries are dropped first. Tokens are counted approximately: four
 characters to a token, plus four for each message's framing, which is close to
 what OpenAI-style tokenizers give for English and errs long for code.
 
->>> store = ConversationStore(Path("memory.sqlite3"), max_tokens=2000)   # doctest: +SKIP
->>> store.append("telegram:42:", "user", "run df -h")                     # doctest: +SKIP
->>> store.recent("telegram:42:")                                           # doctest: +SKIP
-[Turn(role='user', content='run df -h')]
+>>> from tempfile import TemporaryDirectory
+>>> folder = TemporaryDirectory()
+>>> store = ConversationStore(Path(folder.name) / "memory.sqlite3", max_tokens=2000)
+>>> store.append("telegram:42:", "user", "run df -h")
+>>> store.recent("telegram:42:")
+[Turn(role='user', content='run df -h', tool_calls=(), tool_call_id=None)]
+>>> store.close(); folder.cleanup()
 
 It also remembers the chats it has seen (their titles and usernames), so a
 message can name its target chat instead of giving its id.

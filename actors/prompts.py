@@ -3,10 +3,11 @@ prompts of chat, delivery and re-ask turns, rendered as OpenAI-style messages in
 three protocols: native ``tools``, a ``json_schema`` response format, or ``text``
 (the JSON rules and schema in the prompt).
 
+>>> import autoresponse.interfaces  # the built-in platforms register their actions
 >>> from autoresponse.messages import OriginalContext
 >>> ctx = OriginalContext(chat_id=1, interface_name="console", original_command="hi")
->>> prompt = build_chat_request("hi", ctx, allowed_actions=["message_console"])  # doctest: +SKIP
->>> [m["role"] for m in render_openai_messages(prompt)]                           # doctest: +SKIP
+>>> prompt = build_chat_request("hi", ctx, allowed_actions=["message_console"])
+>>> [m["role"] for m in render_openai_messages(prompt)]
 ['system', 'user']
 
 The schema the LLM sees is generated from the registered action models and

@@ -9,7 +9,7 @@ is true, or (unset) when ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 the standard variables (``OTEL_EXPORTER_OTLP_*``, ``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``, ``OTEL_TRACES_SAMPLER``) apply as usual::
 
-    >>> telemetry = setup(app.runtime, settings.otel)          # doctest: +SKIP (app.py does it)
+    >>> telemetry = setup(app.runtime, settings.otel)   # app.py does it  # doctest: +SKIP
 
 How the spans are made, with no context to carry between actors:
 

@@ -15,19 +15,24 @@ import sys
 from pathlib import Path
 
 
-def expected_modules(repo: Path) -> list[str]:
+def module_files(repo: Path) -> dict[str, Path]:
+    """Every module of setup.cfg's packages, by its installed name, and the file it is in."""
     config = configparser.ConfigParser()
     config.read(repo / "setup.cfg")
     mapping = dict(line.split(" = ") for line in config["options"]["package_dir"].strip().splitlines())
-    modules = []
+    modules = {}
     for package, folder in mapping.items():
         for path in sorted((repo / folder).rglob("*.py")):
             relative = path.relative_to(repo / folder).with_suffix("")
             if relative.parts[0] in {child.split(".")[-1] for child in mapping if child != package}:
                 continue  # a mapped sub-room is listed under its own name
             parts = [p for p in relative.parts if p != "__init__"]
-            modules.append(".".join((package, *parts)))
-    return sorted(set(modules))
+            modules[".".join((package, *parts))] = path
+    return dict(sorted(modules.items()))
+
+
+def expected_modules(repo: Path) -> list[str]:
+    return list(module_files(repo))
 
 
 def main() -> int:

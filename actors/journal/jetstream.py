@@ -19,10 +19,13 @@ Same protocol as ``SqliteJournal``, plus what a cluster needs (``Coordination``)
 * leases (``lease``) let exactly one daemon poll a platform account, and small
   state (``load``/``save``: the Telegram offset) is shared.
 
->>> journal = JetStreamJournal("nats://127.0.0.1:4222", node="host-a")   # doctest: +SKIP
->>> journal.start_feed(take, room)        # this daemon now works on the cluster's items
->>> lease = journal.lease("telegram-42")  # one poller for the account
->>> await lease.held()
+On a NATS server with JetStream (these need one, so they are not run). ``start_feed``:
+this daemon now works on the cluster's items; ``lease``: one poller for the account::
+
+    >>> journal = JetStreamJournal("nats://127.0.0.1:4222", node="host-a")  # doctest: +SKIP
+    >>> journal.start_feed(take, room)                                      # doctest: +SKIP
+    >>> lease = journal.lease("telegram-42")                                # doctest: +SKIP
+    >>> await lease.held()                                                  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -782,8 +782,10 @@ class SendLedger:
     correlation it names to the journal is the one being handled (``current_correlation``,
     also in the delivery task the handler started): the one whose turn made the key.
 
+    >>> from autoresponse.messages import OriginalContext
+    >>> message = OutboundMessage.reply(OriginalContext(chat_id=1, interface_name="console"), "hi")
     >>> ledger = SendLedger(None)
-    >>> ledger.already_sent(message, 0)                            # doctest: +SKIP
+    >>> ledger.already_sent(message, 0)
     False
     """
 

@@ -7,10 +7,12 @@ chat at once both land (the loser reads again and retries). Entries expire with 
 bucket's TTL, counted from the chat's last write (the SQLite store counts from each
 entry's). Known chats (to find one by name) are one value per chat.
 
->>> store = SharedConversationStore(journal, max_tokens=2000)   # doctest: +SKIP
->>> store.append("telegram:42:", "user", "how full is the disk?")
->>> store.recent("telegram:42:")
-[Turn(role='user', content='how full is the disk?')]
+With a ``JetStreamJournal`` (on a NATS server, so these are not run)::
+
+    >>> store = SharedConversationStore(journal, max_tokens=2000)       # doctest: +SKIP
+    >>> store.append("telegram:42:", "user", "how full is the disk?")  # doctest: +SKIP
+    >>> store.recent("telegram:42:")                                   # doctest: +SKIP
+    [Turn(role='user', content='how full is the disk?', tool_calls=(), tool_call_id=None)]
 """
 
 from __future__ import annotations

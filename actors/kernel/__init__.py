@@ -4,11 +4,22 @@ loop, one clock, in-flight counting, the intake, dead letters and the test kit.
 Everything here is generic: no platform, no LLM, no prompt. The pipeline's actors
 (``autoresponse.actors.builder``, ``.dispatcher``, ``.llm``, ...) are written on top of it.
 
->>> from autoresponse.actors.kernel import Runtime, TypedActor, handles
+>>> from pydantic import BaseModel
+>>> from autoresponse.actors.kernel import TypedActor, handles
+>>> from autoresponse.actors.kernel.testkit import Recorder, running
+>>> from autoresponse.messages import Envelope
+>>> class Ping(BaseModel):
+...     n: int
+>>> class Pong(BaseModel):
+...     n: int
 >>> class Echo(TypedActor):
-...     @handles(Ping)
-...     def ping(self, envelope):
-...         self.send("sink", Pong(n=envelope.body.n))           # doctest: +SKIP
+...     @handles
+...     def on_ping(self, msg: Ping, env: Envelope) -> None:
+...         self.send("sink", Pong(n=msg.n), cause=env)
+>>> with running(("echo", Echo), ("sink", Recorder)) as runtime, runtime.probe("sink") as sink:
+...     sent = runtime.send("echo", Ping(n=1))
+...     sink.expect(Pong, timeout=5).body
+Pong(n=1)
 """
 
 from autoresponse.actors.kernel._loop import IoTask, new_event_loop

@@ -1,9 +1,19 @@
 """The typed actor: handlers chosen by message class, and the tasks it owns.
 
+>>> from pydantic import BaseModel
+>>> class Hello(BaseModel):
+...     name: str
+>>> class Line(BaseModel):
+...     text: str
 >>> class Greeter(TypedActor):
 ...     @handles
 ...     def on_hello(self, msg: Hello, env: Envelope) -> None:
 ...         self.send("printer", Line(text=f"hello {msg.name}"), cause=env)
+>>> from autoresponse.actors.kernel.testkit import Recorder, running
+>>> with running(("greeter", Greeter), ("printer", Recorder)) as runtime, runtime.probe("printer") as out:
+...     sent = runtime.send("greeter", Hello(name="Ada"))
+...     out.expect(Line, timeout=5).body
+Line(text='hello Ada')
 
 A handler takes the message body and its envelope. An actor never blocks on
 another actor: it sends messages, and hands I/O to the runtime's event loop

@@ -9,8 +9,10 @@ it is acknowledged upstream, resumed on the next start if it did not finish,
 and closed only when its correlation has nothing left in flight. An item cut
 short by a stop is *interrupted*, not finished: it stays open and resumes.
 
->>> runtime.journal = SqliteJournal(path)                               # doctest: +SKIP
->>> runtime.accept("llm", request, correlation_id="telegram-7").result()  # then acknowledge
+>>> from autoresponse.actors.kernel.testkit import Recorder, running
+>>> with running(("llm", Recorder)) as runtime:  # no journal here: set runtime.journal for one
+...     runtime.accept("llm", "df -h", correlation_id="telegram-7").result()  # then acknowledge
+Envelope(..., correlation=telegram-7, hops=0, attempt=1, body=str)
 """
 
 from __future__ import annotations

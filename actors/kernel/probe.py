@@ -1,8 +1,10 @@
 """Probes: watch the messages sent to a named actor, and wait for one.
 
->>> # with runtime.probe("sender.console") as probe:
->>> #     runtime.send("interface.console", ConsoleInput(text="run date"))
->>> #     reply = probe.expect(OutboundMessage, timeout=10)
+>>> from autoresponse.actors.kernel.testkit import Recorder, running
+>>> with running(("sender.console", Recorder)) as runtime, runtime.probe("sender.console") as probe:
+...     sent = runtime.send("sender.console", "hello")
+...     probe.expect(str, timeout=10).body
+'hello'
 """
 
 from __future__ import annotations

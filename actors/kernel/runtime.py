@@ -1,12 +1,14 @@
 """The runtime: named actors, delivery, the event loop, dead letters, in-flight work.
 
->>> runtime = Runtime()
->>> runtime.start()
->>> cell = runtime.spawn("echo", EchoActor)
->>> runtime.send("echo", Ping(n=1))
+>>> from autoresponse.actors.kernel.testkit import Recorder  # takes any message, does nothing
+>>> runtime = Runtime().start()
+>>> cell = runtime.spawn("echo", Recorder)
+>>> runtime.send("echo", "ping")
+Envelope(..., hops=0, attempt=1, body=str)
 >>> runtime.wait_idle(timeout=5)
 True
 >>> runtime.stop()
+True
 
 Names are stable: a cell (a name plus its mailbox, see ``cell``) outlives every
 incarnation of its actor, so a restart breaks no sender and loses no queued message.

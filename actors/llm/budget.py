@@ -3,7 +3,7 @@ first, then the instructions, then the chat's memory, trimmed from the oldest.
 
 >>> budget = ContextBudget(window=4096, reserve=1200)
 >>> budget.room                              # tokens the request itself may use
-2796
+2800
 >>> fitted = budget.fit(prompt, protocol="json_schema")               # doctest: +SKIP
 
 Tokens are estimated from characters (no tokenizer is loaded): conservatively, since

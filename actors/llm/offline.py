@@ -4,6 +4,7 @@ It reads the very messages a real LLM would get and answers with JSON actions,
 so the whole loop (extraction, dispatch, delivery turns) runs for real::
 
     >>> import asyncio
+    >>> import autoresponse.interfaces  # the built-in platforms register their actions
     >>> from autoresponse.messages import OriginalContext
     >>> from autoresponse.actors.prompts import build_chat_request, render_openai_messages
     >>> ctx = OriginalContext(chat_id=1, interface_name="console", original_command="run df -h")

@@ -7,6 +7,8 @@ on one long-lived aiohttp session per bot, on the runtime's event loop, and maps
 aiohttp's failures to PTB's own errors, so every Telegram rule (RetryAfter,
 BadRequest, Forbidden, ...) works as before::
 
+    >>> from telegram import Bot
+    >>> token = "123456:ABC-DEF"
     >>> bot = Bot(token, request=AiohttpRequest(), get_updates_request=AiohttpRequest(connections=1))
 """
 
