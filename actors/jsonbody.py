@@ -1,5 +1,6 @@
 """JSON in bodies. Read from outside (the admin endpoint, Telegram's webhook calls): UTF-8,
-JSON, and nested no deeper than a limit, or ``MalformedJson`` saying which. Written
+JSON, and nested no deeper than a limit, or ``MalformedJson`` saying which; the bytes
+themselves a few at a time, each whole within a time limit (``BodyReads``). Written
 (an LLM request, a Bot API call, a journaled trace): compact UTF-8, by ``dump_json``.
 
 Depth is bounded because everything after the parse walks the value (validation, the
@@ -14,7 +15,9 @@ autoresponse.actors.jsonbody.MalformedJson: the body nests deeper than 2 levels
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -65,6 +68,40 @@ def read_json_body(body: bytes, max_depth: int = JSON_BODY_MAX_DEPTH) -> Any:
     if nests_deeper_than(value, max_depth):
         raise MalformedJson(too_deep, text)
     return value
+
+
+class BodyReads:
+    """The request bodies a server is reading now: at most ``limit`` at once, each whole
+    within ``seconds``. A client that sends a byte at a time is never idle, so no idle
+    timeout cuts it; this does, and a few such clients cannot hold every connection.
+
+    >>> reads = BodyReads(limit=1, seconds=30.0)
+    >>> async def body() -> bytes:
+    ...     assert reads.full  # while it is read, another request would be refused
+    ...     return b"{}"
+    >>> asyncio.run(reads.read(body)), reads.full
+    (b'{}', False)
+    """
+
+    def __init__(self, limit: int, seconds: float) -> None:
+        self.limit = limit
+        self.seconds = seconds
+        self.reading = 0
+
+    @property
+    def full(self) -> bool:
+        """``limit`` bodies are being read: answer another request 503 at once, unread."""
+        return self.reading >= self.limit
+
+    async def read(self, body: Callable[[], Awaitable[bytes]]) -> bytes:
+        """What ``body()`` reads (``request.read``); TimeoutError when it is not whole
+        within ``seconds``."""
+        self.reading += 1
+        try:
+            async with asyncio.timeout(self.seconds):
+                return await body()
+        finally:
+            self.reading -= 1
 
 
 def dump_json(value: Any) -> bytes:

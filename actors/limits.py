@@ -76,8 +76,8 @@ LLM_BREAKER_COOLDOWN_SECONDS = 60.0
 
 #: What a user sends besides words (read in the LLM hop): the largest photo size sent to a
 #: vision model, the largest file downloaded at all (a document, a voice note), the
-#: characters of a text file inlined into the prompt, and how long a download or a
-#: transcription may take.
+#: characters of a text file inlined into the prompt, and how long reading a message's
+#: files may take (its downloads and transcriptions together).
 MEDIA_MAX_IMAGE_BYTES = 1_000_000
 MEDIA_MAX_FILE_BYTES = 5_000_000
 MEDIA_MAX_DOCUMENT_CHARS = 8_000

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ValidationError
 
 from autoresponse.actors.kernel import Cell, IntakeFull, NotReplayable, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
-from autoresponse.actors.jsonbody import read_json_body
+from autoresponse.actors.jsonbody import BodyReads, read_json_body
 from autoresponse.actors.limits import (
     ADMIN_MAX_BODIES_READ,
     HTTP_CLOSE_SECONDS,
@@ -239,7 +239,7 @@ class AdminServer:
         self.page = StatusPage(runtime)
         #: False once the application stops: injects get 503 while the drain runs.
         self.accepting = True
-        self._bodies_read = 0  # requests whose bodies are being read now
+        self._bodies = BodyReads(ADMIN_MAX_BODIES_READ, HTTP_IDLE_SECONDS)
         self._runner: web.AppRunner | None = None
         self._registry = CollectorRegistry(auto_describe=True)
         self._registry.register(RuntimeCollector(runtime, usage))  # type: ignore[arg-type]
@@ -419,13 +419,7 @@ class AdminServer:
         HTTP_IDLE_SECONDS (a client dribbling it a byte at a time is never idle); ValueError
         (``MalformedJson``) with a one-line reason when it is not UTF-8, not JSON, or nested
         deeper than MAX_BODY_DEPTH."""
-        self._bodies_read += 1
-        try:
-            async with asyncio.timeout(HTTP_IDLE_SECONDS):
-                body = await request.read()
-        finally:
-            self._bodies_read -= 1
-        return read_json_body(body, MAX_BODY_DEPTH)
+        return read_json_body(await self._bodies.read(request.read), MAX_BODY_DEPTH)
 
     async def _inject(self, request: web.Request) -> web.Response:
         name = request.match_info["actor"]
@@ -436,12 +430,12 @@ class AdminServer:
             return _error(400, "the correlation is not UTF-8: two such would read as the same one")
         if correlation is not None and not correlation.isprintable():  # a newline would forge log lines
             return _error(400, "the correlation must be printable: no newline or other control character")
-        if self._bodies_read >= ADMIN_MAX_BODIES_READ:
-            return _busy(f"busy: {ADMIN_MAX_BODIES_READ} requests are sending their bodies; try again")
+        if self._bodies.full:
+            return _busy(f"busy: {self._bodies.limit} requests are sending their bodies; try again")
         try:
             data = await self._read_json(request)
         except TimeoutError:
-            return _error(408, f"the body did not arrive whole within {HTTP_IDLE_SECONDS:g}s")
+            return _error(408, f"the body did not arrive whole within {self._bodies.seconds:g}s")
         except ValueError as exc:
             return _error(400, str(exc))
         wanted = request.query.get("type")

@@ -183,7 +183,7 @@ class LLMSettings(BaseModel):
     max_file_bytes: int = Field(default=MEDIA_MAX_FILE_BYTES, ge=1)
     #: Characters of a text file inlined into the prompt; the rest is cut, and the model told.
     max_document_chars: int = Field(default=MEDIA_MAX_DOCUMENT_CHARS, ge=1)
-    #: Seconds a download or a transcription may take.
+    #: Seconds reading a message's files may take: its downloads and transcriptions together.
     media_timeout: float = Field(default=MEDIA_TIMEOUT_SECONDS, gt=0)
     #: An OpenAI-compatible ``/audio/transcriptions`` URL: voice notes are transcribed there.
     transcribe_url: str | None = None

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 from conftest import wait_for
 
 from autoresponse import Application
@@ -40,15 +41,20 @@ def fake_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
         yield server
 
 
+def start_bot(make_app: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
+              *, telegram: dict[str, Any] | None = None, **llm: Any) -> Application:
+    """The bot on the fake Bot API, with these LLM settings (vision, caps, transcription)."""
+    return make_app(base_url=fake_llm.base_url, llm=llm, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
+        "allowed_users": [ALLOWED], "poll_timeout": 1, **(telegram or {}),
+    }, clock=fake_telegram.clock)
+
+
 @pytest.fixture
 def make_bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
              make_app: Callable[..., Application]) -> Callable[..., Application]:
-    """The bot on the fake Bot API, with these LLM settings (vision, caps, transcription)."""
     def make(*, telegram: dict[str, Any] | None = None, **llm: Any) -> Application:
-        return make_app(base_url=fake_llm.base_url, llm=llm, telegram={
-            "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
-            "allowed_users": [ALLOWED], "poll_timeout": 1, **(telegram or {}),
-        }, clock=fake_telegram.clock)
+        return start_bot(make_app, fake_llm, fake_telegram, telegram=telegram, **llm)
     return make
 
 
@@ -218,6 +224,57 @@ def test_a_voice_note_is_transcribed_when_a_transcription_url_is_set(
     [upload] = fake_llm.transcriptions
     assert (upload.data, upload.model, upload.content_type) == (voice, "whisper-1", "audio/ogg")
     assert user_content(fake_llm) == "[voice note (3 s, 204 B), transcribed: run uptime please]"
+
+
+class LateFiles(FakeTelegramServer):
+    """The fake Bot API, serving each file ``file_delay`` seconds late."""
+
+    file_delay = 0.0
+
+    async def _file(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.file_delay)
+        return await super()._file(request)
+
+
+class LateTranscriptions(FakeLLMServer):
+    """The fake LLM, answering each transcription ``transcribe_delay`` seconds late (the
+    upload is recorded first)."""
+
+    transcribe_delay = 0.0
+
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        answer = await super()._transcribe(request)
+        await asyncio.sleep(self.transcribe_delay)
+        return answer
+
+
+@pytest.fixture
+def late_llm() -> Iterator[LateTranscriptions]:
+    with LateTranscriptions() as server:
+        yield server
+
+
+@pytest.fixture
+def late_telegram(manual_clock: ManualClock) -> Iterator[LateFiles]:
+    with LateFiles(clock=manual_clock) as server:
+        yield server
+
+
+def test_a_voice_notes_download_and_transcription_share_one_media_timeout(
+    late_llm: LateTranscriptions, late_telegram: LateFiles, make_app: Callable[..., Application]
+) -> None:
+    """Each takes well under the timeout, both together more: the transcription is cut at the
+    message's deadline, and the turn goes on with a note (it had a timeout of its own)."""
+    bot = start_bot(make_app, late_llm, late_telegram, media_timeout=1.0,
+                    transcribe_url=f"{late_llm.base_url}/audio/transcriptions")
+    late_telegram.file_delay, late_llm.transcribe_delay = 0.6, 0.7
+    late_llm.script(replies("I could not hear that in time; please say it again."))
+    late_telegram.push_voice(b"OggS" + bytes(200), duration=3, chat_id=CHAT, user_id=ALLOWED)
+    [reply] = until(late_telegram, lambda: late_telegram.sent(CHAT))
+    settle(bot, late_telegram)
+    assert reply.params["text"] == "I could not hear that in time; please say it again."
+    assert len(late_llm.transcriptions) == 1  # downloaded in time, and sent to be transcribed
+    assert user_content(late_llm) == "[voice note (3 s, 204 B): not read: not transcribed in time]"
 
 
 def test_without_transcription_the_model_is_told_a_voice_note_came(

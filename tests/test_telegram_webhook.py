@@ -6,6 +6,8 @@ clock, fired by the test (``advance_until``) rather than waited for."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -59,18 +61,23 @@ def fake_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
         yield server
 
 
-@pytest.fixture
-def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
-        caplog: pytest.LogCaptureFixture) -> WebhookBot:
-    caplog.set_level(logging.INFO, logger="autoresponse")
+def start_bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
+              make_app: Callable[..., Application]) -> WebhookBot:
     port = free_port()
-    # The servers come first so that they outlive the app: it stops before they do.
     app = make_app(base_url=fake_llm.base_url, telegram={
         "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [ALLOWED],
         "poll_timeout": 1, "webhook_url": PUBLIC_URL, "webhook_listen": f"127.0.0.1:{port}",
         "webhook_secret": SECRET,
     }, clock=fake_telegram.clock)
     return WebhookBot(app, port)
+
+
+@pytest.fixture
+def bot(fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+        caplog: pytest.LogCaptureFixture) -> WebhookBot:
+    caplog.set_level(logging.INFO, logger="autoresponse")
+    # The servers come first so that they outlive the app: it stops before they do.
+    return start_bot(fake_llm, fake_telegram, make_app)
 
 
 def text(fake_telegram: FakeTelegramServer, words: str, chat_id: int = CHAT) -> dict[str, Any]:
@@ -301,6 +308,92 @@ def test_a_caller_that_never_finishes_its_call_is_let_go(
     with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
         slow.sendall(b"POST /telegram/hook HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
         assert slow.recv(1024) == b""  # closed by the server (else the 30 s guard raises)
+
+
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def open_call(port: int) -> Stream:
+    """A call with the right secret whose headers promise 10,000 bytes of body, and the first few."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST /telegram/hook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"X-Telegram-Bot-Api-Secret-Token: {SECRET}\r\nContent-Length: 10000\r\n\r\n"
+                 '{"update_id": 1, "pad": "'.encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def status_line(call: Stream, within: float, *, dribble: bool = False) -> bytes:
+    """The status line the webhook answers ``call`` with, b"" if none within ``within``
+    seconds; while it waits, with ``dribble``, a byte of body every tenth of a second."""
+    reader, writer = call
+    until = time.monotonic() + within
+    while time.monotonic() < until:
+        if dribble:
+            with contextlib.suppress(ConnectionError):  # answered, and closed, in between
+                writer.write(b"x")
+                await writer.drain()
+        with contextlib.suppress(TimeoutError):
+            return await asyncio.wait_for(reader.readline(), 0.1)
+    return b""
+
+
+def test_a_call_whose_body_is_dribbled_is_cut_off_with_a_408_and_the_next_update_flows(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import autoresponse.interfaces.telegram.webhook as webhook
+
+    monkeypatch.setattr(webhook, "HTTP_IDLE_SECONDS", 1.0)  # read as the server is made
+    bot = start_bot(fake_llm, fake_telegram, make_app)
+
+    async def dribble() -> bytes:
+        call = await open_call(bot.port)
+        try:
+            return await status_line(call, 15, dribble=True)  # never idle: only a deadline ends it
+        finally:
+            call[1].close()
+
+    assert asyncio.run(dribble()).startswith(b"HTTP/1.1 408 ")
+    # Nothing was journaled (Telegram sends it again); the next update is served as ever.
+    assert post_update(bot.hook, text(fake_telegram, "run echo after the dribble"), secret_token=SECRET) == 200
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
+    assert "after the dribble" in sent.params["text"]
+    assert bot.app.runtime.wait_idle(timeout=10)
+    assert bot.app.runtime.dead_letters.letters() == []
+    assert bot.app.runtime.cell("interface.telegram").restarts == 0
+
+
+def test_past_the_bodies_read_at_once_a_call_is_told_to_come_back_and_is_served_when_it_does(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    import autoresponse.interfaces.telegram.webhook as webhook
+
+    monkeypatch.setattr(webhook, "TELEGRAM_WEBHOOK_MAX_BODIES_READ", 2)
+    bot = start_bot(fake_llm, fake_telegram, make_app)
+
+    async def one_too_many() -> bytes:
+        calls = []
+        try:
+            for _ in range(2):  # being read: no answer while their bodies arrive
+                calls.append(await open_call(bot.port))
+                assert await status_line(calls[-1], 0.3) == b""
+            calls.append(await open_call(bot.port))
+            return await status_line(calls[-1], 15)  # answered at once, its body unread
+        finally:
+            for _, writer in calls:
+                writer.close()
+
+    assert asyncio.run(one_too_many()).startswith(b"HTTP/1.1 503 ")
+    # Their places are given back as they hang up; Telegram's next try of an update gets in.
+    update = text(fake_telegram, "run echo once there is room")
+    wait_for(lambda: post_update(bot.hook, update, secret_token=SECRET) == 200)
+    [sent] = wait_for(lambda: fake_telegram.sent(CHAT))
+    assert "once there is room" in sent.params["text"]
+    assert bot.app.runtime.wait_idle(timeout=10)
+    assert asked(fake_llm, "run echo once there is room") == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # the hang-ups
 
 
 # ---------------------------------------------------------------- settings

@@ -17,7 +17,8 @@ the model can use, on the event loop, with a size cap and a timeout:
 
 A file above the cap is not downloaded: the user gets a notice, and when the message
 held nothing else the model is not asked at all. The items of one message (an album) are
-downloaded a few at a time, all within one ``timeout``.
+downloaded a few at a time and transcribed, all within one ``timeout``: what is not done
+by then is a note ("not read: ..."), and the turn goes on.
 
 Platforms give the downloads: ``Mount.downloader(interface, download)`` registers an
 ``async download(file_id, max_bytes) -> bytes`` that raises ``TooLarge`` past the cap.
@@ -189,8 +190,10 @@ class MediaReader:
         the notices for the user (a file too large), and whether anything is left to ask
         (False: the message was only files too large to read)."""
         items = list(prompt.attachments)
-        download = self._bounded(self.downloaders.get(prompt.original_context.interface_name))
-        outcomes = await asyncio.gather(*(self._outcome(item, download) for item in items[:MEDIA_MAX_ITEMS]))
+        deadline = asyncio.get_running_loop().time() + self.timeout  # the message's, not each item's
+        download = self._bounded(self.downloaders.get(prompt.original_context.interface_name), deadline)
+        outcomes = await asyncio.gather(*(self._outcome(item, download, deadline)
+                                          for item in items[:MEDIA_MAX_ITEMS]))
         read = [attachment for attachment, _ in outcomes]
         read += [item.model_copy(update={"note": f"not read: at most {MEDIA_MAX_ITEMS} items a message"})
                  for item in items[MEDIA_MAX_ITEMS:]]
@@ -198,23 +201,23 @@ class MediaReader:
         left = bool(prompt.current_text.strip()) or len(notices) < len(items)  # a notice per file too large
         return prompt.model_copy(update={"attachments": tuple(read)}), notices, left
 
-    def _bounded(self, download: Downloader | None) -> Downloader | None:
+    def _bounded(self, download: Downloader | None, deadline: float) -> Downloader | None:
         """``download`` for the items of one message: MEDIA_CONCURRENT_DOWNLOADS at a time,
-        all of them (waiting their turn too) within one ``timeout``, not one each."""
+        all of them (waiting their turn too) by the message's ``deadline`` (loop time)."""
         if download is None:
             return None
         gate = asyncio.Semaphore(MEDIA_CONCURRENT_DOWNLOADS)
-        deadline = asyncio.get_running_loop().time() + self.timeout
 
         async def bounded(file_id: str, max_bytes: int) -> bytes:
             async with asyncio.timeout_at(deadline), gate:
                 return await download(file_id, max_bytes)
         return bounded
 
-    async def _outcome(self, item: Attachment, download: Downloader | None) -> tuple[Attachment, str | None]:
+    async def _outcome(self, item: Attachment, download: Downloader | None,
+                       deadline: float) -> tuple[Attachment, str | None]:
         """``item`` read, or noted why not; the user's notice when it was too large."""
         try:
-            return await self._read_one(item, download), None
+            return await self._read_one(item, download, deadline), None
         except TooLarge as exc:
             size = item.size if exc.size is None else exc.size
             notice = TOO_LARGE_NOTICE.format(what=_named(item), cap=human_size(exc.cap),
@@ -225,14 +228,14 @@ class MediaReader:
             log.warning("reading a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
             return item.model_copy(update={"note": "not read: its download failed"}), None
 
-    async def _read_one(self, item: Attachment, download: Downloader | None) -> Attachment:
+    async def _read_one(self, item: Attachment, download: Downloader | None, deadline: float) -> Attachment:
         if item.kind == "photo" or (item.kind == "document" and (item.mime_type or "").startswith("image/")
                                     and self.vision):
             return await self._photo(item, download)
         if item.kind == "document":
             return await self._document(item, download)
         if item.kind in ("voice", "audio"):
-            return await self._voice(item, download)
+            return await self._voice(item, download, deadline)
         if item.kind == "video":
             return item.model_copy(update={"note": "you cannot watch videos"})
         if item.kind == "other":
@@ -275,18 +278,23 @@ class MediaReader:
             return item.model_copy(update={"text": cut, "note": f"cut: its first {len(cut)} of {len(text)} characters"})
         return item.model_copy(update={"text": text})
 
-    async def _voice(self, item: Attachment, download: Downloader | None) -> Attachment:
+    async def _voice(self, item: Attachment, download: Downloader | None, deadline: float) -> Attachment:
         if self.transcribe_url is None:
             return item.model_copy(update={"note": "you cannot hear it: no transcription is configured"})
         data = await self._fetch(download, item.file_id, item.size, self.max_file_bytes)
         try:
-            return item.model_copy(update={"text": await self.transcribe(data, item)})
+            async with asyncio.timeout_at(deadline):  # what the downloads left of the message's time
+                return item.model_copy(update={"text": await self.transcribe(data, item)})
+        except TimeoutError:
+            log.warning("transcribing a %s was not done within the message's %gs", item.kind, self.timeout)
+            return item.model_copy(update={"note": "not read: not transcribed in time"})
         except Exception as exc:  # the model says it could not listen, the turn goes on
             log.warning("transcribing a %s failed: %s: %s", item.kind, type(exc).__name__, exc)
             return item.model_copy(update={"note": "not transcribed: the transcription failed"})
 
     async def transcribe(self, data: bytes, item: Attachment) -> str:
-        """The words of an audio file, from the OpenAI-compatible ``transcribe_url``."""
+        """The words of an audio file, from the OpenAI-compatible ``transcribe_url``; no time
+        limit of its own (``read`` gives it what is left of the message's)."""
         assert self.transcribe_url is not None
         form = aiohttp.FormData()
         mime = item.mime_type or "audio/ogg"
@@ -294,8 +302,7 @@ class MediaReader:
         form.add_field("file", data, filename=name, content_type=mime)
         form.add_field("model", self.transcribe_model)
         headers = {"Authorization": f"Bearer {self.transcribe_key}"} if self.transcribe_key else {}
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session, \
+        async with aiohttp.ClientSession() as session, \
                 session.post(self.transcribe_url, data=form, headers=headers) as response:
             if response.status != 200:
                 raise RuntimeError(f"transcription failed: HTTP {response.status}")

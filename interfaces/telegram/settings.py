@@ -46,6 +46,12 @@ TELEGRAM_MAX_MIGRATIONS = 2
 #: Largest webhook call body read; a larger one is answered 413 unread. A real update is a
 #: few kilobytes (one quoting a 4096-unit message with its entities stays under 100 KB).
 TELEGRAM_WEBHOOK_MAX_BYTES = 1024 * 1024
+#: Telegram webhook calls whose bodies are being read at once; past this, a call is answered
+#: 503 at once, unread. Telegram opens at most 40 connections to a webhook (setWebhook's
+#: default max_connections, which the bot keeps) and sends each body at once, so it alone
+#: never fills this: only callers with the secret dribbling bodies do, HTTP_IDLE_SECONDS
+#: each at most.
+TELEGRAM_WEBHOOK_MAX_BODIES_READ = 40
 #: Where the webhook server listens unless told otherwise: loopback, behind a TLS proxy.
 TELEGRAM_WEBHOOK_LISTEN = "127.0.0.1:8443"
 

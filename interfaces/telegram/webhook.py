@@ -16,6 +16,11 @@ What a call gets:
 - 401 without ``X-Telegram-Bot-Api-Secret-Token`` or with a wrong one; nothing is read
   and nothing happens.
 - 413 for a body over ``TELEGRAM_WEBHOOK_MAX_BYTES``.
+- 408 for a body that has not arrived whole within ``HTTP_IDLE_SECONDS`` (a caller
+  dribbling it a byte at a time), and 503 at once, unread, while
+  ``TELEGRAM_WEBHOOK_MAX_BODIES_READ`` bodies are being read. Nothing is journaled;
+  Telegram, which sends a body at once over at most 40 connections, meets neither
+  unless such callers hold every place, and then sends the update again later.
 - 200 once ``receive`` returns, that is once the update is journaled: Telegram resends
   what it has no 200 for, so an update we have not stored is never forgotten. A body
   that cannot be an update (not UTF-8, not JSON, nested deeper than
@@ -37,9 +42,9 @@ from aiohttp import web
 from pydantic import SecretStr
 from yarl import URL
 
-from autoresponse.actors.jsonbody import MalformedJson, read_json_body
+from autoresponse.actors.jsonbody import BodyReads, MalformedJson, read_json_body
 from autoresponse.actors.limits import HTTP_CLOSE_SECONDS, HTTP_IDLE_SECONDS
-from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BYTES
+from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BODIES_READ, TELEGRAM_WEBHOOK_MAX_BYTES
 
 log = logging.getLogger("autoresponse.telegram")
 
@@ -75,6 +80,7 @@ class WebhookServer:
         self._wall = wall
         #: When (the runtime clock's ``time()``) the last call with the right secret came.
         self.last_call: float | None = None
+        self._bodies = BodyReads(TELEGRAM_WEBHOOK_MAX_BODIES_READ, HTTP_IDLE_SECONDS)
         self._runner: web.AppRunner | None = None
         self._closed: asyncio.Future[None] | None = None
         self._refused = 0  # calls refused since the last log line about them
@@ -138,10 +144,21 @@ class WebhookServer:
         self.last_call = self._wall()  # Telegram reaches us: the webhook is alive
         if (request.content_length or 0) > TELEGRAM_WEBHOOK_MAX_BYTES:
             return self._too_large(request.content_length)
+        if self._bodies.full:
+            log.warning("refused a Telegram webhook call: %d calls are sending their bodies",
+                        self._bodies.limit)
+            return web.Response(status=503, text="busy: too many calls are sending their bodies")
         try:
-            body = await request.read()
+            body = await self._bodies.read(request.read)
         except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit
             return self._too_large(None)
+        except TimeoutError:
+            log.warning("refused a Telegram webhook call whose body did not arrive whole within %gs",
+                        self._bodies.seconds)
+            return web.Response(status=408, text="request timeout")
+        except ConnectionResetError:  # the caller hung up mid-body: nobody to answer, nothing wrong here
+            log.debug("a Telegram webhook caller hung up before its body was whole")
+            return web.Response(status=400, text="the caller hung up")
         try:
             update = read_json_body(body)  # a real update nests about eight deep
         except MalformedJson as exc:
