@@ -194,3 +194,7 @@ JSON_BODY_MAX_DEPTH = 32
 #: Seconds an action that needs approval waits for a decision, unless configured
 #: (``approval_timeout``); then it expires and does not run.
 APPROVAL_TIMEOUT_SECONDS = 300.0
+
+#: Longest line of an LLM's event stream, as long as aiohttp 3.14 read one (a delta is a few
+#: hundred bytes, a whole reply in one delta far less): longer, the stream is malformed.
+LLM_MAX_STREAM_LINE_BYTES = 512 * 1024

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import logging
+import random
 import socket
 import time
 from collections import deque
@@ -341,7 +342,7 @@ async def test_an_error_event_in_a_stream_is_never_learnt_as_a_refusal(fake_llm:
     assert len(fake_llm.requests) == 1
 
 
-async def test_a_stream_line_longer_than_aiohttp_reads_is_a_malformed_stream(fake_llm: FakeLLMServer) -> None:
+async def test_a_stream_line_too_long_to_read_is_a_malformed_stream(fake_llm: FakeLLMServer) -> None:
     fake_llm.script(FakeResponse(content="x" * 700_000, piece=700_000))  # one delta, one line of 700 kB
     async with engine_for(fake_llm, stream=True, max_attempts=1) as engine:
         with pytest.raises(LLMError, match="malformed LLM stream: a line too long"):
@@ -545,3 +546,140 @@ async def test_what_a_server_says_of_itself_unreadably_is_unknown_never_a_failed
             await engine.answer(prompt)
             assert engine.context_tokens is None and engine.server_facts == {"server": "llama.cpp",
                                                                               "context_tokens": None}
+
+
+# --- Event streams framed as the SSE spec allows (an event's data over several lines,
+# lines ended by a lone CR), and as hostile servers frame them. ---
+
+
+class SSEBytesLLM(FakeLLMServer):
+    """Streams every answer as the ``writes`` given, verbatim, with ``pause`` seconds after
+    each (so each reaches the client on its own); then ends the body, or with ``linger``
+    keeps it open (until the server stops)."""
+
+    def __init__(self, *writes: bytes, pause: float = 0.0, linger: bool = False) -> None:
+        super().__init__()
+        self.writes, self.pause, self.linger = writes, pause, linger
+
+    async def _events(self, request: web.Request, scripted: FakeResponse,
+                      body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        try:
+            for piece in self.writes:
+                await response.write(piece)
+                if self.pause and await self._stopped_within(self.pause):
+                    return response
+            if self.linger:
+                await self.stopping.wait()
+                return response
+            await response.write_eof()
+        except ConnectionError:  # the client gave up on the stream
+            pass
+        return response
+
+
+#: "Hello there." as a stream sends it: two deltas, the finish reason, the usage.
+REPLY_CHUNKS: list[dict[str, Any]] = [
+    {"model": "fake", "choices": [{"index": 0, "delta": {"content": "Hello"}}]},
+    {"model": "fake", "choices": [{"index": 0, "delta": {"content": " there."}}]},
+    {"model": "fake", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}},
+]
+
+
+async def streamed_reply(llm: FakeLLMServer,
+                         **options: object) -> tuple[str, str | None, int | None, list[str]]:
+    """The text, finish reason and total tokens of one streamed answer, and its previews."""
+    previews: list[str] = []
+    async with engine_for(llm, stream=True, max_attempts=1, **options) as engine:
+        completion = await engine.chat({"messages": MESSAGES}, previews.append)
+    total = completion.usage.total_tokens if completion.usage is not None else None
+    return completion.text, completion.finish_reason, total, previews
+
+
+async def test_a_reply_streamed_as_multi_line_data_events_is_received_whole() -> None:
+    """Each chunk pretty-printed, a data line per line of it, among a comment and the
+    fields we skip: one event each, dispatched at its blank line."""
+    events = [b": the model is warm\n", b"event: message\nid: 1\nretry: 1000\n"]
+    for chunk in REPLY_CHUNKS:
+        lines = json.dumps(chunk, indent=2).splitlines()
+        events.append(b"".join(b"data:" + line.encode() + b"\n" for line in lines) + b"\n")
+    with SSEBytesLLM(*events, b"data: [DONE]\n\n") as llm:
+        assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
+
+
+async def test_a_reply_streamed_with_lines_ended_by_a_lone_cr_is_received_whole() -> None:
+    """CR-only line ends, as the spec allows: each event is read as it comes, the last
+    one too, though the stream is left open and no LF ever comes."""
+    events = [b": ping\r", *(b"data: %s\r\r" % json.dumps(chunk).encode() for chunk in REPLY_CHUNKS)]
+    with SSEBytesLLM(*events, b"data: [DONE]\r\r", linger=True) as llm:
+        started = time.monotonic()
+        assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
+        assert time.monotonic() - started < 1.5  # at [DONE]: no end's grace, no read timeout
+
+
+async def test_a_crlf_split_between_two_writes_ends_one_line_not_two() -> None:
+    """A CR at the end of one read and its LF at the start of the next: had they been two
+    line ends, the blank line between would end each two-line event after its first line."""
+    stream = b""
+    for chunk in REPLY_CHUNKS:
+        first, rest = json.dumps(chunk).split(", ", 1)  # the data over two lines
+        stream += b"data: %s,\r\ndata: %s\r\n\r\n" % (first.encode(), rest.encode())
+    stream += b"data: [DONE]\r\n\r\n"
+    writes = [piece + b"\r" for piece in stream.split(b"\r")[:-1]]  # each write ends with the CR
+    assert all(piece.startswith(b"\n") for piece in writes[1:])
+    with SSEBytesLLM(*writes, pause=0.02) as llm:
+        assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
+
+
+@pytest.mark.parametrize("writes", [
+    [b'data: {"choices": [\n', *[b'data: {"index": 0},\n' * 4096] * 8],
+    [b"\r" * 65536] * 16,
+], ids=["an-event-that-never-ends", "nothing-but-line-ends"])
+async def test_an_event_without_end_or_a_stream_of_line_ends_is_cut_at_the_size_cap(
+    writes: list[bytes],
+) -> None:
+    """What the reader keeps without end (an event's data lines) or loops over without end
+    (blank lines) ends in an LLMError at the size cap, at once: never a hang, nor memory
+    past the cap."""
+    with SSEBytesLLM(*writes) as llm:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match="larger than 262144 bytes"):
+            await streamed_reply(llm, max_response_bytes=256 * 1024)
+        assert time.monotonic() - started < 4
+
+
+def garbage(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@pytest.mark.parametrize("writes", [
+    [garbage(64 * 1024, seed) for seed in range(16)],
+    [b'data: {"choices": [\r', *(b"data: " + garbage(512, seed).translate(None, b"\r\n") + b"\r"
+                                  for seed in range(8)), b"\r"],
+], ids=["random-bytes", "random-bytes-in-an-event"])
+async def test_garbage_in_a_stream_is_an_llm_error(writes: list[bytes]) -> None:
+    """Bytes that mean nothing, alone or as an event's data: skipped to the size cap, or
+    a malformed stream, at once."""
+    with SSEBytesLLM(*writes) as llm:
+        started = time.monotonic()
+        with pytest.raises(LLMError, match="larger than|malformed LLM stream"):
+            await streamed_reply(llm, max_response_bytes=256 * 1024)
+        assert time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize(("writes", "linger"), [
+    ([*(b"data: %s\n" % json.dumps(chunk).encode() for chunk in REPLY_CHUNKS), b"data: [DONE]\n"], True),
+    ([*(b"data: %s\n\n" % json.dumps(chunk).encode() for chunk in REPLY_CHUNKS[:3]),
+      b"data: %s" % json.dumps(REPLY_CHUNKS[3]).encode()], False),
+], ids=["no-blank-lines-and-held-open", "the-last-event-unended"])
+async def test_events_not_ended_by_a_blank_line_are_read_as_before(writes: list[bytes], linger: bool) -> None:
+    """Servers that leave out the blank lines (one data line an event, back to back, and a
+    ``[DONE]`` with the stream left open), or end the body without the last one: each
+    object is still an event of its own, read as it comes."""
+    with SSEBytesLLM(*writes, linger=linger) as llm:
+        started = time.monotonic()
+        assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
+        assert time.monotonic() - started < 1.5  # at [DONE] or the end: no end's grace

@@ -44,11 +44,11 @@ import json
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from aiohttp.http_exceptions import LineTooLong
 from pydantic import SecretStr
 from yarl import URL
 
@@ -62,6 +62,7 @@ from autoresponse.actors.limits import (
     LLM_MAX_RESPONSE_BYTES,
     LLM_MAX_TOKENS,
     LLM_MAX_RETRY_AFTER_SECONDS,
+    LLM_MAX_STREAM_LINE_BYTES,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
     LLM_SHORT_RETRY_TOKENS,
@@ -341,6 +342,93 @@ class _Stream:
         reasoning = "\n".join(x for x in ("".join(self.reasoning).strip(), thought) if x)
         return Completion(text=text, tool_calls=calls, reasoning=reasoning, usage=self.usage,
                           finish_reason=self.finish_reason, model=self.model)
+
+
+#: The data of the event that ends an OpenAI-style stream (and that data as ``_Events`` holds it).
+_DONE = b"[DONE]"
+_DONE_LINE = _DONE + b"\n"
+
+
+class _Events:
+    """The data of each event of a server-sent event stream, read as the WHATWG spec
+    frames it: lines end with LF, CRLF or a lone CR; an event's ``data:`` lines are joined
+    with LF, and it ends at a blank line; comments and the other fields are skipped.
+
+    Lenient where servers are sloppy, as the reader was when it took a line per event: the
+    end of the body, or a ``data: [DONE]``, ends the event under way; so does a data line
+    opening an object after one that closed one (no JSON has ``}`` then ``{``: the server
+    left out the blank line). At most ``limit`` bytes in all, LLM_MAX_STREAM_LINE_BYTES a
+    line. Its state lives here, not in locals, so a read may be cancelled at any time.
+    """
+
+    def __init__(self, content: aiohttp.StreamReader, limit: int) -> None:
+        self._content = content
+        self._limit = limit
+        self._size = 0
+        self._lines: deque[bytes] = deque()  # read, not yet looked at
+        self._partial = bytearray()  # the start of a line whose end has not come yet
+        self._after_cr = False  # the last read ended with CR: an LF first in the next ends no line
+        self._eof = False
+        # The event under way: its data lines, each ended by LF (not a list of lines: a
+        # stream of short ones would take several times its size in memory).
+        self._data = bytearray()
+
+    async def next(self) -> bytes | None:
+        """The data of the next event; None at the end of the body."""
+        while True:
+            if self._data == _DONE_LINE:  # the end's blank line is not waited for
+                return self._take()
+            if not self._lines:
+                if self._eof:
+                    return self._take() if self._data else None
+                await self._read()
+                continue
+            line = self._lines.popleft().strip()
+            if not line:
+                if self._data:
+                    return self._take()
+            elif line.startswith(b"data:"):
+                value = line[5:].strip()
+                opens = value[:1] == b"{" and self._data[-2:] == b"}\n"
+                if self._data and (value == _DONE or opens):
+                    event = self._take()
+                    self._data += value + b"\n"
+                    return event
+                self._data += value + b"\n"
+
+    def _take(self) -> bytes:
+        del self._data[-1]  # the LF after the last line
+        event = bytes(self._data)
+        self._data.clear()
+        return event
+
+    async def _read(self) -> None:
+        """Split what came next into lines, keeping back the start of one not ended yet."""
+        chunk = await self._content.readany()
+        if not chunk:
+            self._eof = True
+            if self._partial:  # a last line without its end
+                self._lines.append(bytes(self._partial))
+                self._partial.clear()
+            return
+        self._size += len(chunk)
+        if self._size > self._limit:
+            raise LLMError(f"LLM response is larger than {self._limit} bytes")
+        if self._after_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]  # a CRLF split between two reads ends one line, not two
+        self._after_cr = chunk[-1:] == b"\r"
+        if not chunk:
+            return
+        lines = chunk.splitlines()  # on LF, CRLF and CR only, as SSE's lines end
+        tail = b"" if chunk[-1:] in (b"\n", b"\r") else lines.pop()
+        if lines and self._partial:
+            lines[0] = bytes(self._partial) + lines[0]
+            self._partial.clear()
+        self._partial += tail
+        if len(self._partial) > LLM_MAX_STREAM_LINE_BYTES or (
+                lines and max(map(len, lines)) > LLM_MAX_STREAM_LINE_BYTES):
+            raise LLMError("malformed LLM stream: a line too long to read")
+        self._lines.extend(lines)
 
 
 class HttpEngine:
@@ -689,61 +777,51 @@ class HttpEngine:
 
     async def _streamed(self, resp: aiohttp.ClientResponse,
                         on_text: Callable[[str], None] | None) -> Completion:
-        """The answer of an OpenAI-style stream: ``data:`` lines of deltas, then ``[DONE]``.
+        """The answer of an OpenAI-style stream: events of deltas, then ``[DONE]``.
 
-        Bounded like a whole body; a line that is not a delta is an error, and so is a
+        Bounded like a whole body; an event that is not a delta is an error, and so is a
         stream cut before its end (retried). ``on_text`` sees the answer so far, reasoning
         cut off, at most every STREAM_WATCH_SECONDS, so a long reply is not joined once
         per delta.
         """
         stream = _Stream()
-        size, seen, finished = 0, -STREAM_WATCH_SECONDS, False
+        events = _Events(resp.content, self.max_response_bytes)
+        seen, finished = -STREAM_WATCH_SECONDS, False
         whole = False  # a finish reason came, and nothing of the reply after it
         clock = asyncio.get_running_loop().time
-        content = resp.content
-        try:
-            while True:
-                if not whole:
-                    raw_line = await content.readline()
-                else:  # what may follow (the usage, [DONE]) is not waited for long
-                    try:
-                        raw_line = await asyncio.wait_for(content.readline(), LLM_STREAM_END_GRACE_SECONDS)
-                    except TimeoutError:
-                        log.debug("the LLM's stream stayed open after its reply ended; read no further")
-                        break
-                if not raw_line:  # the end of the body
-                    break
-                size += len(raw_line)
-                if size > self.max_response_bytes:
-                    raise LLMError(f"LLM response is larger than {self.max_response_bytes} bytes")
-                line = raw_line.strip()
-                if not line.startswith(b"data:"):
-                    continue  # comments, blank lines between events
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    finished = True
-                    break
+        while True:
+            if not whole:
+                data = await events.next()
+            else:  # what may follow (the usage, [DONE]) is not waited for long
                 try:
-                    chunk = json.loads(data)
-                    if not isinstance(chunk, dict):
-                        raise TypeError("a chunk is not an object")
-                    error = chunk.get("error")
-                    grew = False if error is not None else stream.take(chunk)
-                except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
-                    raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
-                if error is not None:  # the server failed part way (llama.cpp ends the stream here)
-                    code = error.get("code") if isinstance(error, dict) else None
-                    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-                    raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
-                finished = finished or stream.finish_reason is not None
-                # Some proxies put a finish reason on every chunk: the reply is whole only
-                # once one comes with nothing more of it.
-                whole = stream.finish_reason is not None and not _adds_to_reply(chunk)
-                if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
-                    seen = clock()
-                    on_text(stream.partial())
-        except LineTooLong as exc:  # aiohttp's own bound on a line, which our size check never sees
-            raise LLMError("malformed LLM stream: a line too long to read") from exc
+                    data = await asyncio.wait_for(events.next(), LLM_STREAM_END_GRACE_SECONDS)
+                except TimeoutError:
+                    log.debug("the LLM's stream stayed open after its reply ended; read no further")
+                    break
+            if data is None:  # the end of the body
+                break
+            if data == _DONE:
+                finished = True
+                break
+            try:
+                chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise TypeError("a chunk is not an object")
+                error = chunk.get("error")
+                grew = False if error is not None else stream.take(chunk)
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
+                raise LLMError(f"malformed LLM stream: {data[:200]!r}") from exc
+            if error is not None:  # the server failed part way (llama.cpp ends the stream here)
+                code = error.get("code") if isinstance(error, dict) else None
+                status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+                raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
+            finished = finished or stream.finish_reason is not None
+            # Some proxies put a finish reason on every chunk: the reply is whole only
+            # once one comes with nothing more of it.
+            whole = stream.finish_reason is not None and not _adds_to_reply(chunk)
+            if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
+                seen = clock()
+                on_text(stream.partial())
         if not finished:
             raise LLMError("the LLM's stream ended before the reply did", retryable=True)
         return stream.completion()
