@@ -21,12 +21,13 @@ from conftest import NatsServer, ask, console_text, system_messages, wait_for
 from autoresponse import Application, Settings
 from autoresponse.actors.journal.jetstream import JetStreamJournal
 from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.interfaces.events.scheduler import EVENTS, Tick
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.interfaces.console import Console
 from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
 from autoresponse.interfaces.events.shared_store import EVENTS_BUCKET, SharedEventStore
-from autoresponse.interfaces.events.store import UnreadableEvent
+from autoresponse.interfaces.events.store import StoredEvent, UnreadableEvent
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext
 
@@ -289,7 +290,7 @@ def test_a_reminder_whose_turn_ends_with_no_word_is_tried_again_then_given_up(
     assert "no confirmation within 2s" in letter.detail
 
 
-def _deliver_each(store: EventStore, event_id: int, times: int) -> list[str]:
+def _deliver_each(store: EventStore | SharedEventStore, event_id: int, times: int) -> list[str]:
     """Confirm each occurrence a minute after it is due: the next ones, as local wall times."""
     seen = []
     for _ in range(times):
@@ -384,7 +385,7 @@ def test_a_monthly_reminder_kept_before_its_first_day_was_stored_stops_drifting(
         context = OriginalContext(chat_id="console", message_id=1, interface_name="console")
         event = store.add(EventPayload(date=dt.date(2026, 1, 31), time=dt.time(9, 0), repeat="monthly",
                                        description="rent"), context)
-        store._db.execute("UPDATE events SET first_due = NULL")  # as the older release left it
+        store._db.execute("UPDATE events SET first_due = NULL, first_local = NULL")  # as an older release left it
         seen = []
         for _ in range(3):
             due = store.get(event.id).due  # type: ignore[union-attr]
@@ -394,3 +395,186 @@ def test_a_monthly_reminder_kept_before_its_first_day_was_stored_stops_drifting(
         store.close()
     assert seen == ["02-28", "03-31", "04-30"]
 
+
+# ---------------------------------------------------------------- a crash mid-turn, daylight saving, year 9999
+
+
+def _local(moment: float) -> str:
+    return dt.datetime.fromtimestamp(moment).strftime("%Y-%m-%d %H:%M")
+
+
+Store = EventStore | SharedEventStore
+
+
+@pytest.fixture(params=["sqlite", "nats"])
+def open_events(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Store]]:
+    """Opens the reminder store, each time anew (as each run of a daemon does): in SQLite, or
+    on NATS (daemons that share a bot)."""
+    journal = (JetStreamJournal(request.getfixturevalue("nats_server").url, node="solo")
+               if request.param == "nats" else None)
+    opened: list[Store] = []
+
+    def open_() -> Store:
+        store = EventStore(tmp_path / "events.sqlite3") if journal is None else SharedEventStore(journal)
+        opened.append(store)
+        return store
+    try:
+        yield open_
+    finally:
+        for store in opened:
+            store.close()
+        if journal is not None:
+            journal.close()
+
+
+def test_a_scheduler_that_crashes_while_a_reminders_turn_runs_does_not_hand_it_out_again(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """The scheduler crashes (its next check raises) while the LLM is slow to answer the
+    reminder's turn; its supervisor restarts it, and the new incarnation, which never saw
+    the hand-out, checks on while the turn runs: the reminder reaches its chat once."""
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5, description="take the pill")
+    fake_llm.script(FakeResponse(delay=4.0))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
+                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2,
+                           "retry_min": 1, "retry_max": 1})
+    wait_for(lambda: fake_llm.requests)  # the check at the start handed it out
+    app.runtime.fault = FaultInjector(actors={EVENTS}, times=1)
+    assert manual_clock.advance_until(lambda: app.runtime.cell(EVENTS).restarts == 1)
+    check(app, manual_clock, times=5)  # the new incarnation's checks, while the turn runs
+    wait_for(lambda: state_of(data, event_id).state == "delivered")
+    check(app, manual_clock, times=3)
+    assert app.runtime.wait_idle(timeout=15), "a turn did not end"
+    assert console_text(app).count("Reminder: take the pill") == 1
+    assert len(system_messages(fake_llm, "event")) == 1
+    assert state_of(data, event_id).failures == 0
+
+
+def test_a_scheduler_restarted_after_a_crash_in_a_check_still_checks_once_a_period(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """The check it crashed in is tried again, and the new incarnation checks at its start:
+    each sets the next check's timer, but only one stays (else each crash adds a timer)."""
+    app = make_app(base_url=fake_llm.base_url, data_dir=tmp_path / "data", clock=manual_clock,
+                   events={**FAST, "check_seconds": 1})
+    check(app, manual_clock)
+    app.runtime.fault = FaultInjector(actors={EVENTS}, times=1)
+    assert manual_clock.advance_until(lambda: app.runtime.cell(EVENTS).restarts == 1)
+    check(app, manual_clock, times=2)  # both first checks of the new incarnation are past
+    assert app.runtime.wait_idle(timeout=15)
+    with app.runtime.probe(EVENTS) as seen:
+        check(app, manual_clock, times=3)
+        assert app.runtime.wait_idle(timeout=15)
+        assert len([e for e in seen.envelopes if isinstance(e.body, Tick)]) == 3
+
+
+def test_a_store_made_by_an_older_release_gains_the_in_turn_mark(tmp_path: Path) -> None:
+    """The previous release's table (no mark, no wall time of the first occurrence): opened,
+    it is migrated; its reminder can be in turn, and repeats from its first occurrence."""
+    path = tmp_path / "events.sqlite3"
+    db = sqlite3.connect(path)
+    try:
+        db.executescript("""
+            CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, context TEXT NOT NULL,
+                description TEXT NOT NULL, repeat TEXT NOT NULL, due REAL NOT NULL,
+                state TEXT NOT NULL DEFAULT 'pending', failures INTEGER NOT NULL DEFAULT 0,
+                last_error TEXT, created REAL NOT NULL, next_try REAL, first_due REAL);""")
+        first = dt.datetime(2026, 1, 31, 9, 0).timestamp()
+        due = dt.datetime(2026, 2, 28, 9, 0).timestamp()  # the rent of January was paid
+        db.execute("INSERT INTO events (context, description, repeat, due, created, first_due) "
+                   "VALUES (?, 'rent', 'monthly', ?, ?, ?)", (CONSOLE.model_dump_json(), due, first, first))
+        db.commit()
+    finally:
+        db.close()
+    store = EventStore(path)
+    try:
+        store.handed(1, due, "turn-1")
+        [event] = store.due(due + 60)
+        assert isinstance(event, StoredEvent)
+        assert (event.turn, event.turn_by, event.turn_ended) == ("turn-1", store.opening, None)
+        store.delivered(1, due, due + 60)
+        event = store.get(1)
+        assert event is not None and _local(event.due) == "2026-03-31 09:00" and event.turn is None
+    finally:
+        store.close()
+
+
+def test_a_reminder_in_turn_is_held_by_the_opening_of_the_store_that_marked_it(
+    open_events: Callable[[], Store]
+) -> None:
+    """Its turn's end is the turn's own; delivered, or counted failed, it is in turn no more;
+    and another opening (a later run of the daemon) sees whose mark it is."""
+    store = open_events()
+    date, at = due_in(-60)
+    event = store.add(EventPayload(date=date, time=at, description="stretch"), CONSOLE)
+    store.handed(event.id, event.due, "turn-1")
+    store.turn_ended(event.id, "turn-0", 100.0)  # an earlier turn's end: not this one's
+    marked = store.get(event.id)
+    assert marked is not None
+    assert (marked.turn, marked.turn_by, marked.turn_ended) == ("turn-1", store.opening, None)
+    store.turn_ended(event.id, "turn-1", 200.0)
+    assert store.get(event.id).turn_ended == 200.0  # type: ignore[union-attr]
+    later = open_events()
+    assert later.opening != store.opening and later.get(event.id).turn_by == store.opening  # type: ignore[union-attr]
+    store.failed(event.id, event.due, "no word", max_attempts=5, retry_in=0, now=time.time())
+    failed = store.get(event.id)
+    assert failed is not None and (failed.turn, failed.turn_by, failed.turn_ended) == (None, None, None)
+    store.handed(event.id, event.due, "turn-2")
+    store.delivered(event.id, event.due, time.time())
+    delivered = store.get(event.id)
+    assert delivered is not None and (delivered.state, delivered.turn) == ("delivered", None)
+
+
+@pytest.mark.usefixtures("berlin")
+@pytest.mark.parametrize(("repeat", "expected"), [
+    ("daily", ["2026-03-30 02:30", "2026-03-31 02:30", "2026-04-01 02:30"]),
+    ("weekly", ["2026-04-05 02:30", "2026-04-12 02:30", "2026-04-19 02:30"]),
+    ("monthly", ["2026-04-29 02:30", "2026-05-29 02:30", "2026-06-29 02:30"]),
+])
+def test_a_reminder_first_set_at_a_time_the_clocks_skip_keeps_that_time_after(
+    open_events: Callable[[], Store], repeat: str, expected: list[str]
+) -> None:
+    """02:30 on the day Berlin's clocks go from 02:00 to 03:00: that day at 03:30 (02:30 read
+    with the offset before the change, as iCalendar reads it: never before the time asked),
+    then 02:30, as asked."""
+    store = open_events()
+    event = store.add(EventPayload(date=dt.date(2026, 3, 29), time=dt.time(2, 30), repeat=repeat,
+                                   description="take the pill"), CONSOLE)
+    assert _local(event.due) == "2026-03-29 03:30"
+    assert _deliver_each(store, event.id, 3) == expected
+
+
+@pytest.mark.parametrize(("repeat", "date"), [("daily", "9999-12-31"), ("weekly", "9999-12-27"),
+                                              ("monthly", "9999-12-15")])
+def test_a_reminder_whose_next_time_is_past_year_9999_finishes_once_delivered(
+    open_events: Callable[[], Store], repeat: str, date: str
+) -> None:
+    store = open_events()
+    event = store.add(EventPayload(date=dt.date.fromisoformat(date), time=dt.time(9, 0), repeat=repeat,
+                                   description="centennial"), CONSOLE)
+    ended = store.delivered(event.id, event.due, event.due + 60)
+    assert ended is not None and "date out of range" in ended
+    assert store.get(event.id).state == "delivered"  # type: ignore[union-attr]
+
+
+def test_a_monthly_reminder_past_year_9999_is_delivered_once_and_ends_with_a_log_line(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """December 9999's comes due (the runtime's clock says so): it goes out, and the reminder
+    ends there, named in the log; no crash, and it is not sent again and again."""
+    data = tmp_path / "data"
+    store = EventStore(data / "events.sqlite3")
+    try:
+        event = store.add(EventPayload(date=dt.date(9999, 12, 15), time=dt.time(9, 0), repeat="monthly",
+                                       description="the last rent"), CONSOLE)
+    finally:
+        store.close()
+    clock = ManualClock(wall=event.due + 60)
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, clock=clock)
+    wait_for(lambda: state_of(data, event.id).state == "delivered")
+    check(app, clock, times=5)
+    assert console_text(app).count("Reminder: the last rent") == 1
+    assert [d for d in app.runtime.dead_letters.letters() if d.reason == "crash"] == []
+    assert f"reminder #{event.id} (the last rent) repeats no more: date out of range" in caplog.text

@@ -4,8 +4,9 @@ A reminder is marked delivered only when the sender confirms the reply went
 out (a send receipt). One that was handed to the LLM but never confirmed (the
 daemon stopped, the send failed) is still pending in its store, so it is tried
 again, late, with how late it is; but never while its turn is still under way
-(a slow LLM, a backlog), which would deliver it twice. When several daemons share
-the reminders (NATS), only the holder of the "reminders" lease hands them out.
+(a slow LLM, a backlog; also after the scheduler alone crashed and was restarted),
+which would deliver it twice. When several daemons share the reminders (NATS),
+only the holder of the "reminders" lease hands them out.
 """
 
 from __future__ import annotations
@@ -13,17 +14,16 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.inbound import dead_letter_malformed
-from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel import IoTask, TypedActor, handles
 from autoresponse.actors.polling import SharedPoller
 from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.interfaces.events.settings import EventsSettings
 from autoresponse.interfaces.events.shared_store import SharedEventStore
-from autoresponse.interfaces.events.store import EventStore, UnreadableEvent
+from autoresponse.interfaces.events.store import EventStore, StoredEvent, UnreadableEvent
 from autoresponse.messages import DueEvent, Envelope, EventDue, OutboundMessage, SendReceipt
 
 log = logging.getLogger("autoresponse.events")
@@ -35,23 +35,6 @@ EVENTS = "events"
 
 class Tick(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class TurnsEnded(BaseModel):
-    """The turns of the reminders one check handed out (``keys``, in the check's
-    ``correlation``) have all ended."""
-
-    model_config = ConfigDict(frozen=True)
-    correlation: str
-    keys: tuple[str, ...]
-
-
-@dataclass
-class _Handed:
-    """An occurrence handed to the LLM and not confirmed yet."""
-
-    turn: str  # the correlation its turn runs in
-    ended: float | None = None  # when that turn ended; None while it is under way
 
 
 def _key(event_id: int, due: float) -> str:
@@ -70,6 +53,16 @@ class EventScheduler(TypedActor):
     ``max_attempts`` times; then it is given up: one notice to its chat, and a dead letter
     that the operator can replay. A stored reminder that cannot be read is given up at
     once: a dead letter naming it, and the others go out as usual.
+
+    What is in turn is kept in the store, not in this actor, so that a new incarnation (the
+    scheduler crashed, its supervisor restarted it) does not hand out again what its
+    predecessor did. The rule: an occurrence is marked in turn before it is handed out,
+    with its turn (the check's correlation) and the store's ``opening`` (one per run of the
+    daemon). A mark of this opening holds it while the runtime has work of its turn in
+    flight, and for ``unconfirmed_seconds`` after a check first finds that turn ended (when
+    is kept in the mark); then, still unconfirmed, it counts as a failed try. A mark of
+    another opening holds nothing: that run of the daemon ended, and its turns with it, so
+    the occurrence goes out again at once (late, saying so) and is never lost.
     """
 
     def __init__(self, store: EventStore | SharedEventStore, settings: EventsSettings) -> None:
@@ -77,7 +70,7 @@ class EventScheduler(TypedActor):
         self.store = store
         self._shared: SharedPoller | None = None
         self.settings = settings
-        self._handed: dict[str, _Handed] = {}  # by receipt key
+        self._timer: IoTask | None = None  # the next check's
 
     def setup(self) -> None:
         # Several daemons share the reminders: only the holder of this lease hands them out.
@@ -101,54 +94,48 @@ class EventScheduler(TypedActor):
             if self._shared is not None and not self._shared.holding:
                 return  # another daemon hands out the reminders
             unconfirmed = self.settings.unconfirmed_seconds
-            for key in [k for k, handed in self._handed.items()
-                        if handed.ended is not None and now - handed.ended >= unconfirmed]:
-                self._failed(key, f"no confirmation within {unconfirmed:g}s of its turn's end", env)
-            keys: list[str] = []
             for event in self.store.due(now):
                 if isinstance(event, UnreadableEvent):  # given up by the store: it is not read again
                     dead_letter_malformed(self, event.raw, "unreadable reminder",
                                           f"reminder #{event.id} cannot be read, given up: {event.reason}")
-                    continue
-                key = _key(event.id, event.due)
-                if key in self._handed:
-                    continue  # its turn is under way, or ended moments ago and may yet be confirmed
-                self._handed[key] = _Handed(turn=env.correlation_id)
-                keys.append(key)
-                context = event.context.model_copy(update={"receipt_to": self.name, "receipt_key": key})
-                due = DueEvent(description=event.description, due=event.due_text,
-                               late_seconds=max(0.0, now - event.due))
-                self.send(BUILDER, EventDue(context=context, event=due), cause=env)
-            if keys:  # their turns are this check's work: when it has all ended, so have they
-                self.runtime.when_finished(env.correlation_id, self.name,
-                                           TurnsEnded(correlation=env.correlation_id, keys=tuple(keys)))
+                elif event.turn is None or event.turn_by != self.store.opening:
+                    self._hand_out(event, now, env)  # not in turn, or its daemon's run is over
+                elif event.turn_ended is None:
+                    if not self.runtime.inflight.count(event.turn):  # it ended since the last check
+                        self.store.turn_ended(event.id, event.turn, now)
+                elif now - event.turn_ended >= unconfirmed:
+                    self._failed(event.id, event.due, f"no confirmation within {unconfirmed:g}s of its "
+                                 "turn's end", env)
+                # else its turn is under way, or ended moments ago and may yet be confirmed
         finally:
-            self.schedule(self.settings.check_seconds, Tick())
+            # One timer: a check retried after a crash sets one, as the new incarnation's first does.
+            self.cancel(self._timer)
+            self._timer = self.schedule(self.settings.check_seconds, Tick())
 
-    @handles
-    def on_turns_ended(self, ended: TurnsEnded, env: Envelope) -> None:
-        """Those still unconfirmed now wait ``unconfirmed_seconds`` for a late word, then
-        count as failed (a turn lost in a restart is tried again by the next incarnation)."""
-        now = self.runtime.clock.time()
-        for key in ended.keys:
-            handed = self._handed.get(key)
-            if handed is not None and handed.turn == ended.correlation:  # not a later try of it
-                handed.ended = now
+    def _hand_out(self, event: StoredEvent, now: float, env: Envelope) -> None:
+        """To the LLM, in this check's turn: marked in turn first, so that a crash after
+        the mark still holds it (its turn, this check, ends once the check is done)."""
+        self.store.handed(event.id, event.due, env.correlation_id)
+        key = _key(event.id, event.due)
+        context = event.context.model_copy(update={"receipt_to": self.name, "receipt_key": key})
+        due = DueEvent(description=event.description, due=event.due_text,
+                       late_seconds=max(0.0, now - event.due))
+        self.send(BUILDER, EventDue(context=context, event=due), cause=env)
 
     @handles
     def on_receipt(self, receipt: SendReceipt, env: Envelope) -> None:
-        if receipt.key not in self._handed:
-            return  # already counted (a late word after its confirmation timed out)
-        if receipt.ok:
-            event_id, due = _parse_key(receipt.key)
-            self.store.delivered(event_id, due, self.runtime.clock.time())
-            self._handed.pop(receipt.key, None)
-            return
-        self._failed(receipt.key, receipt.detail, env)
+        event_id, due = _parse_key(receipt.key)
+        event = self.store.get(event_id)
+        if event is None or event.state != "pending" or event.due != due:
+            return  # delivered, given up, or moved on already
+        if receipt.ok:  # it went out (even a late word, after its try was counted failed)
+            ended = self.store.delivered(event_id, due, self.runtime.clock.time())
+            if ended is not None:
+                log.warning("reminder #%s (%s) repeats no more: %s", event_id, event.description, ended)
+        elif event.turn_by == self.store.opening:  # else counted already (no word in time)
+            self._failed(event_id, due, receipt.detail, env)
 
-    def _failed(self, key: str, why: str, env: Envelope) -> None:
-        self._handed.pop(key, None)
-        event_id, due = _parse_key(key)
+    def _failed(self, event_id: int, due: float, why: str, env: Envelope) -> None:
         known = self.store.get(event_id)
         tries = (known.failures if known is not None else 0) + 1
         event = self.store.failed(event_id, due, why, max_attempts=self.settings.max_attempts,

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from autoresponse.actors.journal.jetstream import compare_and_set
 from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.interfaces.events.store import (
+    NOT_IN_TURN,
     StoredEvent,
     UnreadableEvent,
-    next_due,
+    after_delivery,
     read_event,
     scheduled,
     unreadable_reason,
@@ -39,6 +41,8 @@ class SharedEventStore:
     def __init__(self, journal: Any) -> None:
         self._journal = journal
         self._kv = journal.bucket(EVENTS_BUCKET)
+        #: This opening of the store (one per daemon run): the reminders in turn it marked.
+        self.opening = uuid.uuid4().hex
 
     def close(self) -> None:
         """Nothing of its own to close: the journal owns the connection."""
@@ -74,7 +78,7 @@ class SharedEventStore:
             await self._kv.put(f"event-{got[0]}", _dump({
                 "id": got[0], "context": context.model_dump(mode="json"), "description": payload.description,
                 "repeat": payload.repeat, "due": due, "state": "pending", "failures": 0, "next_try": None,
-                "last_error": None, "created": time.time(), "first_due": first}))
+                "last_error": None, "created": time.time(), "first_local": first.isoformat()}))
             return got[0]
         event = self.get(self._journal.run(add()))
         assert event is not None
@@ -110,17 +114,36 @@ class SharedEventStore:
                 due.append(found)
         return [*unreadable, *sorted(due, key=lambda event: event.due)]
 
-    def delivered(self, event_id: int, due: float, now: float) -> None:
-        """The occurrence at ``due`` was confirmed sent: move on to the next, or finish."""
+    def handed(self, event_id: int, due: float, turn: str) -> None:
+        """As ``EventStore.handed``: in turn, marked by this opening of the store."""
+        def mark(value: dict[str, Any] | None) -> dict[str, Any] | None:
+            if value is None or value["due"] != due or value["state"] != "pending":
+                return None
+            return {**value, "turn": turn, "turn_by": self.opening, "turn_ended": None}
+        self._journal.run(self._change(f"{_EVENT}{event_id}", mark))
+
+    def turn_ended(self, event_id: int, turn: str, now: float) -> None:
+        """As ``EventStore.turn_ended``."""
+        def end(value: dict[str, Any] | None) -> dict[str, Any] | None:
+            if value is None or value.get("turn") != turn or value.get("turn_ended") is not None:
+                return None
+            return {**value, "turn_ended": now}
+        self._journal.run(self._change(f"{_EVENT}{event_id}", end))
+
+    def delivered(self, event_id: int, due: float, now: float) -> str | None:
+        """As ``EventStore.delivered``: move on, or finish (why early, if it did)."""
+        ended: list[str] = []
+
         def move_on(value: dict[str, Any] | None) -> dict[str, Any] | None:
+            ended.clear()  # a compare-and-set may apply it again
             if value is None or value["due"] != due:
                 return None  # already moved on
-            first = value.get("first_due") or due  # a value kept before first_due was: from here on
-            following = next_due(due, value["repeat"], now, first=first)
-            if following is None:
-                return {**value, "state": "delivered", "failures": 0, "next_try": None}
-            return {**value, "due": following, "first_due": first, "failures": 0, "next_try": None}
-        self._journal.run(self._change(f"event-{event_id}", move_on))
+            changes, why = after_delivery(value, now)
+            if why is not None:
+                ended.append(why)
+            return {**value, **changes}
+        self._journal.run(self._change(f"{_EVENT}{event_id}", move_on))
+        return ended[0] if ended else None
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
                retry_in: float, now: float | None = None) -> StoredEvent | None:
@@ -129,7 +152,8 @@ class SharedEventStore:
             if value is None or value["due"] != due or value["state"] != "pending":
                 return None
             failures = value["failures"] + 1
-            return {**value, "failures": failures, "last_error": error, "next_try": (time.time() if now is None else now) + retry_in,
+            return {**value, **NOT_IN_TURN, "failures": failures, "last_error": error,
+                    "next_try": (time.time() if now is None else now) + retry_in,
                     "state": "failed" if failures >= max_attempts else value["state"]}
         self._journal.run(self._change(f"event-{event_id}", count))
         return self.get(event_id)

@@ -12,6 +12,7 @@ import datetime as dt
 import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,13 +39,21 @@ CREATE TABLE IF NOT EXISTS events (
     last_error TEXT,
     created REAL NOT NULL,
     next_try REAL,                             -- after a failure: not before this time
-    first_due REAL                             -- the first occurrence, which repeats count from
+    first_due REAL,                            -- the first occurrence (rows stored before first_local)
+    first_local TEXT,                          -- its local wall time as asked, which repeats keep
+    turn TEXT,                                 -- handed to the LLM in this turn (a correlation) ...
+    turn_by TEXT,                              -- ... by this opening of the store (EventStore.opening)
+    turn_ended REAL                            -- when that turn ended; NULL while it may still run
 );
 CREATE INDEX IF NOT EXISTS events_due ON events (state, due);
 """
-#: Columns added since the first release, for stores made by it.
+#: Columns added since the first release, for stores made by an older one.
 _MIGRATIONS = {"next_try": "ALTER TABLE events ADD COLUMN next_try REAL",
-               "first_due": "ALTER TABLE events ADD COLUMN first_due REAL"}
+               "first_due": "ALTER TABLE events ADD COLUMN first_due REAL",
+               "first_local": "ALTER TABLE events ADD COLUMN first_local TEXT",
+               "turn": "ALTER TABLE events ADD COLUMN turn TEXT",
+               "turn_by": "ALTER TABLE events ADD COLUMN turn_by TEXT",
+               "turn_ended": "ALTER TABLE events ADD COLUMN turn_ended REAL"}
 
 
 def _set_up(db: sqlite3.Connection) -> None:
@@ -56,7 +65,6 @@ def _set_up(db: sqlite3.Connection) -> None:
             db.execute(statement)
 
 
-
 class StoredEvent(BaseModel):
     id: int
     context: OriginalContext
@@ -66,6 +74,11 @@ class StoredEvent(BaseModel):
     state: str
     failures: int
     next_try: float | None = None  # after a failure: not before this time
+    # In turn: handed to the LLM in ``turn`` by the store opening ``turn_by``, and not
+    # confirmed yet; ``turn_ended`` once that turn has ended (see ``EventScheduler``).
+    turn: str | None = None
+    turn_by: str | None = None
+    turn_ended: float | None = None
 
     @property
     def due_text(self) -> str:
@@ -99,26 +112,29 @@ def read_event(row: dict[str, Any]) -> StoredEvent:
                else OriginalContext.model_validate(context))
     return StoredEvent(id=row["id"], context=context, description=row["description"], repeat=row["repeat"],
                        due=row["due"], state=row["state"], failures=row["failures"],
-                       next_try=row.get("next_try"))
+                       next_try=row.get("next_try"), turn=row.get("turn"), turn_by=row.get("turn_by"),
+                       turn_ended=row.get("turn_ended"))
 
 
-def scheduled(payload: EventPayload, now: float | None = None) -> tuple[float, float]:
-    """When a new reminder is first due, and the occurrence its repeats count from. One
-    whose first date is past by more than EVENTS_PAST_GRACE_SECONDS at ``now`` would go out
-    at once, "N days late": a repeating one (every day at 9, asked at 10) starts at its next
-    occurrence, a one-off is refused (DateInPast). Raises DateOutOfRange too."""
+def scheduled(payload: EventPayload, now: float | None = None) -> tuple[float, dt.datetime]:
+    """When a new reminder is first due, and the local wall time its repeats count from (as
+    asked, even a time a daylight-saving change skips: see ``moment``). One whose first date
+    is past by more than EVENTS_PAST_GRACE_SECONDS at ``now`` would go out at once, "N days
+    late": a repeating one (every day at 9, asked at 10) starts at its next occurrence, a
+    one-off is refused (DateInPast). Raises DateOutOfRange too."""
     first = first_due(payload.date, payload.time)
+    wall = dt.datetime.combine(payload.date, payload.time or DEFAULT_TIME)
     if now is None or first >= now - EVENTS_PAST_GRACE_SECONDS:
-        return first, first
-    upcoming = next_due(first, payload.repeat, now, first=first)
+        return first, wall
+    upcoming = next_due(first, payload.repeat, now, first=wall)
     if upcoming is None:  # a one-off
         raise DateInPast(f"date in the past: {_local(first)} is already past (it is now {_local(now)}); "
                          "a reminder needs a date and time still to come")
-    return upcoming, first
+    return upcoming, wall
 
 
-def _local(moment: float) -> str:
-    return dt.datetime.fromtimestamp(moment).astimezone().isoformat(timespec="minutes")
+def _local(when: float) -> str:
+    return dt.datetime.fromtimestamp(when).astimezone().isoformat(timespec="minutes")
 
 
 class DateInPast(ValueError):
@@ -129,28 +145,49 @@ class DateOutOfRange(ValueError):
     """A reminder's date this machine cannot represent (year 1, or 9999 in some zones)."""
 
 
+def moment(wall: dt.datetime) -> float:
+    """The moment of a local wall time (naive), in this machine's time zone.
+
+    A time that a daylight-saving change skips (02:30 as the clocks go from 02:00 to 03:00)
+    is read with the offset before the change: 03:30, the first valid instant after it by
+    the hour skipped, which a clock not yet put forward shows as 02:30. So iCalendar reads
+    it (RFC 5545), and it is never before the time asked (``astimezone`` says 01:30). A time
+    that comes twice (as the clocks go back) is its first. Raises ValueError, OverflowError
+    or OSError past what this machine can represent."""
+    when = wall.replace(fold=0).timestamp()
+    dt.datetime.fromtimestamp(when)  # it must read back too: it is shown, and counted from
+    return when
+
+
 def first_due(date: dt.date, at: dt.time | None) -> float:
     """The moment a reminder is for, in this machine's time zone. Raises DateOutOfRange."""
     try:
-        return dt.datetime.combine(date, at or DEFAULT_TIME).astimezone().timestamp()
+        return moment(dt.datetime.combine(date, at or DEFAULT_TIME))
     except (ValueError, OverflowError, OSError) as exc:  # the zone's offset takes it past year 1 or 9999
         raise DateOutOfRange(f"date out of range: {date} {at or DEFAULT_TIME} cannot be scheduled "
                              f"({exc})") from None
 
 
-def next_due(due: float, repeat: str, now: float, first: float | None = None) -> float | None:
+def next_due(due: float, repeat: str, now: float, first: dt.datetime | None = None) -> float | None:
     """The first occurrence after ``now`` (and not before ``due``) of a repeating reminder;
-    None if it does not repeat. Occurrences count from ``first`` (default ``due``) in local
-    wall-clock time: 09:00 stays 09:00 across a daylight-saving change, and a monthly one on
-    the 31st comes on each month's last day when it is shorter, and on the 31st again after."""
+    None if it does not repeat. Occurrences count from ``first``, a local wall time (default
+    ``due``'s), and keep it: 09:00 stays 09:00 across a daylight-saving change, and 02:30
+    asked on the day the change skips it is 02:30 on the days after (03:30 on that day:
+    ``moment``); a monthly one on the 31st comes on each month's last day when it is
+    shorter, and on the 31st again after. Raises DateOutOfRange when that occurrence is
+    past what this machine can represent (year 9999)."""
     if repeat == "none":
         return None
-    start = dt.datetime.fromtimestamp(due if first is None else first)  # naive: local wall time
-    # Skip most of the occurrences already past, so a reminder years old costs no more.
-    past = (dt.datetime.fromtimestamp(max(due, now)) - start).days // _MAX_DAYS_APART[repeat]
-    n = max(0, past - 1)
-    while (when := _occurrence(start, repeat, n).timestamp()) <= now or when < due:
-        n += 1
+    start = dt.datetime.fromtimestamp(due) if first is None else first
+    try:
+        # Skip most of the occurrences already past, so a reminder years old costs no more.
+        past = (dt.datetime.fromtimestamp(max(due, now)) - start).days // _MAX_DAYS_APART[repeat]
+        n = max(0, past - 1)
+        while (when := moment(_occurrence(start, repeat, n))) <= now or when < due:
+            n += 1
+    except (ValueError, OverflowError, OSError) as exc:
+        raise DateOutOfRange(f"date out of range: the {repeat} reminder's next time after "
+                             f"{_local(max(due, now))} cannot be represented ({exc})") from None
     return when
 
 
@@ -170,6 +207,34 @@ def _occurrence(start: dt.datetime, repeat: str, n: int) -> dt.datetime:
     return start.replace(year=year, month=month, day=min(start.day, calendar.monthrange(year, month)[1]))
 
 
+def repeats_from(first_local: str | None, first_due: float | None, due: float) -> dt.datetime:
+    """The local wall time a reminder's repeats count from: as asked (``first_local``); for
+    one stored before that was kept, its first occurrence's (``first_due``), or, stored
+    before that too, the one due now's."""
+    if first_local:
+        return dt.datetime.fromisoformat(first_local)
+    return dt.datetime.fromtimestamp(due if first_due is None else first_due)
+
+
+#: An occurrence done with (delivered, or counted failed) is in turn no more.
+NOT_IN_TURN: dict[str, Any] = {"turn": None, "turn_by": None, "turn_ended": None}
+
+
+def after_delivery(value: dict[str, Any], now: float) -> tuple[dict[str, Any], str | None]:
+    """What changes in a reminder (its columns in ``value``) whose occurrence due now was
+    confirmed sent: it moves on to its next, or finishes; and why it finished before its
+    repeats did, if it did (its next time past year 9999: it ends, rather than fail for ever)."""
+    start = repeats_from(value.get("first_local"), value.get("first_due"), value["due"])
+    done = {"failures": 0, "next_try": None, **NOT_IN_TURN}
+    try:
+        following = next_due(value["due"], value["repeat"], now, first=start)
+    except DateOutOfRange as exc:
+        return {**done, "state": "delivered", "last_error": str(exc)}, str(exc)
+    if following is None:
+        return {**done, "state": "delivered"}, None
+    return {**done, "due": following, "first_local": start.isoformat()}, None
+
+
 class EventStore:
     """Thread-safe; every write is committed before it returns."""
 
@@ -178,6 +243,8 @@ class EventStore:
         self._lock = threading.Lock()
         # Like the memory's: a file that is no database is named, and never replaced.
         self._db = open_store(path, "reminder store", _set_up)
+        #: This opening of the store (one per daemon run): the reminders in turn it marked.
+        self.opening = uuid.uuid4().hex
 
     def close(self) -> None:
         with self._lock:
@@ -188,9 +255,10 @@ class EventStore:
         due, first = scheduled(payload, now)
         with self._lock:
             cursor = self._db.execute(
-                "INSERT INTO events (context, description, repeat, due, created, first_due) "
+                "INSERT INTO events (context, description, repeat, due, created, first_local) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (context.model_dump_json(), payload.description, payload.repeat, due, time.time(), first),
+                (context.model_dump_json(), payload.description, payload.repeat, due, time.time(),
+                 first.isoformat()),
             )
         event = self.get(cursor.lastrowid)  # type: ignore[arg-type]
         assert event is not None
@@ -201,7 +269,7 @@ class EventStore:
         an ``UnreadableEvent``, and the others are read as usual."""
         with self._lock:
             cursor = self._db.execute("SELECT id, context, description, repeat, due, state, failures, "
-                                      f"next_try FROM events {sql}", args)
+                                      f"next_try, turn, turn_by, turn_ended FROM events {sql}", args)
             names = [column[0] for column in cursor.description]
             rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         found: list[StoredEvent | UnreadableEvent] = []
@@ -229,30 +297,44 @@ class EventStore:
                                      (f"unreadable: {event.reason}", event.id))
         return found
 
-    def delivered(self, event_id: int, due: float, now: float) -> None:
-        """The occurrence at ``due`` was confirmed sent: move on to the next, or finish."""
+    def handed(self, event_id: int, due: float, turn: str) -> None:
+        """The occurrence at ``due`` goes to the LLM in ``turn`` (a correlation): it is in turn,
+        marked by this opening of the store, until it is delivered or counted failed."""
         with self._lock:
-            row = self._db.execute("SELECT repeat, due, first_due FROM events WHERE id = ?",
+            self._db.execute("UPDATE events SET turn = ?, turn_by = ?, turn_ended = NULL "
+                             "WHERE id = ? AND due = ? AND state = 'pending'",
+                             (turn, self.opening, event_id, due))
+
+    def turn_ended(self, event_id: int, turn: str, now: float) -> None:
+        """``turn`` has ended at ``now``: if it still has the reminder in hand, the reminder
+        waits for its confirmation from then on."""
+        with self._lock:
+            self._db.execute("UPDATE events SET turn_ended = ? "
+                             "WHERE id = ? AND turn = ? AND turn_ended IS NULL", (now, event_id, turn))
+
+    def delivered(self, event_id: int, due: float, now: float) -> str | None:
+        """The occurrence at ``due`` was confirmed sent: move on to the next, or finish; why
+        it finished before its repeats did, if it did (``after_delivery``)."""
+        with self._lock:
+            row = self._db.execute("SELECT repeat, due, first_due, first_local FROM events WHERE id = ?",
                                    (event_id,)).fetchone()
             if row is None or row[1] != due:
-                return  # already moved on
-            first = due if row[2] is None else row[2]  # a row kept before first_due was: from here on
-            following = next_due(due, row[0], now, first=first)
-            if following is None:
-                self._db.execute("UPDATE events SET state = 'delivered', failures = 0, next_try = NULL "
-                                 "WHERE id = ?", (event_id,))
-            else:
-                self._db.execute("UPDATE events SET due = ?, first_due = ?, failures = 0, next_try = NULL "
-                                 "WHERE id = ?", (following, first, event_id))
+                return None  # already moved on
+            changes, ended = after_delivery(dict(zip(("repeat", "due", "first_due", "first_local"), row,
+                                                     strict=True)), now)
+            columns = ", ".join(f"{column} = ?" for column in changes)  # our own names, never input
+            self._db.execute(f"UPDATE events SET {columns} WHERE id = ?", (*changes.values(), event_id))
+        return ended
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
                retry_in: float, now: float | None = None) -> StoredEvent | None:
-        """The occurrence at ``due`` was not delivered: count it, and either try it again
-        in ``retry_in`` seconds (after ``now``, the runtime's clock; default the wall
-        clock) or, after ``max_attempts`` tries, give it up."""
+        """The occurrence at ``due`` was not delivered (nor is it in turn any more): count it,
+        and either try it again in ``retry_in`` seconds (after ``now``, the runtime's clock;
+        default the wall clock) or, after ``max_attempts`` tries, give it up."""
         with self._lock:
             self._db.execute(
                 "UPDATE events SET failures = failures + 1, last_error = ?, next_try = ?, "
+                "turn = NULL, turn_by = NULL, turn_ended = NULL, "
                 "state = CASE WHEN failures + 1 >= ? THEN 'failed' ELSE state END "
                 "WHERE id = ? AND due = ? AND state = 'pending'",
                 (error, (time.time() if now is None else now) + retry_in, max_attempts, event_id, due),
