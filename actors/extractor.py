@@ -34,6 +34,7 @@ from autoresponse.actors.limits import (
     MAX_YOUR_REPLY_CHARS,
 )
 from autoresponse.actors.prompts import error_retry_policy
+from autoresponse.messages.actions import is_blank
 from autoresponse.messages import (
     BaseAction,
     PromptRequest,
@@ -426,7 +427,7 @@ def extract_actions(text: str, allowed: Collection[str], *,
             reason = f"invalid JSON ({found.error(text)})"
         else:
             reason = "no JSON found"
-        prose = reason == "no JSON found" and bool(text.strip())
+        prose = reason == "no JSON found" and not is_blank(text)  # only what would show is a reply
         return Extraction((), (f"your reply is not an action list: {reason}",), prose=prose)
     if _may_carry_system_message(text) and _carries_system_message(found.values):
         return Extraction((), (_ECHO_ERROR,))

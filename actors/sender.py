@@ -13,9 +13,9 @@ pacing, flood waits, threading) and gets the actor for free::
 
 Each reply is handed to the event loop, so many go out at once; how it ended
 comes back as a message. A reply that cannot be delivered is a dead letter with
-its reason, never a crash, and whoever asked for a receipt hears either way: an
-error the delivery did not foresee is one too ("delivery failed", naming it), since a
-crash would cancel every other reply in flight and send them again. Only a journal that
+its reason, never a crash (a blank one too: "nothing to send"), and whoever asked for a
+receipt hears either way: an error the delivery did not foresee is one too ("delivery
+failed", naming it), since a crash would cancel every other reply in flight and send them again. Only a journal that
 cannot say whether a reply went out already (``LedgerUnavailable``) crashes it: its
 restart tries the reply again once the journal is back, and nothing is lost.
 """
@@ -31,6 +31,7 @@ from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.journal import LedgerUnavailable
 from autoresponse.actors.receipts import send_receipt
 from autoresponse.messages import Envelope, OutboundMessage
+from autoresponse.messages.actions import is_blank
 
 log = logging.getLogger("autoresponse.sender")
 
@@ -83,6 +84,9 @@ class DeliverySender(TypedActor):
         self.run_io(self._deliver(message), cause=env)
 
     async def _deliver(self, message: OutboundMessage) -> Delivered | NotDelivered:
+        if is_blank(message.text):  # every chunk would be dropped: no delivery, and no success
+            return NotDelivered(reason="nothing to send",
+                                detail=f"the reply to {message.chat_id} is blank: it would show nothing")
         try:
             return Delivered(ids=tuple(str(i) for i in await self.delivery.deliver(message)))
         except Undeliverable as exc:

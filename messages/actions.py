@@ -19,16 +19,46 @@ from __future__ import annotations
 import functools
 import hashlib
 import threading
+import unicodedata
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic_core import PydanticCustomError
 
 from autoresponse.messages.context import ChatId
 
 #: Longest text a message action may carry. Senders split it further to fit
 #: their platform; anything longer is an invalid payload the LLM is asked to fix.
 MAX_MESSAGE_CHARS = 32_000
+
+#: Characters that show nothing: controls and formats (zero-width space and joiners, the
+#: BOM, soft hyphen, bidi marks, tags), spaces and separators of every kind ...
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+#: ... and the letters and marks that are drawn as nothing: the Hangul fillers, the blank
+#: braille pattern, the combining grapheme joiner, Khmer's inherent vowels, Mongolian's
+#: free variation selectors, and the variation selectors.
+_INVISIBLE = frozenset("\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u2800\u3164\uffa0"
+                       + "".join(map(chr, range(0xFE00, 0xFE10)))
+                       + "".join(map(chr, range(0xE0100, 0xE01F0))))
+
+
+def _visible(char: str) -> bool:
+    return not (char in _INVISIBLE or char.isspace()
+                or unicodedata.category(char) in _INVISIBLE_CATEGORIES)
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` would show nothing: it holds only spaces (of any kind, line breaks
+    too) and characters drawn as nothing (zero-width ones, the BOM, Hangul fillers, ...).
+
+    >>> is_blank(" \\n\\u00a0\\u200b\\u3000"), is_blank(" ok ")
+    (True, False)
+    """
+    first = text[:1]
+    if first.isalnum() and first not in _INVISIBLE:  # nearly every message: decided at once
+        return False
+    return not any(map(_visible, text))
 
 
 class BaseAction(BaseModel):
@@ -67,12 +97,24 @@ class CommandAction(BaseAction):
 class MessagePayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    text: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS,
+                      description="The message itself: visible text, never only spaces or "
+                                  "invisible characters.")
     target: ChatId | None = Field(
         default=None,
         description="Chat to send to (its id, or its title or @username); omit to answer "
                     "the original chat.",
     )
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        # A blank message would post nothing: the LLM is asked again, told why.
+        if is_blank(text):
+            raise PydanticCustomError(
+                "blank_text", "the text is blank (only spaces or invisible characters); "
+                              "write the message itself")
+        return text
 
 
 class MessageAction(BaseAction):

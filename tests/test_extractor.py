@@ -54,6 +54,8 @@ def test_several_actions_in_one_reply_keep_their_order() -> None:
         ('{"type": "teleport", "payload": {}}', "unknown action type 'teleport'"),
         ('{"type": "terminal", "payload": {"cmd": "df"}}', "invalid payload: payload.command: Field required"),
         ('{"type": "event", "payload": {"date": "soon", "description": "x"}}', "invalid payload: payload.date"),
+        ('{"type": "message_console", "payload": {"text": " \\n\\u00a0\\u200b "}}',
+         "invalid payload: payload.text: the text is blank (only spaces or invisible characters)"),
         ('{"actions": []}', "holds no action"),
         ('{"payload": {"text": "hi"}}', 'missing "type"'),
         ("[1]", "expected an object"),
@@ -64,6 +66,14 @@ def test_what_is_wrong_becomes_one_clear_error(text: str, error: str) -> None:
     assert found.actions == ()
     assert len(found.errors) == 1
     assert error in found.errors[0]
+
+
+@pytest.mark.parametrize("text", ["Sure, here it is.", "\u200b\u3164 \u2060"], ids=["words", "invisible"])
+def test_only_a_reply_that_would_show_is_prose(text: str) -> None:
+    """Prose is delivered as the reply: one that would show nothing is no answer (the
+    message action it would become refuses blank text), so it is re-asked instead."""
+    found = extract_actions(text, ALL)
+    assert found.prose is bool(text.strip("\u200b\u3164 \u2060"))
 
 
 def test_valid_actions_survive_next_to_invalid_ones() -> None:

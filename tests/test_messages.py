@@ -13,6 +13,8 @@ from autoresponse.actors.prompts import (
     build_delivery_request,
     full_json_instructions,
     render_openai_messages,
+    response_format,
+    tool_definitions,
 )
 from autoresponse.interfaces.terminal import TerminalAction
 from autoresponse.messages import (
@@ -82,6 +84,46 @@ def test_a_non_zero_exit_is_never_ok() -> None:
 def test_oversized_message_text_is_an_invalid_payload() -> None:
     with pytest.raises(ValidationError, match="at most 32000"):
         parse_action({"type": "message_console", "payload": {"text": "x" * 32_001}})
+
+
+#: Texts that show nothing, as models write them: spaces and line breaks, Unicode spaces and
+#: separators, zero-width characters and the BOM, a soft hyphen, Hangul fillers, a lone
+#: variation selector.
+BLANK = [" \n ", "\t\r\n", "\u00a0\u2007\u202f\u3000", "\u2028\u2029\x85",
+         "\u200b\u200c\u200d\u2060\ufeff", " \u200b\n\u00ad ", "\u3164\u115f\uffa0", "\ufe0f"]
+
+
+def message_types() -> list[str]:
+    return sorted(m.action_type() for m in action_models() if m.kind == "message")
+
+
+@pytest.mark.parametrize("text", BLANK, ids=range(len(BLANK)))
+def test_blank_message_text_is_an_invalid_payload_of_every_message_action(text: str) -> None:
+    assert {"message_console", "message_reddit", "message_telegram_bot"} <= set(message_types())
+    for kind in message_types():
+        with pytest.raises(ValidationError, match="the text is blank"):
+            parse_action({"type": kind, "payload": {"text": text}})
+
+
+@pytest.mark.parametrize("text", [" ok ", "\u200bhi\u200b", "\U0001f642", "\u00a0.\u00a0", "\u3164a",
+                                  "\n\n```\nx\n```"])
+def test_message_text_with_anything_to_show_is_valid(text: str) -> None:
+    for kind in message_types():
+        assert parse_action({"type": kind, "payload": {"text": text}}).payload.text == text  # kept as written
+
+
+def test_the_schema_shown_says_a_message_may_not_be_blank() -> None:
+    for kind in message_types():
+        schema = schema_of(full_json_instructions([kind]))
+        [text] = [d["properties"]["text"] for d in schema["$defs"].values()
+                  if "text" in d.get("properties", {})]
+        assert "never only spaces or invisible characters" in text["description"]
+        assert text["type"] == "string" and text["minLength"] == 1  # still a plain, valid string schema
+        # The schemas a server enforces say so too (tools, json_schema): a description, no pattern.
+        [tool] = tool_definitions([kind])
+        assert "never only spaces" in tool["function"]["parameters"]["properties"]["text"]["description"]
+        assert "never only spaces" in json.dumps(response_format([kind]))
+        assert '"pattern"' not in json.dumps(schema)
 
 
 def test_a_delivery_prompt_carries_the_system_message_and_its_context() -> None:

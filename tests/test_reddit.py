@@ -22,7 +22,7 @@ from conftest import Daemon, system_messages, wait_for
 import autoresponse.interfaces
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import Clock, ManualClock
-from autoresponse.testing.fake_llm import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
@@ -139,6 +139,32 @@ def test_a_long_reply_is_cut_at_paragraphs_and_threaded_in_order(
     assert [c.thing_id for c in chunks] == ["t1_ask", chunks[0].fullname, chunks[1].fullname]
 
 
+def test_a_blank_reply_is_asked_for_again_and_the_real_one_is_posted(
+    fake_llm: FakeLLMServer, bot: Application, fake_reddit: FakeRedditServer
+) -> None:
+    # What a model emits for "nothing": spaces, a line break, a no-break and a zero-width space.
+    fake_llm.script(FakeResponse(tool_calls=(("message_reddit", {"text": " \n\u00a0\u200b "}),)),
+                    FakeResponse(tool_calls=(("message_reddit", {"text": "Hello, Ada."}),)))
+    item = fake_reddit.push_message("hello", author="ada")
+    until(fake_reddit, lambda: fake_reddit.replies(item))
+    assert bot.runtime.wait_idle(timeout=10)
+    assert [r.text for r in fake_reddit.replies()] == ["Hello, Ada."]  # nothing blank was posted
+    [_, reask] = [r.messages for r in fake_llm.requests]
+    assert reask[-1]["role"] == "tool" and "payload.text: the text is blank" in reask[-1]["content"]
+    assert bot.runtime.dead_letters.letters() == []
+
+
+@pytest.mark.parametrize("text", [" \n ", "\u200b\u3000\u3164"], ids=["spaces", "invisible"])
+def test_a_reply_that_shows_nothing_is_a_dead_letter_never_a_silent_success(
+    bot: Application, fake_reddit: FakeRedditServer, text: str
+) -> None:
+    tell(bot, text, "t1_a")  # past the action's own check (a bug, another path): still not "delivered"
+    [letter] = wait_for(lambda: bot.runtime.dead_letters.letters())
+    assert bot.runtime.wait_idle(timeout=10)
+    assert letter.reason == "nothing to send" and "blank" in letter.detail
+    assert fake_reddit.calls_to("api/comment") == []
+
+
 def test_a_ratelimit_error_parks_only_that_reply(bot: Application, fake_reddit: FakeRedditServer) -> None:
     fake_reddit.fail_next("api/comment", error=RATELIMIT, thing_id="t1_a")
     tell(bot, "to A", "t1_a")
@@ -184,6 +210,30 @@ def test_a_spent_rate_limit_budget_holds_back_the_next_request(
     following = calls[calls.index(spent) + 1]
     assert following.time - spent.time >= 2.0  # X-Ratelimit-Reset was honoured ...
     assert reply.time - spent.time >= 2.0  # ... by the inbox poller and the sender alike
+
+
+def test_a_rate_limit_reset_beyond_the_cap_holds_calls_back_only_as_long_as_the_cap(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real time, as above. One answer says: budget spent, back in a day. Reddit's budget
+    renews every ten minutes, so the wait is capped (``max_reset_wait``, one second here,
+    ten minutes by default): the inbox is read and the reply posted after it, not a day later."""
+    fake_reddit.clock = Clock()
+    bot = make_app(base_url=fake_llm.base_url,
+                   reddit=reddit_settings(fake_reddit, poll_interval=0.1, max_reset_wait=1.0))
+    wait_for(lambda: polls(fake_reddit) >= 2)
+    caplog.set_level(logging.WARNING, logger="autoresponse.reddit")
+    fake_reddit.spend_budget(reset=86_400)
+    spent = wait_for(lambda: [c for c in fake_reddit.calls if c.remaining == 0])[0]
+    item = fake_reddit.push_message("run uptime", author="ada")
+    [reply] = wait_for(lambda: fake_reddit.replies(item), timeout=20)
+    calls = list(fake_reddit.calls)
+    following = calls[calls.index(spent) + 1]
+    assert 0.9 <= following.time - spent.time < 10  # held back for the cap, not for the day
+    assert "`uptime` finished" in reply.text
+    assert "rate limit resets in 86400s" in caplog.text and "waits 1s at most" in caplog.text
+    assert snapshot(bot.runtime).healthy
 
 
 def test_reddit_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(

@@ -27,6 +27,10 @@ REDDIT_MAX_RATELIMITS = 3
 REDDIT_MAX_RATELIMIT_WAIT_SECONDS = 600.0
 #: Seconds asyncprawcore waits for Reddit to answer one request.
 REDDIT_TIMEOUT_SECONDS = 16.0
+#: Longest pause a spent rate-limit budget imposes on every call (the inbox and every
+#: reply). Reddit's budget renews every ten minutes, so an ``X-Ratelimit-Reset`` naming
+#: more (a proxy's, a glitch's) is waited this long only, not for as long as it says.
+REDDIT_MAX_RESET_WAIT_SECONDS = 600.0
 
 class RedditSettings(StrangerSettings):
     """On when an app (``client_id``, ``client_secret``) and an account (``username`` and
@@ -47,6 +51,8 @@ class RedditSettings(StrangerSettings):
     strangers: StrangerPolicy = "silent"  # public platforms: strangers get no answer
     poll_interval: float = Field(default=REDDIT_POLL_SECONDS, gt=0)
     timeout: float = Field(default=REDDIT_TIMEOUT_SECONDS, gt=0)
+    #: Seconds a spent rate-limit budget holds back every call at most (see above).
+    max_reset_wait: float = Field(default=REDDIT_MAX_RESET_WAIT_SECONDS, gt=0)
 
     @property
     def enabled(self) -> bool:
