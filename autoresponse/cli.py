@@ -4,7 +4,8 @@
 An operator's mistake (settings that cannot be used, a journal, memory or reminder
 store that cannot be read, an unreachable daemon) ends as one line on stderr,
 ``autoresponse: ...``, and exit code 2; a daemon that cannot start exits 1, also with
-one line; a Ctrl-C before ``run`` handles signals itself, 130 with one line.
+one line; a Ctrl-C before ``run`` handles signals itself, 130 with one line (``demo``
+handles them too: it cancels its request, says so and exits 130).
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ import datetime as dt
 import http.client
 import json
 import logging
+import os
 import shlex
 import shutil
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,17 @@ DEMO_DATA_DIR = Settings.model_fields["data_dir"].default / "demo"
 DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COMMANDS)},
                  "admin": {"enabled": False}, "console": {"read_stdin": False},
                  "data_dir": str(DEMO_DATA_DIR)}
+
+
+def _typed(argument: str) -> str:
+    """A command-line argument that is text (a request, an actor's name, a JSON message), as
+    its user meant it: bytes that do not decode (which Python keeps in ``sys.argv`` as lone
+    surrogates, that nothing can store, send or print) each become U+FFFD."""
+    try:
+        raw = os.fsencode(argument)  # the bytes as given (surrogateescape)
+    except UnicodeEncodeError:  # a surrogate no decoding made (``main`` called with it)
+        raw = argument.encode("utf-8", "surrogatepass")
+    return raw.decode(sys.getfilesystemencoding(), errors="replace")
 
 
 def _logging(level: str, settings: Settings) -> None:
@@ -438,35 +452,112 @@ def _fresh(settings: Settings) -> tuple[Settings, tempfile.TemporaryDirectory[st
 
 def demo(args: argparse.Namespace) -> int:
     """A console conversation on the offline engine (or the configured LLM), with a memory
-    of its own (``DEMO_DATA_DIR``); ``--fresh`` starts it empty."""
+    of its own (``DEMO_DATA_DIR``); ``--fresh`` starts it empty.
+
+    A Ctrl-C (or SIGTERM) cancels the request under way, as ``/cancel`` would, and ends the
+    demo with 128 + the signal (130 for Ctrl-C); a second one stops at once, without waiting
+    for what is under way. Never a KeyboardInterrupt: one raised inside the stop left the
+    actors' threads running, and the process waiting for them for good.
+    """
     settings = _settings(args, DEMO_DEFAULTS)
     _logging("WARNING" if settings.log_level.upper() == "INFO" else settings.log_level, settings)
     texts = args.texts or list(DEMO_SCRIPT)
-    settings, scratch = _fresh(settings) if args.fresh else (settings, None)
-    try:
-        return _converse(args, settings, texts)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
+    interrupts = _Interrupts()
+    with interrupts.handling():
+        settings, scratch = _fresh(settings) if args.fresh else (settings, None)
+        try:
+            answered = _converse(args, settings, texts, interrupts)
+        finally:
+            if scratch is not None:
+                scratch.cleanup()
+    if interrupts.asked:
+        interrupts.tell("autoresponse: interrupted")  # unless it said more already
+    leftover = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if leftover:
+        log.warning("threads still alive after stop: %s", ", ".join(leftover))
+    return 128 + interrupts.signum if interrupts.asked else answered
 
 
-def _converse(args: argparse.Namespace, settings: Settings, texts: list[str]) -> int:
-    """Each text in turn at the console; 0 when every one got its reply."""
+class _Interrupts:
+    """SIGINT and SIGTERM while the demo runs (``handling``): the first asks the demo to
+    cancel its request and stop, a second to stop at once (``hurry``, once there is an
+    application to hurry). The handler only sets flags (no lock: the main thread it
+    interrupts may hold one), and the main thread acts on them between its waits."""
+
+    def __init__(self) -> None:
+        #: The first signal's number (0: none yet).
+        self.signum = 0
+        self.again = False
+        self._hurry: Callable[[], None] | None = None
+        self._told = False
+
+    @property
+    def asked(self) -> bool:
+        return self.signum != 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if not self.signum:
+            self.signum = signum
+            return
+        self.again = True
+        if self._hurry is not None:
+            self._hurry()  # Runtime.hurry sets an event nothing waits on: no lock held meanwhile
+
+    def tell(self, line: str) -> None:
+        """Say what the first signal did, in one line on stderr (said once)."""
+        if not self._told:
+            print(line, file=sys.stderr)
+            self._told = True
+
+    def hurry_with(self, hurry: Callable[[], None]) -> None:
+        """Call ``hurry`` on a second signal (now, if there was one already)."""
+        self._hurry = hurry
+        if self.again:
+            hurry()
+
+    @contextmanager
+    def handling(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():  # main() called from a thread
+            yield
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored (a background job's): it stays so
+                signal.signal(signum, self)
+        try:
+            yield
+        finally:
+            # As ``run``'s: the command ends, and one more signal must not make its exit a kill
+            # (as Python finalizes, it puts SIGINT back to the default).
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+
+
+def _converse(args: argparse.Namespace, settings: Settings, texts: list[str], interrupts: _Interrupts) -> int:
+    """Each text in turn at the console; 0 when every one got its reply. A signal
+    (``interrupts``) cancels the request under way and skips the rest."""
     try:
         app = _start(args, settings)
     except (StartError, ValueError) as exc:
         print(f"autoresponse: cannot start: {exc}", file=sys.stderr)
         return 1
+    interrupts.hurry_with(app.runtime.hurry)
     unanswered = 0
     try:
         with app.runtime.probe(sender("console")) as replies:
             for text in texts:
+                if interrupts.asked:
+                    break
                 envelope = app.runtime.send(interface("console"), ConsoleInput(text=text))
                 if envelope is None:
                     unanswered += 1
                     continue
                 correlation = envelope.correlation_id
-                finished = app.runtime.wait_idle(correlation, timeout=args.timeout)
+                finished = _wait_idle(app, correlation, args.timeout, interrupts)
+                if not finished and interrupts.asked:
+                    again = "Ctrl-C again" if interrupts.signum == signal.SIGINT else "a second signal"
+                    interrupts.tell(f"autoresponse: interrupted: cancelling the request ({again} stops at once)")
+                    app.runtime.send(interface("console"), ConsoleInput(text="/cancel"))
+                    break
                 # A notice is the answer to a command (/forget, /cancel), but not to a request
                 # that failed: that one has a dead letter, and its notice only says so.
                 failed = app.runtime.dead_letters.letters(correlation)
@@ -479,8 +570,21 @@ def _converse(args: argparse.Namespace, settings: Settings, texts: list[str]) ->
                         why.append(f"no answer within {args.timeout:g}s")
                     print(f"no reply to {text!r}: {'; '.join(why) or 'unknown'}", file=sys.stderr)
     finally:
-        app.stop()
+        app.stop()  # a signal meanwhile hurries it (see _Interrupts), never interrupts it
     return 1 if unanswered else 0
+
+
+def _wait_idle(app: Application, correlation: str, timeout: float, interrupts: _Interrupts) -> bool:
+    """Wait up to ``timeout`` seconds for ``correlation`` to finish; False at once when a
+    signal asks to stop (``wait_idle`` itself cannot be woken by one)."""
+    until = time.monotonic() + timeout
+    while not interrupts.asked:
+        left = until - time.monotonic()
+        if app.runtime.wait_idle(correlation, timeout=max(0.0, min(left, 0.1))):
+            return True
+        if left <= 0:
+            return False
+    return False
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -626,7 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_replay.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
     p_replay.set_defaults(func=replay_command)
     p_demo = commands.add_parser("demo", help="a console conversation, offline by default")
-    p_demo.add_argument("texts", nargs="*", help='requests, e.g. "run uptime" (default: a script)')
+    p_demo.add_argument("texts", nargs="*", type=_typed,
+                        help='requests, e.g. "run uptime" (default: a script)')
     p_demo.add_argument("--config", help="a TOML settings file")
     p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
     p_demo.add_argument("--fresh", action="store_true",
@@ -634,7 +739,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.set_defaults(func=demo)
 
     p_history = commands.add_parser("history", help="show a chat's conversation memory")
-    p_history.add_argument("chat", nargs="?", help="a chat key or chat id (default: list the chats)")
+    p_history.add_argument("chat", nargs="?", type=_typed,
+                           help="a chat key or chat id (default: list the chats)")
     p_history.add_argument("--json", action="store_true", help="print the entries as JSON")
     p_history.add_argument("--config", help="a TOML settings file")
     p_history.add_argument("--demo", action="store_true", help="the memory of `autoresponse demo`, not the daemon's")
@@ -664,13 +770,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_status.set_defaults(func=status)
 
     p_inject = admin_client("inject", "send a JSON message to a named actor")
-    p_inject.add_argument("actor", help='e.g. "interface.console"')
-    p_inject.add_argument("json", help='e.g. \'{"text": "run date"}\'')
-    p_inject.add_argument("--type", help="the message class, when several fit")
+    p_inject.add_argument("actor", type=_typed, help='e.g. "interface.console"')
+    p_inject.add_argument("json", type=_typed, help='e.g. \'{"text": "run date"}\'')
+    p_inject.add_argument("--type", type=_typed, help="the message class, when several fit")
     p_inject.set_defaults(func=inject)
 
     p_trace = admin_client("trace", "show every hop of one request, as a timeline")
-    p_trace.add_argument("id", help="the request's correlation id (see deadletters, status, or the page)")
+    p_trace.add_argument("id", type=_typed,
+                         help="the request's correlation id (see deadletters, status, or the page)")
     p_trace.add_argument("--json", action="store_true", help="print the raw JSON")
     p_trace.set_defaults(func=trace)
 
@@ -689,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ConfigError, AdminError) as exc:
         print(f"autoresponse: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # a Ctrl-C before the command handles signals itself (``run``: once up)
+    except KeyboardInterrupt:  # a Ctrl-C before the command handles signals itself (``run``, ``demo``)
         print("autoresponse: interrupted", file=sys.stderr)
         return 130
 

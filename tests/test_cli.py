@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import default_signals, environment, free_port
+from conftest import console_text, default_signals, environment, free_port, wait_for
 
 from autoresponse import Application
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage
@@ -358,6 +358,35 @@ def test_inject_sends_the_actor_and_the_type_as_given(not_the_admin: tuple[str, 
     parts = urllib.parse.urlsplit(path)
     assert urllib.parse.unquote(parts.path) == "/inject/interface console"
     assert urllib.parse.parse_qs(parts.query) == {"type": ["A&b=c#d"]}
+
+
+def test_the_admin_commands_read_bytes_that_are_no_utf_8_as_text(not_the_admin: tuple[str, list[str]]) -> None:
+    """Python keeps an argument's undecodable bytes as lone surrogates, which no URL can hold:
+    ``trace`` and ``inject`` ended with a UnicodeEncodeError's traceback."""
+    url, asked = not_the_admin
+    traced = subprocess.run([sys.executable, "-m", "autoresponse", "trace", b"c-\xff", "--url", url],
+                            capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=environment())
+    err = traced.stderr.decode(errors="replace")
+    assert "Traceback" not in err, err
+    assert err.splitlines() == ["autoresponse: the answer to GET /trace/c-\ufffd is not what the admin endpoint "
+                                "sends (KeyError: 'hops'); is this the admin endpoint?"]
+    injected = subprocess.run([sys.executable, "-m", "autoresponse", "inject", b"interface.console\xff",
+                               b'{"text": "caf\xe9"}', "--type", b"Console\xfeInput", "--url", url],
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=environment())
+    assert injected.returncode == 0, injected.stderr.decode(errors="replace")
+    assert asked == ["/trace/c-%EF%BF%BD", "/inject/interface.console%EF%BF%BD?type=Console%EF%BF%BDInput"]
+
+
+def test_inject_reads_a_message_with_bytes_that_are_no_utf_8_as_text(make_app: Callable[..., Application]) -> None:
+    """The daemon refused such a message (its journal cannot store lone surrogates): it is
+    taken, with each undecodable byte read as U+FFFD, as the console reads a line."""
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0})
+    assert app.admin is not None
+    done = subprocess.run([sys.executable, "-m", "autoresponse", "inject", "interface.console",
+                           b'{"text": "run echo caf\xe9"}', "--url", app.admin.url],
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=environment())
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    wait_for(lambda: "`echo caf\ufffd` finished" in console_text(app))
 
 
 def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:
