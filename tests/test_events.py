@@ -29,7 +29,7 @@ from autoresponse.interfaces.events import EventPayload, EventStore, due_in, nex
 from autoresponse.interfaces.events.shared_store import EVENTS_BUCKET, SharedEventStore
 from autoresponse.interfaces.events.store import StoredEvent, UnreadableEvent
 from autoresponse.testing.fake_telegram import FakeTelegramServer
-from autoresponse.messages import OriginalContext
+from autoresponse.messages import OriginalContext, SendReceipt
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
                           original_command="remind me to stretch")
@@ -181,6 +181,7 @@ def test_a_reminder_that_keeps_failing_is_retried_a_bounded_number_of_times_then
     assert len(fake_llm.requests) == 3  # one per try, then no more
     notices = [line for line in console_text(app).splitlines() if "could not deliver your reminder" in line]
     assert len(notices) == 1 and "stretch your legs" in notices[0]
+    assert "come again" not in notices[0]  # a one-off: it does not
     assert "could not reach the language model" not in console_text(app)  # no notice per failed try
     [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
     assert "failed 3 times" in letter.detail
@@ -578,3 +579,192 @@ def test_a_monthly_reminder_past_year_9999_is_delivered_once_and_ends_with_a_log
     assert console_text(app).count("Reminder: the last rent") == 1
     assert [d for d in app.runtime.dead_letters.letters() if d.reason == "crash"] == []
     assert f"reminder #{event.id} (the last rent) repeats no more: date out of range" in caplog.text
+
+
+# ---------------------------------------------------------------- given up once, a receipt not ours, a damaged row
+
+
+@pytest.fixture(params=["sqlite", "nats"])
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``make_app``'s settings for where its reminders are kept: SQLite (one daemon), or NATS
+    (daemons that share a bot: the scheduler hands out once it holds the reminders' lease).
+    A test asks for it before ``make_app``, so that its NATS server stops after the apps."""
+    if request.param == "sqlite":
+        return {}
+    return {"journal": {"backend": "nats"}, "nats": {"url": request.getfixturevalue("nats_server").url}}
+
+
+def handing_out(app: Application) -> bool:
+    """The app's scheduler hands reminders out (on NATS: it holds the reminders' lease), so
+    that each check the clock is advanced for is one that can."""
+    incarnation = app.runtime.cell(EVENTS).incarnation
+    scheduler = incarnation() if incarnation is not None else None
+    shared = getattr(scheduler, "_shared", None)
+    return scheduler is not None and (shared is None or shared.holding)
+
+
+def _reminder_out(app: Application, clock: ManualClock, text: str, checks: int = 80) -> None:
+    """Check (one ``check_seconds`` at a time) until ``text`` is on the console."""
+    for _ in range(checks):
+        if text in console_text(app):
+            return
+        check(app, clock)
+    raise AssertionError(f"{text!r} never came")
+
+
+@pytest.mark.parametrize(("retry", "days"), [(60.0, 1), (13 * 3600.0, 2)],
+                         ids=["next-day", "next-day-past-by-then"])
+def test_a_repeating_reminder_given_up_once_comes_again_at_its_next_time(
+    backend: dict[str, Any], make_app: Callable[..., Application], fake_llm: FakeLLMServer,
+    manual_clock: ManualClock, retry: float, days: int
+) -> None:
+    """Every day: the LLM is down for its first occurrence's three tries (an hour apart; or,
+    with a backoff of 13 hours, given up more than a day after, when the next day's time is
+    past too). That occurrence is given up, once (a notice saying when it comes again, a
+    dead letter); the reminder is not: it comes at its next time still to come, and goes out."""
+    fake_llm.script(*[FakeResponse(status=500) for _ in range(3)])  # then the LLM is back
+    app = make_app(base_url=fake_llm.base_url, llm={"max_attempts": 1}, clock=manual_clock, **backend,
+                   events={**FAST, "check_seconds": 3600, "max_attempts": 3, "retry_min": retry,
+                           "retry_max": retry})
+    wait_for(lambda: handing_out(app))
+    store = app.resource("events")
+    date, at = due_in(-5)
+    first = store.add(EventPayload(date=date, time=at, repeat="daily", description="take your pills"),
+                      CONSOLE)
+    _reminder_out(app, manual_clock, "could not deliver your reminder")
+    check(app, manual_clock)  # one more: nothing more of it is tried
+    assert len(system_messages(fake_llm, "event")) == 3
+    later = store.get(first.id)
+    wall = dt.datetime.fromtimestamp(first.due)
+    assert (later.state, later.failures, later.turn) == ("pending", 0, None)
+    assert _local(later.due) == (wall + dt.timedelta(days=days)).strftime("%Y-%m-%d %H:%M")
+    [notice] = [line for line in console_text(app).splitlines() if "could not deliver your reminder" in line]
+    assert f"(take your pills) due {first.due_text}" in notice
+    assert f"It will come again at its next time, {later.due_text}." in notice
+    [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
+    assert "failed 3 times" in letter.detail
+    assert letter.record["body"]["event"]["due"] == first.due_text  # the occurrence given up
+    _reminder_out(app, manual_clock, "Reminder: take your pills")  # the LLM is back: it goes out
+    wait_for(lambda: store.get(first.id).due != later.due)
+    assert console_text(app).count("Reminder: take your pills") == 1
+    after = store.get(first.id)
+    assert (after.state, after.failures) == ("pending", 0)
+    assert _local(after.due) == (wall + dt.timedelta(days=days + 1)).strftime("%Y-%m-%d %H:%M")
+
+
+def test_an_occurrence_given_up_moves_a_repeating_reminder_on_and_ends_a_one_off(
+    open_events: Callable[[], Store]
+) -> None:
+    """Its last try fails thirty hours after it was due: a daily one's next time (the day
+    after) is past too, so it moves on to the one after that; a one-off has failed."""
+    store = open_events()
+    daily, once = (store.add(EventPayload(date=dt.date(2026, 1, 30), time=dt.time(9, 0), repeat=repeat,
+                                          description=repeat), CONSOLE) for repeat in ("daily", "none"))
+    for event in (daily, once):
+        late = event.due + 30 * 3600
+        store.handed(event.id, event.due, "turn-1")
+        tried = store.failed(event.id, event.due, "the LLM is down", max_attempts=2, retry_in=60,
+                             now=late - 60)
+        assert tried is not None and not tried.given_up and tried.event.failures == 1
+        store.handed(event.id, event.due, "turn-2")
+        given_up = store.failed(event.id, event.due, "the LLM is down", max_attempts=2, retry_in=60, now=late)
+        assert given_up is not None and given_up.given_up and given_up.ended is None
+        again = store.failed(event.id, event.due, "a late word", max_attempts=2, retry_in=60, now=late)
+        assert again is None  # that occurrence is done with: not counted again
+    moved, failed = store.get(daily.id), store.get(once.id)
+    assert moved is not None and failed is not None
+    assert (_local(moved.due), moved.state, moved.failures, moved.next_try, moved.turn) == \
+        ("2026-02-01 09:00", "pending", 0, None, None)
+    assert (failed.state, failed.failures, failed.due, failed.turn) == ("failed", 2, once.due, None)
+
+
+# Not as ``_key`` makes them: "1@1" (it says 1.0), "1@ 1.0"; an id past SQLite's, or none at all.
+@pytest.mark.parametrize("key", ["not-ours", "", "@", "7", "x@1.0", "1@2@3", "1@1", "1@ 1.0",
+                                 "99999999999999999999@1.0", "-1@1.0"])
+def test_a_send_receipt_whose_key_is_not_a_reminders_is_logged_and_ignored(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock,
+    caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    """A receipt meant for no reminder (another's, a damaged one): the scheduler does not
+    crash on it (restarted, it would meet it again), and the reminders go out as before."""
+    data = tmp_path / "data"
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data, clock=manual_clock)
+    for ok in (True, False):
+        envelope = app.runtime.send(EVENTS, SendReceipt(key=key, ok=ok, detail="sent"))
+        assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, timeout=15)
+    assert app.runtime.cell(EVENTS).restarts == 0
+    assert [d for d in app.runtime.dead_letters.letters() if d.reason == "crash"] == []
+    assert f"a send receipt for no reminder (key {key!r}): ignored" in caplog.text
+    event_id = schedule(data, CONSOLE, -5)
+    check(app, manual_clock)
+    wait_for(lambda: state_of(data, event_id).state == "delivered")
+    assert console_text(app).count("Reminder: stretch your legs") == 1
+
+
+def _write(store: Store, event_id: int, **columns: Any) -> None:
+    """Write a stored reminder's ``columns`` as given (a hand edit, a damaged row)."""
+    if isinstance(store, EventStore):
+        for column, value in columns.items():
+            store._db.execute(f"UPDATE events SET {column} = ? WHERE id = ?", (value, event_id))
+        return
+    key = f"event-{event_id}"
+    value = json.loads(store._journal.run(store._raw(key)))
+    store._journal.run(store._kv.put(key, json.dumps({**value, **columns}).encode()))
+
+
+@pytest.mark.parametrize("first_local", ["every day", "2026-13-45T09:00:00", "2026-01-30T09:00:00+01:00", 42])
+def test_a_reminder_whose_stored_first_time_is_damaged_repeats_as_an_older_row_and_says_so_once(
+    open_events: Callable[[], Store], caplog: pytest.LogCaptureFixture, first_local: Any
+) -> None:
+    """Its first occurrence's local wall time is no local date and time (a hand edit): it
+    repeats from its first occurrence's moment (an older row's ``first_due``), or the one due
+    now's; delivered or given up, it moves on, and the warning comes once."""
+    store = open_events()
+    events = [store.add(EventPayload(date=dt.date(2026, 1, 30), time=dt.time(9, 0), repeat="daily",
+                                     description=f"pills {n}"), CONSOLE) for n in range(3)]
+    first_due = dt.datetime(2026, 1, 29, 8, 0).timestamp()  # an older row's first occurrence: at 8
+    for event in events:
+        _write(store, event.id, first_local=first_local)
+    _write(store, events[2].id, first_due=first_due)
+    store.delivered(events[0].id, events[0].due, events[0].due + 60)
+    store.failed(events[1].id, events[1].due, "the LLM is down", max_attempts=1, retry_in=60,
+                 now=events[1].due + 60)
+    store.delivered(events[2].id, events[2].due, events[2].due + 60)
+    assert [_local(store.get(e.id).due) for e in events] == [  # type: ignore[union-attr]
+        "2026-01-31 09:00", "2026-01-31 09:00", "2026-01-31 08:00"]
+    for event in events:
+        assert caplog.text.count(f"reminder #{event.id}: its first time") == 1
+    caplog.clear()
+    following = ["2026-02-01 09:00", "2026-02-01 09:00", "2026-02-01 08:00"]
+    for event, expected in zip(events, following, strict=True):
+        moved = store.get(event.id)  # it counts from the time found, kept: nothing more to say
+        assert moved is not None
+        store.delivered(event.id, moved.due, moved.due + 60)
+        assert _local(store.get(event.id).due) == expected  # type: ignore[union-attr]
+    assert "its first time" not in caplog.text
+
+
+def test_a_reminder_whose_stored_first_time_is_damaged_is_delivered_without_a_crash(
+    backend: dict[str, Any], make_app: Callable[..., Application], fake_llm: FakeLLMServer,
+    manual_clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its receipt no longer crashes the scheduler (every receipt of it did): it goes out
+    once, moves on to tomorrow, and the log says once what was wrong with it."""
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, **backend,
+                   events={**FAST, "check_seconds": 1})
+    wait_for(lambda: handing_out(app))
+    store = app.resource("events")
+    date, at = due_in(-5)
+    event = store.add(EventPayload(date=date, time=at, repeat="daily", description="take your pills"),
+                      CONSOLE)
+    _write(store, event.id, first_local="yesterday at nine")
+    _reminder_out(app, manual_clock, "Reminder: take your pills")
+    wait_for(lambda: store.get(event.id).due != event.due)
+    check(app, manual_clock, times=3)
+    assert app.runtime.cell(EVENTS).restarts == 0
+    assert [d for d in app.runtime.dead_letters.letters() if d.reason == "crash"] == []
+    moved = store.get(event.id)
+    assert (moved.state, moved.failures) == ("pending", 0)
+    tomorrow = dt.datetime.fromtimestamp(event.due) + dt.timedelta(days=1)
+    assert _local(moved.due) == tomorrow.strftime("%Y-%m-%d %H:%M")
+    assert caplog.text.count(f"reminder #{event.id}: its first time 'yesterday at nine' is not") == 1

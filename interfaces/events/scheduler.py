@@ -42,6 +42,9 @@ def _key(event_id: int, due: float) -> str:
 
 
 GIVE_UP_NOTICE = "Sorry, I could not deliver your reminder ({description}): {why}"
+#: A repeating reminder's: only this occurrence is given up.
+GIVE_UP_REPEAT_NOTICE = ("Sorry, I could not deliver your reminder ({description}) due {due}: {why}. "
+                         "It will come again at its next time, {next}.")
 
 
 class EventScheduler(TypedActor):
@@ -51,8 +54,10 @@ class EventScheduler(TypedActor):
     (the LLM unreachable, re-asks exhausted, the send refused, or no word within
     ``unconfirmed_seconds`` after its turn ended) is tried again with backoff, at most
     ``max_attempts`` times; then it is given up: one notice to its chat, and a dead letter
-    that the operator can replay. A stored reminder that cannot be read is given up at
-    once: a dead letter naming it, and the others go out as usual.
+    that the operator can replay; a repeating reminder goes on at its next occurrence (the
+    first after then), a one-off has failed. A stored reminder that cannot be read is given
+    up at once: a dead letter naming it, and the others go out as usual. A receipt whose
+    key is not one of ours is logged and ignored (raising, it would crash each incarnation).
 
     What is in turn is kept in the store, not in this actor, so that a new incarnation (the
     scheduler crashed, its supervisor restarted it) does not hand out again what its
@@ -124,7 +129,11 @@ class EventScheduler(TypedActor):
 
     @handles
     def on_receipt(self, receipt: SendReceipt, env: Envelope) -> None:
-        event_id, due = _parse_key(receipt.key)
+        parsed = _parse_key(receipt.key)
+        if parsed is None:
+            log.warning("a send receipt for no reminder (key %.80r): ignored", receipt.key)
+            return
+        event_id, due = parsed
         event = self.store.get(event_id)
         if event is None or event.state != "pending" or event.due != due:
             return  # delivered, given up, or moved on already
@@ -138,27 +147,42 @@ class EventScheduler(TypedActor):
     def _failed(self, event_id: int, due: float, why: str, env: Envelope) -> None:
         known = self.store.get(event_id)
         tries = (known.failures if known is not None else 0) + 1
-        event = self.store.failed(event_id, due, why, max_attempts=self.settings.max_attempts,
-                                  retry_in=self.settings.retry_backoff().delay(tries),
-                                  now=self.runtime.clock.time())
-        if event is None or event.state != "failed":
+        counted = self.store.failed(event_id, due, why, max_attempts=self.settings.max_attempts,
+                                    retry_in=self.settings.retry_backoff().delay(tries),
+                                    now=self.runtime.clock.time())
+        if counted is None:
+            return  # done with already (delivered, given up, moved on)
+        event = counted.event
+        if not counted.given_up:
             log.warning("reminder #%s was not delivered (%s); try %d of %d", event_id, why, tries,
                         self.settings.max_attempts)
             return
-        # Given up: the operator can replay it from the dead letters, and the user hears once.
-        due_event = DueEvent(description=event.description, due=event.due_text)
+        if counted.ended is not None:
+            log.warning("reminder #%s (%s) repeats no more: %s", event_id, event.description, counted.ended)
+        # Given up: the operator can replay this occurrence from the dead letters, and the user hears once.
+        lost = event.model_copy(update={"due": due})  # a repeating one is at its next occurrence now
+        due_event = DueEvent(description=event.description, due=lost.due_text)
         self.runtime.dead_letters.post(
             env.child(EventDue(context=event.context, event=due_event)), "reminder undeliverable",
-            actor=BUILDER, detail=f"reminder #{event_id} failed {event.failures} times; last: {why}")
+            actor=BUILDER, detail=f"reminder #{event_id} failed {tries} times; last: {why}")
         notice_to = sender(event.context.interface_name)
         if self.runtime.has(notice_to):
-            text = GIVE_UP_NOTICE.format(description=event.description, why=why)
+            notice = GIVE_UP_REPEAT_NOTICE if event.state == "pending" else GIVE_UP_NOTICE
+            text = notice.format(description=event.description, why=why, due=lost.due_text,
+                                 next=event.due_text)
             self.send(notice_to, OutboundMessage.reply(event.context, text, notice=True), cause=env)
 
 
-def _parse_key(key: str) -> tuple[int, float]:
-    event_id, due = key.split("@")
-    return int(event_id), float(due)
+def _parse_key(key: str) -> tuple[int, float] | None:
+    """The reminder and occurrence a receipt's key names, or None if ``_key`` did not make it
+    (a receipt meant for another, a damaged one)."""
+    event_id, _, due = key.partition("@")
+    try:
+        parsed = int(event_id), float(due)
+    except ValueError:
+        return None
+    # As made, exactly; and an id SQLite can hold (a larger one raises in the store).
+    return parsed if _key(*parsed) == key and 0 < parsed[0] < 2**63 else None
 
 
 def due_in(seconds: float) -> tuple[dt.date, dt.time]:

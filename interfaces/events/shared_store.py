@@ -20,10 +20,11 @@ from typing import Any
 from autoresponse.actors.journal.jetstream import compare_and_set
 from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.interfaces.events.store import (
-    NOT_IN_TURN,
+    FailedTry,
     StoredEvent,
     UnreadableEvent,
     after_delivery,
+    after_failure,
     read_event,
     scheduled,
     unreadable_reason,
@@ -146,17 +147,22 @@ class SharedEventStore:
         return ended[0] if ended else None
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
-               retry_in: float, now: float | None = None) -> StoredEvent | None:
+               retry_in: float, now: float | None = None) -> FailedTry | None:
         """As ``EventStore.failed``: count it; try again in ``retry_in`` s, or give it up."""
+        at = time.time() if now is None else now
+        counted: list[tuple[bool, str | None]] = []
+
         def count(value: dict[str, Any] | None) -> dict[str, Any] | None:
+            counted.clear()  # a compare-and-set may apply it again
             if value is None or value["due"] != due or value["state"] != "pending":
                 return None
-            failures = value["failures"] + 1
-            return {**value, **NOT_IN_TURN, "failures": failures, "last_error": error,
-                    "next_try": (time.time() if now is None else now) + retry_in,
-                    "state": "failed" if failures >= max_attempts else value["state"]}
-        self._journal.run(self._change(f"event-{event_id}", count))
-        return self.get(event_id)
+            changes, given_up, ended = after_failure(value, error, max_attempts=max_attempts,
+                                                     retry_at=at + retry_in, now=at)
+            counted.append((given_up, ended))
+            return {**value, **changes}
+        self._journal.run(self._change(f"{_EVENT}{event_id}", count))
+        event = self.get(event_id)
+        return None if not counted or event is None else FailedTry(event, *counted[0])
 
 
 def _load(data: bytes | None) -> dict[str, Any] | None:

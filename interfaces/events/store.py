@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import calendar
 import datetime as dt
+import logging
 import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from autoresponse.actors.memory import open_store
 from autoresponse.interfaces.events.actions import EventPayload, Repeat
 from autoresponse.interfaces.events.settings import EVENTS_PAST_GRACE_SECONDS
 from autoresponse.messages import OriginalContext
+
+log = logging.getLogger("autoresponse.events")
 
 #: When a reminder gives a day but no time.
 DEFAULT_TIME = dt.time(9, 0)
@@ -207,32 +211,78 @@ def _occurrence(start: dt.datetime, repeat: str, n: int) -> dt.datetime:
     return start.replace(year=year, month=month, day=min(start.day, calendar.monthrange(year, month)[1]))
 
 
-def repeats_from(first_local: str | None, first_due: float | None, due: float) -> dt.datetime:
-    """The local wall time a reminder's repeats count from: as asked (``first_local``); for
-    one stored before that was kept, its first occurrence's (``first_due``), or, stored
-    before that too, the one due now's."""
-    if first_local:
-        return dt.datetime.fromisoformat(first_local)
-    return dt.datetime.fromtimestamp(due if first_due is None else first_due)
+def repeats_from(value: dict[str, Any]) -> dt.datetime:
+    """The local wall time a reminder's repeats count from (its columns in ``value``): as
+    asked (``first_local``); for one stored before that was kept, its first occurrence's
+    (``first_due``), or, stored before that too, the one due now's. A ``first_local`` that
+    is not one (a damaged or hand-edited row) is read as that older row, with a warning: the
+    caller stores the time found, so it is logged once, not at every delivery."""
+    first_local, first = value.get("first_local"), value.get("first_due")
+    if first_local is not None:
+        try:
+            start = dt.datetime.fromisoformat(first_local)
+        except (TypeError, ValueError):  # not text (TypeError), or not a date and time
+            start = None
+        if start is not None and start.tzinfo is None:  # as stored: local (an aware one cannot count)
+            return start
+        log.warning("reminder #%s: its first time %.80r is not a local date and time; it repeats from "
+                    "its %s occurrence instead", value.get("id"), first_local,
+                    "first" if first is not None else "current")
+    return dt.datetime.fromtimestamp(value["due"] if first is None else first)
 
 
 #: An occurrence done with (delivered, or counted failed) is in turn no more.
 NOT_IN_TURN: dict[str, Any] = {"turn": None, "turn_by": None, "turn_ended": None}
 
 
-def after_delivery(value: dict[str, Any], now: float) -> tuple[dict[str, Any], str | None]:
-    """What changes in a reminder (its columns in ``value``) whose occurrence due now was
-    confirmed sent: it moves on to its next, or finishes; and why it finished before its
-    repeats did, if it did (its next time past year 9999: it ends, rather than fail for ever)."""
-    start = repeats_from(value.get("first_local"), value.get("first_due"), value["due"])
+def _done_with(value: dict[str, Any], now: float, end: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """What changes in a reminder (its columns in ``value``) whose occurrence due now is done
+    with: it moves on to its next after ``now``, or ends (``end``: the columns it ends with);
+    and why it ended before its repeats did, if it did (its next time past year 9999: it
+    ends, rather than fail for ever)."""
     done = {"failures": 0, "next_try": None, **NOT_IN_TURN}
+    if value["repeat"] == "none":
+        return {**done, **end}, None  # nothing to count from (nor to warn of)
+    start = repeats_from(value)
     try:
         following = next_due(value["due"], value["repeat"], now, first=start)
     except DateOutOfRange as exc:
-        return {**done, "state": "delivered", "last_error": str(exc)}, str(exc)
+        return {**done, "last_error": str(exc), **end}, str(exc)
     if following is None:
-        return {**done, "state": "delivered"}, None
+        return {**done, **end}, None
     return {**done, "due": following, "first_local": start.isoformat()}, None
+
+
+def after_delivery(value: dict[str, Any], now: float) -> tuple[dict[str, Any], str | None]:
+    """What changes in a reminder whose occurrence due now was confirmed sent: it moves on to
+    its next, or finishes; and why it finished before its repeats did, if it did."""
+    return _done_with(value, now, {"state": "delivered"})
+
+
+def after_failure(value: dict[str, Any], error: str, *, max_attempts: int, retry_at: float,
+                  now: float) -> tuple[dict[str, Any], bool, str | None]:
+    """What changes in a reminder whose occurrence due now failed a try (it is in turn no
+    more); whether that try was its last, and the occurrence is given up; and why it ended
+    there before its repeats did, if it did. Before ``max_attempts`` tries it is tried again
+    at ``retry_at``. Given up, a one-off fails; a repeating one moves on to its next
+    occurrence after ``now`` (as ``after_delivery``: with backoff a daily one's next may be
+    past already), its failures reset: one lost occurrence is not the end of the others."""
+    failures = value["failures"] + 1
+    if failures < max_attempts:
+        return {**NOT_IN_TURN, "failures": failures, "last_error": error, "next_try": retry_at}, False, None
+    changes, ended = _done_with(value, now, {"state": "failed", "failures": failures})
+    return {**changes, "last_error": error}, True, ended
+
+
+@dataclass(frozen=True)
+class FailedTry:
+    """A failed try of an occurrence, counted (``failed``): the reminder after it; whether the
+    occurrence was given up (then a repeating reminder is pending at its next occurrence, a
+    one-off has failed); and why a repeating one ended there, if it did (``after_failure``)."""
+
+    event: StoredEvent
+    given_up: bool
+    ended: str | None = None
 
 
 class EventStore:
@@ -312,31 +362,46 @@ class EventStore:
             self._db.execute("UPDATE events SET turn_ended = ? "
                              "WHERE id = ? AND turn = ? AND turn_ended IS NULL", (now, event_id, turn))
 
+    def _change(self, event_id: int, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """Apply ``change`` to one row (its columns: the columns to change, or None), at once."""
+        with self._lock:
+            cursor = self._db.execute("SELECT * FROM events WHERE id = ?", (event_id,))
+            row = cursor.fetchone()
+            changes = None if row is None else change(
+                dict(zip([column[0] for column in cursor.description], row, strict=True)))
+            if changes:
+                columns = ", ".join(f"{column} = ?" for column in changes)  # our own names, never input
+                self._db.execute(f"UPDATE events SET {columns} WHERE id = ?", (*changes.values(), event_id))
+
     def delivered(self, event_id: int, due: float, now: float) -> str | None:
         """The occurrence at ``due`` was confirmed sent: move on to the next, or finish; why
         it finished before its repeats did, if it did (``after_delivery``)."""
-        with self._lock:
-            row = self._db.execute("SELECT repeat, due, first_due, first_local FROM events WHERE id = ?",
-                                   (event_id,)).fetchone()
-            if row is None or row[1] != due:
+        ended: list[str | None] = [None]
+
+        def move_on(value: dict[str, Any]) -> dict[str, Any] | None:
+            if value["due"] != due:
                 return None  # already moved on
-            changes, ended = after_delivery(dict(zip(("repeat", "due", "first_due", "first_local"), row,
-                                                     strict=True)), now)
-            columns = ", ".join(f"{column} = ?" for column in changes)  # our own names, never input
-            self._db.execute(f"UPDATE events SET {columns} WHERE id = ?", (*changes.values(), event_id))
-        return ended
+            changes, ended[0] = after_delivery(value, now)
+            return changes
+        self._change(event_id, move_on)
+        return ended[0]
 
     def failed(self, event_id: int, due: float, error: str, *, max_attempts: int,
-               retry_in: float, now: float | None = None) -> StoredEvent | None:
+               retry_in: float, now: float | None = None) -> FailedTry | None:
         """The occurrence at ``due`` was not delivered (nor is it in turn any more): count it,
         and either try it again in ``retry_in`` seconds (after ``now``, the runtime's clock;
-        default the wall clock) or, after ``max_attempts`` tries, give it up."""
-        with self._lock:
-            self._db.execute(
-                "UPDATE events SET failures = failures + 1, last_error = ?, next_try = ?, "
-                "turn = NULL, turn_by = NULL, turn_ended = NULL, "
-                "state = CASE WHEN failures + 1 >= ? THEN 'failed' ELSE state END "
-                "WHERE id = ? AND due = ? AND state = 'pending'",
-                (error, (time.time() if now is None else now) + retry_in, max_attempts, event_id, due),
-            )
-        return self.get(event_id)
+        default the wall clock) or, after ``max_attempts`` tries, give it up (``after_failure``).
+        None if it was done with already (delivered, given up, moved on)."""
+        at = time.time() if now is None else now
+        counted: list[tuple[bool, str | None]] = []
+
+        def count(value: dict[str, Any]) -> dict[str, Any] | None:
+            if value["due"] != due or value["state"] != "pending":
+                return None
+            changes, given_up, ended = after_failure(value, error, max_attempts=max_attempts,
+                                                     retry_at=at + retry_in, now=at)
+            counted.append((given_up, ended))
+            return changes
+        self._change(event_id, count)
+        event = self.get(event_id)
+        return None if not counted or event is None else FailedTry(event, *counted[0])
