@@ -5,14 +5,26 @@ every attempt, looped past the hop limit, outlived its deadline, or found its ac
 for good. The dead letter is for the operator; the user, who asked and is waiting, gets
 ``FAILURE_NOTICE`` in their chat, once however many of the request's messages die::
 
-    >>> runtime.dead_letters.observers.append(FailureNotices(runtime))   # doctest: +SKIP
+    >>> notices = FailureNotices(runtime)                                # doctest: +SKIP
+    >>> runtime.dead_letters.observers.append(notices)                  # doctest: +SKIP
+    >>> notices.origin(PagerInput, pager_origin)                         # doctest: +SKIP
 
 Only a message of a request's turn is told of (``context_of``): the request, its prompt and
-reply, an action, its output, a reply to send. Nothing is said for the other reasons: they
-have a word of their own (re-asks exhausted, the LLM unreachable), or no word can reach the
-user (an unreachable chat), or they are inputs never read. Nor for an autonomous turn, which
-the bot may leave unanswered anyway; a reminder's turn, whose scheduler tries it again when
-its reply is not confirmed, and speaks when it gives up; a notice or a preview that failed.
+reply, an action, its output, a reply to send. So is a platform's input that its interface
+never turned into a request (it crashed on it every time), when the platform says who sent
+it: the kernel knows no platform's inputs, so each registers an *origin* for its own
+(``Mount.origin``, handed to ``FailureNotices.origin``), which names the chat the request
+would have been answered in, or None when nobody would have been answered (a stranger
+refused or ignored, group chatter not meant for the bot, an approval's answer) or the input
+cannot be read. An origin never raises; one that does names nobody. A stranger who would
+have had an autonomous turn hears nothing, as an autonomous turn never does (below).
+
+Nothing is said for the other reasons: they have a word of their own (re-asks exhausted, the
+LLM unreachable), or no word can reach the user (an unreachable chat), or the input could
+not be read at all (a malformed update: no chat can be trusted in it). Nor for an autonomous
+turn, which the bot may leave unanswered anyway; a reminder's turn, whose scheduler tries it
+again when its reply is not confirmed, and speaks when it gives up; a notice or a preview
+that failed.
 
 The notice is work of its own (its correlation is the request's and ``NOTICE_SUFFIX``):
 the request's journal item closes as dead whatever becomes of it, so a stop or a kill before
@@ -21,8 +33,10 @@ it is sent never resumes the request that failed.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from autoresponse.actors.kernel.runtime import Runtime
@@ -41,6 +55,12 @@ from autoresponse.messages import (
     SystemMessage,
     UserRequest,
 )
+
+log = logging.getLogger("autoresponse.failures")
+
+#: Who a platform's input came from: the chat its request would have been answered in, or
+#: None (nobody to tell, or an input it cannot read). Registered per input type.
+Origin = Callable[[Any], OriginalContext | None]
 
 FAILURE_NOTICE = "Sorry, something went wrong with your request, and it was not finished. Please try again."
 #: The reasons of a dead letter that the user is told of.
@@ -66,17 +86,41 @@ def context_of(body: Any) -> OriginalContext | None:
 
 class FailureNotices:
     """A dead-letter observer (``DeadLetterOffice.observers``): sends the notice, from the
-    thread that posted the letter, through the chat's sender. Thread-safe."""
+    thread that posted the letter, through the chat's sender. Thread-safe; ``origin`` is
+    called before the runtime starts."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        #: A platform's input type → who an input of it came from (``origin``).
+        self.origins: dict[type, Origin] = {}
         self._lock = threading.Lock()
         self._told: OrderedDict[str, None] = OrderedDict()  # correlations told, newest last
+
+    def origin(self, input_type: type, origin: Origin) -> None:
+        """Tell the user who sent an input of ``input_type`` (what a platform's inbound actor
+        journals and handles) when it dies unread: ``origin(input)`` names their chat."""
+        self.origins[input_type] = origin
+
+    def context(self, body: Any) -> OriginalContext | None:
+        """The chat to tell that ``body`` died: a message of a request's turn, or a
+        platform's input whose origin names one. Never raises."""
+        context = context_of(body)
+        if context is not None:
+            return context
+        origin = next((self.origins[kind] for kind in type(body).__mro__ if kind in self.origins), None)
+        if origin is None:
+            return None
+        try:
+            found = origin(body)
+        except Exception:  # an origin must not raise; one that does names nobody
+            log.exception("the origin of a %s failed", type(body).__name__)
+            return None
+        return found if isinstance(found, OriginalContext) else None
 
     def __call__(self, envelope: Envelope, reason: str, actor: str | None) -> None:
         if reason not in TOLD:
             return
-        context = context_of(envelope.body)
+        context = self.context(envelope.body)
         if context is None or context.autonomous or context.receipt_to is not None:
             return
         to = sender(context.interface_name)

@@ -47,17 +47,29 @@ def take_request(actor: TypedActor, text: str, context: OriginalContext, env: En
                  media_group: str | None = None) -> None:
     """Start a turn for ``text`` (and what the message carried besides, by reference) in its
     chat's conversation, or answer a stranger by ``policy``."""
-    if not allowed and policy.strangers == "converse":
-        context = context.model_copy(update={"autonomous": True})
-    elif not allowed:
+    turn = turn_context(context, allowed=allowed, policy=policy)
+    if turn is None:
         log.info("refused a request from %s in %s chat %s: not on the allowlist",
                  context.user_name or context.user_id, context.interface_name, context.chat_id)
         if policy.strangers == "refuse":
             actor.send(sender(context.interface_name),
                        OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
         return
-    actor.send(CONVERSATIONS, UserRequest(text=text, context=context, attachments=attachments,
+    actor.send(CONVERSATIONS, UserRequest(text=text, context=turn, attachments=attachments,
                                           media_group=media_group), cause=env)
+
+
+def turn_context(context: OriginalContext, *, allowed: bool,
+                 policy: StrangerSettings) -> OriginalContext | None:
+    """The context a request from ``context``'s sender gets a turn in: ``context`` for an
+    allowed user, made autonomous for a stranger under ``converse``; None for a stranger
+    refused or ignored (no turn). ``take_request`` decides by it, and so does a platform's
+    origin (``Mount.origin``): only whoever gets a turn hears that their input failed."""
+    if allowed:
+        return context
+    if policy.strangers == "converse":
+        return context.model_copy(update={"autonomous": True})
+    return None
 
 
 async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) -> bool:

@@ -170,8 +170,10 @@ class Application:
             event_loop=settings.runtime.event_loop,
             trace=settings.runtime.trace,
         )
-        # A request that dies as a dead letter (a crash on every attempt, ...) tells its user.
-        self.runtime.dead_letters.observers.append(FailureNotices(self.runtime))
+        # A request that dies as a dead letter (a crash on every attempt, ...) tells its user;
+        # so does a platform's input that never became one (each mount's ``origin``s).
+        self.notices = FailureNotices(self.runtime)
+        self.runtime.dead_letters.observers.append(self.notices)
         self.engine = engine or make_engine(settings.llm, self.runtime.clock)
         #: Tokens used, per model, turn kind and chat (and each chat's daily budget).
         self.usage = UsageMeter(settings.llm.daily_tokens_per_chat)
@@ -335,6 +337,8 @@ class Application:
                 raise StartError(str(exc)) from None
             finally:
                 self._closers.extend(mount.closers)
+            for input_type, origin in mount.origins.items():
+                self.notices.origin(input_type, origin)
 
     def gated_actions(self) -> tuple[str, ...]:
         """The command actions that run only once approved: those of each mounted platform

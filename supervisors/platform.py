@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from autoresponse.messages import (
     BaseAction,
+    OriginalContext,
     register_action,
     register_interface,
     unregister_action,
@@ -69,6 +70,8 @@ class Mount:
         self.downloaders: dict[str, Callable[[str, int], Awaitable[bytes]]] = {}
         #: action type → what its executor would refuse in an action ("" when nothing).
         self.preflights: dict[str, Callable[[BaseAction], str]] = {}
+        #: input type → who an input of it came from (the chat to tell if it dies unread).
+        self.origins: dict[type, Callable[[Any], OriginalContext | None]] = {}
 
     def pipeline(self, *specs: ChildSpec) -> None:
         """Add senders and executors: they start before the core pipeline and stop after it."""
@@ -94,6 +97,15 @@ class Mount:
         The LLM hears it in the turn that chose the action and answers again; the
         executor still checks for itself."""
         self.preflights[action_type] = refusal
+
+    def origin(self, input_type: type, origin: Callable[[Any], OriginalContext | None]) -> None:
+        """Say who sent an input of ``input_type`` (what the platform's inbound actor journals
+        and handles): ``origin(input)`` gives the context its request would have been
+        answered in, or None when nobody would have been (a stranger refused or ignored) or
+        the input cannot be read; it never raises. When the actor crashes on the input every
+        time, its sender is told ``actors.failures.FAILURE_NOTICE`` there, as for a request
+        that died further on."""
+        self.origins[input_type] = origin
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run ``closer()`` when the application stops, after every actor has stopped."""

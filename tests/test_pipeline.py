@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from conftest import ask, console_text, system_messages, wait_for
 
 from autoresponse import Application, request_llm_delivery
@@ -261,6 +262,47 @@ def test_a_failure_is_told_once_a_request_and_only_where_someone_waits_for_an_an
     assert console_text(app).count(FAILURE_NOTICE) == 1
 
 
+class PagerInput(BaseModel):
+    """A platform's input that no platform mounted here registers an origin for."""
+
+    chat: str
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the letters keep the malformed inputs
+def test_an_input_that_dies_unread_is_told_by_its_platforms_origin_once_and_a_malformed_one_never(
+        make_app: MakeApp) -> None:
+    """An input its interface never turned into a request is told of through the origin its
+    platform registered, once a request; one the origin cannot read (or that makes it raise,
+    or that it gives no context for) is told nothing, and nothing crashes."""
+    app = make_app()
+    post = app.runtime.dead_letters.post
+    line = Envelope.new(ConsoleInput(text="run date"))
+    with app.runtime.probe(sender("console")) as out:
+        for malformed in (ConsoleInput.model_construct(text=None), ConsoleInput.model_construct(),
+                          ConsoleInput.model_construct(text="hi", chat_id=["not", "a", "chat"]),
+                          ConsoleInput(text="/approve")):  # an approval's answer asked for nothing
+            post(Envelope.new(malformed), "crash", actor=interface("console"))
+        post(line, "malformed input", actor=interface("console"))  # not a reason told
+        assert app.runtime.wait_idle(timeout=10)
+        assert out.envelopes == []
+        post(line, "crash", actor=interface("console"))
+        post(line.child(ConsoleInput(text="run date")), "actor stopped", actor=interface("console"))
+        assert app.runtime.wait_idle(timeout=10)
+        [notice] = out.envelopes
+        post(Envelope.new(PagerInput(chat="c")), "crash", actor="interface.pager")  # no origin
+        app.notices.origin(PagerInput, lambda item: 1 / 0)  # an origin that raises names nobody
+        post(Envelope.new(PagerInput(chat="c")), "crash", actor="interface.pager")
+        app.notices.origin(PagerInput, lambda item: {"chat_id": item.chat})  # nor one that names no context
+        post(Envelope.new(PagerInput(chat="c")), "crash", actor="interface.pager")
+        assert app.runtime.wait_idle(timeout=10)
+        assert out.envelopes == [notice]
+    assert notice.body.text == FAILURE_NOTICE and notice.body.notice
+    assert notice.body.context.chat_id == "console"
+    assert notice.correlation_id == line.correlation_id + NOTICE_SUFFIX
+    assert console_text(app).count(FAILURE_NOTICE) == 1
+    assert len(app.runtime.dead_letters.letters()) == 10  # every letter kept, whatever was said
+
+
 def test_a_request_that_dies_closes_its_journal_item_as_dead_and_its_user_is_told(make_app: MakeApp) -> None:
     app = make_app(supervision={"message_attempts": 2})
     app.runtime.fault = FaultInjector(actors={LLM}, times=2)
@@ -308,9 +350,10 @@ def test_a_message_that_always_crashes_its_actor_is_dead_lettered_and_the_user_t
     assert (letter.reason, letter.actor) == ("crash", actor)
     assert letter.error == f"InjectedFault: injected fault in {actor}"
     assert letter.detail == "failed on attempt 3 of 3"
-    # Whoever asked hears that it failed, once (a console line is read before it has a chat).
+    # Whoever asked hears that it failed, once (a line the console never read too: its
+    # platform's origin names its chat).
     assert app.runtime.wait_idle(timeout=10)  # the notice is work of its own
-    assert console_text(app).count(FAILURE_NOTICE) == (0 if actor == "interface.console" else 1)
+    assert console_text(app).count(FAILURE_NOTICE) == 1
     # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:
         ask(app, "run echo two")

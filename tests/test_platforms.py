@@ -6,15 +6,18 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from pydantic import BaseModel, SecretStr
 
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.actors import routes
+from autoresponse.actors.failures import FAILURE_NOTICE, FailureNotices
 from autoresponse.actors.prompts import full_json_instructions
 from autoresponse.app import names_in
 from autoresponse.cli import RedactSecrets
@@ -54,10 +57,32 @@ class PagerSender(TypedActor):
         self.pages.append(message.text)
 
 
+class PagerCall(BaseModel):
+    """What the pager's own API hands its inbound actor."""
+
+    pager: str
+
+
+class PagerInterface(TypedActor):
+    @handles
+    def on_call(self, call: PagerCall, env: Envelope) -> None:
+        context = OriginalContext(chat_id=call.pager, interface_name="pager")
+        self.send(routes.CONVERSATIONS, UserRequest(text="paged", context=context), cause=env)
+
+
+def pager_origin(call: Any) -> OriginalContext | None:
+    try:
+        return OriginalContext(chat_id=call.pager, interface_name="pager")
+    except Exception:
+        return None
+
+
 def _mount(m: Mount) -> None:
     pages: list[str] = []
     m.expose(pages)
     m.pipeline(ChildSpec(routes.sender("pager"), PagerSender, (pages,)))
+    m.inbound(ChildSpec(routes.interface("pager"), PagerInterface))
+    m.origin(PagerCall, pager_origin)
 
 
 PAGER = Platform("pager", PagerSettings, _mount, actions=(MessagePagerAction,), interface="pager",
@@ -112,3 +137,118 @@ def test_an_unregistered_platform_leaves_no_trace() -> None:
     assert "pager" not in type(Settings()).model_fields
     assert message_action_for("pager") is None
     assert OriginalContext(chat_id=1, interface_name="beeper").interface_name == "beeper"
+
+
+def test_a_new_platforms_input_that_crashes_its_interface_every_time_tells_its_user_once(
+        pager: Platform, tmp_path: Path) -> None:
+    """The kernel knows no platform's inputs: the origin a platform registers
+    (``Mount.origin``) says whom to tell when its interface never turned one into a request."""
+    settings = Settings.load(pager={"enabled": True}, admin={"enabled": False}, events={"enabled": False},
+                             console={"read_stdin": False}, supervision={"message_attempts": 2},
+                             data_dir=tmp_path)
+    app = Application(settings, console=Console(io.StringIO())).start()
+    try:
+        app.runtime.fault = FaultInjector(actors={routes.interface("pager")}, times=2)
+        envelope = app.runtime.send(routes.interface("pager"), PagerCall(pager="ops"))
+        assert envelope is not None and app.runtime.wait_idle(timeout=15)
+        [letter] = app.runtime.dead_letters.letters()
+        assert (letter.reason, letter.actor) == ("crash", "interface.pager")
+        assert app.resource("pager") == [FAILURE_NOTICE]
+    finally:
+        app.stop()
+
+
+# ---------------------------------------------------------------- each platform's origin
+
+
+class Notices:
+    """A runtime stand-in that records what ``FailureNotices`` sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutboundMessage] = []
+
+    def has(self, name: str) -> bool:
+        return True
+
+    def send(self, to: str, body: OutboundMessage, **kw: Any) -> None:
+        self.sent.append(body)
+
+
+def told(input_type: type, origin: Callable[[Any], OriginalContext | None], item: Any) -> list[Any]:
+    """The chats FailureNotices tells when ``item`` dies of a crash, unread."""
+    runtime = Notices()
+    notices = FailureNotices(runtime)  # type: ignore[arg-type]
+    notices.origin(input_type, origin)
+    notices(Envelope.new(item), "crash", "interface.any")
+    return [m.context.chat_id for m in runtime.sent]
+
+
+ALLOWED, STRANGER = 7, 99
+
+
+def _telegram(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
+    from autoresponse.interfaces.telegram import TelegramSettings
+    from autoresponse.interfaces.telegram.interface import TelegramText, origin
+
+    def make(user: int) -> TelegramText:
+        return TelegramText(update_id=1, chat_id=user, chat_type="private", message_id=5, user_id=user,
+                            text="run df -h")
+    return TelegramText, origin(TelegramSettings(allowed_users=[ALLOWED], strangers=policy)), make
+
+
+def _x(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
+    from autoresponse.interfaces.x.interface import XMention, origin
+    from autoresponse.interfaces.x.settings import XSettings
+
+    def make(user: int) -> XMention:
+        return XMention(post_id=100 + user, conversation_id=user, author_id=user, text="@synth run df -h")
+    return XMention, origin(XSettings(allowed_users=[ALLOWED], strangers=policy)), make
+
+
+def _reddit(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
+    from autoresponse.interfaces.reddit.interface import RedditItem, origin
+    from autoresponse.interfaces.reddit.settings import RedditSettings
+
+    def make(user: int) -> RedditItem:
+        return RedditItem(fullname=f"t1_{user}", kind="username_mention", author=f"user{user}",
+                          body="u/synth run df -h", link_id=str(user))
+    return RedditItem, origin(RedditSettings(allowed_users=[f"u/user{ALLOWED}"], strangers=policy)), make
+
+
+def _telethon(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
+    from autoresponse.interfaces.telethon.interface import UserbotText, origin
+    from autoresponse.interfaces.telethon.settings import TelethonSettings
+
+    def make(user: int) -> UserbotText:
+        return UserbotText(chat_id=user, message_id=5, sender_id=user, chat_type="private", text="run df -h")
+    return UserbotText, origin(TelethonSettings(allowed_users=[ALLOWED], strangers=policy)), make
+
+
+PLATFORM_ORIGINS = {"telegram": _telegram, "x": _x, "reddit": _reddit, "telethon": _telethon}
+
+
+@pytest.mark.parametrize("policy", ["silent", "refuse", "converse"])
+@pytest.mark.parametrize("platform", PLATFORM_ORIGINS)
+def test_each_platforms_origin_tells_an_allowed_user_and_never_a_stranger_or_a_malformed_input(
+        platform: str, policy: str) -> None:
+    """Whoever is allowed hears that their input died unread; a stranger never does: refused
+    or ignored, nobody would have answered them, and a stranger's autonomous turn (converse)
+    is never told either (on X and Reddit a notice is public: a crafted input must not make
+    the account post). An input the origin cannot read names nobody, and raises nothing."""
+    input_type, origin, make = PLATFORM_ORIGINS[platform](policy)
+    assert len(told(input_type, origin, make(ALLOWED))) == 1
+    assert told(input_type, origin, make(STRANGER)) == []
+    stranger = origin(make(STRANGER))
+    assert stranger is None if policy != "converse" else stranger.autonomous
+    for malformed in (input_type.model_construct(), input_type.model_construct(chat_id=[1], author_id=[1],
+                                                                                 author="x", post_id="x")):
+        assert origin(malformed) is None
+        assert told(input_type, origin, malformed) == []
+    assert origin(object()) is None and origin(None) is None
+
+
+def test_telegrams_origin_tells_a_group_only_of_a_message_meant_for_the_bot() -> None:
+    input_type, origin, make = _telegram("refuse")
+    chatter = make(ALLOWED).model_copy(update={"chat_id": -300, "chat_type": "group"})
+    assert told(input_type, origin, chatter) == []
+    assert told(input_type, origin, chatter.model_copy(update={"addressed": True})) == [-300]

@@ -18,8 +18,10 @@ from conftest import system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.approvals import NOTHING_TO_CANCEL
+from autoresponse.actors.failures import FAILURE_NOTICE
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
@@ -306,6 +308,28 @@ def test_a_malformed_update_is_dead_lettered_acknowledged_and_the_rest_flow_on(
                          for c in fake_telegram.calls_to("getUpdates")))
     assert len([d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]) == 1
     assert bot.runtime.cell("interface.telegram").restarts == 0
+
+
+def test_an_update_the_interface_crashes_on_every_time_tells_its_user_once_and_no_stranger(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    """A message that crashes the Telegram interface on every attempt never becomes a
+    request: it is a dead letter, and its sender, who is allowed, hears FAILURE_NOTICE once,
+    in reply to it. A stranger's, crashing the same way, gets nothing."""
+    attempts = bot.settings.supervision.message_attempts
+    bot.runtime.fault = FaultInjector(actors={"interface.telegram"}, times=2 * attempts)
+    fake_telegram.push_text("run df -h", chat_id=99, user_id=99)  # a stranger (strangers = "refuse")
+    message = fake_telegram.push_text("run df -h", chat_id=CHAT, user_id=ALLOWED)
+    until(fake_telegram, lambda: len(bot.runtime.dead_letters.letters()) == 2 and fake_telegram.sent(CHAT))
+    settle(bot, fake_telegram, timeout=10)
+    [sent] = fake_telegram.sent()
+    assert sent.params["chat_id"] == CHAT and sent.params["text"] == FAILURE_NOTICE
+    assert reply_to(sent) == message["message_id"]
+    letters = bot.runtime.dead_letters.letters()
+    assert [(d.reason, d.actor) for d in letters] == [("crash", "interface.telegram")] * 2
+    assert {d.envelope.body.chat_id for d in letters} == {99, CHAT}
+    assert fake_llm.requests == []  # neither became a request
+    assert bot.runtime.cell("interface.telegram").restarts == 2 * attempts
 
 
 def test_an_unreadable_answer_to_getupdates_is_a_failed_poll_and_polling_goes_on(

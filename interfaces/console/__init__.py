@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoresponse.actors import routes
 from autoresponse.interfaces.console.actions import MessageConsoleAction
 from autoresponse.interfaces.console.console import Console, ConsoleInput
-from autoresponse.interfaces.console.interface import INTERFACE_NAME, ConsoleInterface, StdinReader
+from autoresponse.interfaces.console.interface import INTERFACE_NAME, ConsoleInterface, StdinReader, origin
 from autoresponse.interfaces.console.sender import ConsoleSender
 from autoresponse.interfaces.console.settings import ConsoleSettings
 from autoresponse.supervisors import ChildSpec, Mount, Platform
@@ -17,6 +17,7 @@ def _mount(m: Mount) -> None:
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), ConsoleSender, (console, m.journal)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), ConsoleInterface, (console,),
                         {"read_stdin": m.settings.read_stdin}))
+    m.origin(ConsoleInput, origin)  # a line its interface crashed on: the console is told
 
 
 PLATFORM = Platform("console", ConsoleSettings, _mount, actions=(MessageConsoleAction,),

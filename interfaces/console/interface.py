@@ -14,7 +14,7 @@ import re
 import select
 import sys
 import threading
-from typing import TextIO
+from typing import Any, TextIO
 
 from autoresponse.actors.kernel import IntakeFull, Runtime, TypedActor, handles
 from autoresponse.actors.approvals import APPROVALS
@@ -110,6 +110,19 @@ class StdinReader:
             except IntakeFull:
                 continue
         return False
+
+
+def origin(line: Any) -> OriginalContext | None:
+    """Who typed ``line`` (``Mount.origin``): its chat (every console user is allowed), with
+    no message id, since a line gets its number only as it is handled; None for an answer to
+    an approval (it asked for nothing) and for a line that cannot be read."""
+    try:
+        if _ANSWER.match(line.text.strip()) is not None:
+            return None
+        return OriginalContext(chat_id=line.chat_id or Console.CHAT_ID, interface_name=INTERFACE_NAME,
+                               original_command=line.text, user_name=line.user_name, chat_type="private")
+    except Exception:  # a malformed input: nobody to tell
+        return None
 
 
 class ConsoleInterface(TypedActor):

@@ -23,7 +23,7 @@ from autoresponse.supervisors import ChildSpec, Mount, MountError, Platform
 def _mount(m: Mount) -> None:
     from autoresponse.interfaces.reddit.client import open_reddit
     from autoresponse.interfaces.reddit.delivery import RedditDelivery
-    from autoresponse.interfaces.reddit.interface import RedditInterface
+    from autoresponse.interfaces.reddit.interface import RedditInterface, RedditItem, origin
     from autoresponse.interfaces.reddit.sender import RedditSender
 
     settings: RedditSettings = m.settings
@@ -45,6 +45,7 @@ def _mount(m: Mount) -> None:
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), RedditSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), RedditInterface, (settings, reddit, username)))
+    m.origin(RedditItem, origin(settings))  # an item its interface crashed on: its author is told
 
 
 PLATFORM = Platform("reddit", RedditSettings, _mount, actions=(MessageRedditAction,),

@@ -20,6 +20,7 @@ import copy
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import asyncpraw
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
-from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
 from autoresponse.interfaces.reddit.media import images_in
@@ -151,6 +152,37 @@ def refused(exc: Exception) -> bool:
     return isinstance(exc, ResponseException) and getattr(response, "status", None) in (401, 403)
 
 
+def item_context(item: RedditItem) -> OriginalContext:
+    """Where ``item`` came from, and where its answers go."""
+    return OriginalContext(
+        chat_id=item.conversation,
+        message_id=item.fullname,
+        interface_name=INTERFACE_NAME,
+        original_command=item.body,
+        user_id=item.author,
+        user_name=item.author,
+        chat_type="private" if item.is_message else "public",
+        fullname=item.fullname,
+        item_kind=item.kind,
+        subreddit=item.subreddit,
+        subject=item.subject,
+        permalink=item.context,
+    )
+
+
+def origin(settings: RedditSettings) -> Callable[[Any], OriginalContext | None]:
+    """Who sent a ``RedditItem`` (``Mount.origin``): its conversation, when the author is
+    allowed. A notice to a comment is a public comment, as the answer would have been; a
+    stranger never gets one (refused, ignored, or an autonomous turn: a crafted item must
+    not make the account post). None too for an item that cannot be read."""
+    def of(item: Any) -> OriginalContext | None:
+        try:
+            return turn_context(item_context(item), allowed=settings.allows(item.author), policy=settings)
+        except Exception:  # a malformed input: nobody to tell
+            return None
+    return of
+
+
 class RedditInterface(TypedActor):
     """Reads the inbox in a task this incarnation owns; a crash or stop cancels it."""
 
@@ -245,20 +277,7 @@ class RedditInterface(TypedActor):
 
     @handles
     def on_item(self, item: RedditItem, env: Envelope) -> None:
-        context = OriginalContext(
-            chat_id=item.conversation,
-            message_id=item.fullname,
-            interface_name=INTERFACE_NAME,
-            original_command=item.body,
-            user_id=item.author,
-            user_name=item.author,
-            chat_type="private" if item.is_message else "public",
-            fullname=item.fullname,
-            item_kind=item.kind,
-            subreddit=item.subreddit,
-            subject=item.subject,
-            permalink=item.context,
-        )
+        context = item_context(item)
         text = self._mention.sub("", item.body).strip() or item.body
         take_request(self, text, context, env, allowed=self.settings.allows(item.author), policy=self.settings,
                      attachments=item.attachments)

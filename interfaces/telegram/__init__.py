@@ -26,7 +26,7 @@ def _mount(m: Mount) -> None:
     from telegram.error import TelegramError
 
     from autoresponse.interfaces.telegram.delivery import TelegramDelivery, refusal
-    from autoresponse.interfaces.telegram.interface import TelegramInterface
+    from autoresponse.interfaces.telegram.interface import TelegramInterface, TelegramText, origin
     from autoresponse.interfaces.telegram.media import TelegramFiles
     from autoresponse.interfaces.telegram.sender import TelegramSender
 
@@ -49,6 +49,7 @@ def _mount(m: Mount) -> None:
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelegramSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelegramInterface, (settings, delivery)))
+    m.origin(TelegramText, origin(settings))  # a message its interface crashed on: its user is told
 
 
 PLATFORM = Platform("telegram", TelegramSettings, _mount, actions=(MessageTelegramBotAction,),

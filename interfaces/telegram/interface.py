@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -31,7 +32,7 @@ from telegram.error import TelegramError
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.approvals import APPROVALS, FORGED
-from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
 from autoresponse.interfaces.telegram.approval import TelegramCallback, answer_callback, answer_of, parse_callback
@@ -129,6 +130,37 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         attachments=attachments,
         media_group=message.media_group_id,
     )
+
+
+def text_context(text: TelegramText) -> OriginalContext:
+    """Where ``text`` came from, and where its answers go."""
+    return OriginalContext(
+        chat_id=text.chat_id,
+        message_id=text.message_id,
+        interface_name=INTERFACE_NAME,
+        original_command=text.text,
+        thread_id=text.thread_id,
+        user_id=text.user_id,
+        user_name=text.user_name,
+        chat_type=text.chat_type,
+        chat_title=text.chat_title,
+    )
+
+
+def origin(settings: TelegramSettings) -> Callable[[Any], OriginalContext | None]:
+    """Who sent a ``TelegramText`` (``Mount.origin``): its chat, when the bot would have
+    answered it (an allowed user; in a group, a message that mentions or answers the bot).
+    A stranger hears nothing (refused, ignored, or an autonomous turn); None too for a
+    message that cannot be read."""
+    def of(text: Any) -> OriginalContext | None:
+        try:
+            context = text_context(text)
+            if context.is_group and text.addressed is not True:
+                return None  # chatter not meant for the bot (or an album's uncaptioned item: unsure)
+            return turn_context(context, allowed=text.user_id in settings.allowed_users, policy=settings)
+        except Exception:  # a malformed input: nobody to tell
+            return None
+    return of
 
 
 #: Webhook mode: how often Telegram is asked whether it can deliver to the webhook.
@@ -324,17 +356,7 @@ class TelegramInterface(TypedActor):
 
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:
-        context = OriginalContext(
-            chat_id=text.chat_id,
-            message_id=text.message_id,
-            interface_name=INTERFACE_NAME,
-            original_command=text.text,
-            thread_id=text.thread_id,
-            user_id=text.user_id,
-            user_name=text.user_name,
-            chat_type=text.chat_type,
-            chat_title=text.chat_title,
-        )
+        context = text_context(text)
         if context.is_group and not self._addressed(text):
             return  # group chatter not meant for the bot
         self.delivery.reachable(text.chat_id)  # whoever blocked us writes again: they unblocked us

@@ -45,7 +45,7 @@ USERBOT = "telethon_userbot"
 def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telethon.client import open_userbot
     from autoresponse.interfaces.telethon.delivery import UserbotDelivery
-    from autoresponse.interfaces.telethon.interface import TelethonInterface
+    from autoresponse.interfaces.telethon.interface import TelethonInterface, UserbotText, origin
     from autoresponse.interfaces.telethon.media import UserbotFiles
     from autoresponse.interfaces.telethon.sender import TelethonSender
 
@@ -74,6 +74,7 @@ def _mount(m: Mount) -> None:
     m.downloader(INTERFACE_NAME, UserbotFiles(userbot).download)  # photos, voice notes and files
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), TelethonSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), TelethonInterface, (settings, userbot, me)))
+    m.origin(UserbotText, origin(settings))  # a message its interface crashed on: its author is told
 
 
 PLATFORM = Platform("telethon", TelethonSettings, _mount, actions=(MessageTelethonAction,),

@@ -15,13 +15,14 @@ UserbotText(chat_id=7, message_id=11, sender_id=7, user_name='ada', chat_type='p
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from telethon import errors
 
 from autoresponse.actors.kernel import TypedActor, handles
-from autoresponse.actors.inbound import accept_input, take_request
+from autoresponse.actors.inbound import accept_input, take_request, turn_context
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient
 from autoresponse.interfaces.telethon.media import attachments_of
@@ -86,6 +87,34 @@ def parse_event(event: Any, *, me: int) -> UserbotText | None:
     )
 
 
+def text_context(text: UserbotText) -> OriginalContext:
+    """Where ``text`` came from, and where its answers go."""
+    return OriginalContext(
+        chat_id=text.chat_id,
+        message_id=text.message_id,
+        interface_name=INTERFACE_NAME,
+        original_command=text.text,
+        thread_id=text.thread_id,
+        user_id=text.sender_id,
+        user_name=text.user_name,
+        chat_type=text.chat_type,
+        chat_title=text.chat_title,
+    )
+
+
+def origin(settings: TelethonSettings) -> Callable[[Any], OriginalContext | None]:
+    """Who sent a ``UserbotText`` (``Mount.origin``): its chat, when the sender or the chat
+    is allowed (a stranger hears nothing: refused, ignored, or an autonomous turn); None too
+    for one that cannot be read."""
+    def of(text: Any) -> OriginalContext | None:
+        try:
+            allowed = settings.allows(text.sender_id, text.chat_id)
+            return turn_context(text_context(text), allowed=allowed, policy=settings)
+        except Exception:  # a malformed input: nobody to tell
+            return None
+    return of
+
+
 def refusal(exc: BaseException) -> str | None:
     """Why Telegram refuses the userbot's session (logged out, revoked, the account deleted:
     an RPC error with code 401, or an authorization key error), from ``exc`` or what caused
@@ -125,16 +154,6 @@ class TelethonInterface(TypedActor):
 
     @handles
     def on_text(self, text: UserbotText, env: Envelope) -> None:
-        context = OriginalContext(
-            chat_id=text.chat_id,
-            message_id=text.message_id,
-            interface_name=INTERFACE_NAME,
-            original_command=text.text,
-            thread_id=text.thread_id,
-            user_id=text.sender_id,
-            user_name=text.user_name,
-            chat_type=text.chat_type,
-            chat_title=text.chat_title,
-        )
+        context = text_context(text)
         take_request(self, text.text, context, env, allowed=self.settings.allows(text.sender_id, text.chat_id),
                      policy=self.settings, attachments=text.attachments, media_group=text.media_group)

@@ -30,7 +30,7 @@ def _mount(m: Mount) -> None:
     from autoresponse.interfaces.x.client import open_x
     from autoresponse.interfaces.x.cursor import MentionCursor
     from autoresponse.interfaces.x.delivery import XDelivery
-    from autoresponse.interfaces.x.interface import XInterface
+    from autoresponse.interfaces.x.interface import XInterface, XMention, origin
     from autoresponse.interfaces.x.sender import XSender
 
     settings: XSettings = m.settings
@@ -57,6 +57,7 @@ def _mount(m: Mount) -> None:
     m.expose(delivery)
     m.pipeline(ChildSpec(routes.sender(INTERFACE_NAME), XSender, (delivery,)))
     m.inbound(ChildSpec(routes.interface(INTERFACE_NAME), XInterface, (settings, api, me, cursor)))
+    m.origin(XMention, origin(settings))  # a mention its interface crashed on: its author is told
 
 
 PLATFORM = Platform("x", XSettings, _mount, actions=(MessageXAction,), interface=INTERFACE_NAME,

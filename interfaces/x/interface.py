@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -28,7 +29,7 @@ from tweepy import Forbidden, Media, TooManyRequests, TweepyException, Unauthori
 
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
-from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.actors.polling import PollHealth, SharedPoller, polling
 from autoresponse.interfaces.x.actions import INTERFACE_NAME
 from autoresponse.interfaces.x.client import XApi, post_id, seconds_until
@@ -80,6 +81,35 @@ def parse_mention(post: Any, includes: dict[str, Any], *, me: int) -> XMention |
         attachments=attachments_of([Media(media[key]) for key in keys if key in media]),
     )
     return None if mention.author_id == me else mention
+
+
+def mention_context(mention: XMention) -> OriginalContext:
+    """Where ``mention`` came from, and where its answers go."""
+    return OriginalContext(
+        chat_id=mention.conversation_id or mention.post_id,
+        message_id=mention.post_id,
+        interface_name=INTERFACE_NAME,
+        original_command=mention.text,
+        user_id=mention.author_id,
+        user_name=mention.username,
+        chat_type="public",
+        post_id=mention.post_id,
+        conversation_id=mention.conversation_id,
+    )
+
+
+def origin(settings: XSettings) -> Callable[[Any], OriginalContext | None]:
+    """Who sent an ``XMention`` (``Mount.origin``): its thread, when the author is allowed.
+    A notice there is a public post, as the answer would have been; a stranger never gets
+    one (refused, ignored, or an autonomous turn: a crafted mention must not make the
+    account post). None too for a mention that cannot be read."""
+    def of(mention: Any) -> OriginalContext | None:
+        try:
+            allowed = mention.author_id in settings.allowed_users
+            return turn_context(mention_context(mention), allowed=allowed, policy=settings)
+        except Exception:  # a malformed input: nobody to tell
+            return None
+    return of
 
 
 class XInterface(TypedActor):
@@ -165,17 +195,7 @@ class XInterface(TypedActor):
 
     @handles
     def on_mention(self, mention: XMention, env: Envelope) -> None:
-        context = OriginalContext(
-            chat_id=mention.conversation_id or mention.post_id,
-            message_id=mention.post_id,
-            interface_name=INTERFACE_NAME,
-            original_command=mention.text,
-            user_id=mention.author_id,
-            user_name=mention.username,
-            chat_type="public",
-            post_id=mention.post_id,
-            conversation_id=mention.conversation_id,
-        )
+        context = mention_context(mention)
         text = self._mention.sub("", mention.text).strip() or mention.text
         take_request(self, text, context, env, allowed=mention.author_id in self.settings.allowed_users,
                      policy=self.settings, attachments=mention.attachments)
