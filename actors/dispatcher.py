@@ -160,7 +160,9 @@ class ActionDispatcher(TypedActor):
     to the chat (``prose="reply"``), never executed. A re-ask's answer replaces only
     the places of the rejected reply that were rejected: an action it repeats is
     skipped, a message beyond the rejected message places is dropped (and traced),
-    whatever its wording, and an empty answer means nothing more. A message may name
+    whatever its wording, and an empty answer means nothing more. An empty answer
+    ends a turn only where it may (``may_end_quietly``); elsewhere the user still waits,
+    and it is re-asked like any invalid one. A message may name
     its chat by title or @username in a chat turn; an unknown or ambiguous name is an
     error that lists the candidates. An action its executor would refuse (a program
     off the allowlist: ``preflight``) is an error the LLM hears at once, in the turn
@@ -181,15 +183,16 @@ class ActionDispatcher(TypedActor):
 
     def _extract(self, reply: LLMReply) -> Extraction:
         prompt = reply.prompt
-        # An empty answer to a re-ask is a valid "nothing more".
-        silent = prompt.may_stay_silent or prompt.reask > 0
         if reply.tool_calls:
             return extract_tool_calls(reply.tool_calls, prompt.allowed_actions, max_actions=self.max_actions,
-                                      may_stay_silent=silent)
-        if not reply.text.strip() and silent:
-            return Extraction((), ())
+                                      may_stay_silent=may_end_quietly(prompt))
+        if not reply.text.strip():  # nothing, or only reasoning (the engine cut it off)
+            return _nothing(prompt, "your reply was empty")
+        # An empty action list is weighed here, by what the turn owes its user.
         found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
-                                may_stay_silent=silent)
+                                may_stay_silent=True)
+        if not found.slots and not found.errors:
+            return _nothing(prompt, "your reply holds no action")
         if found.prose and self.prose == "reply":
             text = reply.text.strip()
             if reply.finish_reason == "length":  # cut off: a loop it ended in is said once
@@ -384,6 +387,41 @@ class ActionDispatcher(TypedActor):
             candidates += f"; and {len(found) - CHAT_CANDIDATES_SHOWN} more (name it more exactly)"
         return target, (f"{action.type}: the chat name {target!r} is ambiguous: it could be {candidates}. "
                         "Send the message again with the chosen chat's id as \"target\"")
+
+
+def may_end_quietly(prompt: PromptRequest) -> bool:
+    """Whether an answer with no action ends ``prompt``'s turn with nothing (more) said.
+
+    Only a turn the bot may leave unanswered (a reminder's, an autonomous one: the bot was
+    not asked), or one that has delivered or carried out something already (its re-ask's
+    empty answer means "nothing more"). Anywhere else its user is still waiting, a delivery
+    turn's with a command already run: "nothing" is no answer, and it is re-asked.
+
+    >>> from autoresponse.messages import OriginalContext, PromptRequest
+    >>> ctx = OriginalContext(chat_id=1, interface_name="console")
+    >>> asked = PromptRequest(mode="chat", system_instruction="", allowed_actions=(),
+    ...                       full_json_instructions="", current_text="hi", original_context=ctx)
+    >>> may_end_quietly(asked), may_end_quietly(asked.model_copy(update={"reask": 1}))
+    (False, False)
+    >>> may_end_quietly(asked.model_copy(update={"reask": 1, "carried_out": ("message_console:1",)}))
+    True
+    """
+    return (prompt.may_stay_silent or prompt.original_context.autonomous
+            or bool(prompt.carried_out) or bool(prompt.sent))
+
+
+def _nothing(prompt: PromptRequest, what: str) -> Extraction:
+    """An answer with no action: the end of a turn that may end quietly, else an error
+    that tells the LLM its user still waits (``what`` says what the answer was)."""
+    if may_end_quietly(prompt):
+        return Extraction((), ())
+    if prompt.delivers_output:
+        waiting = "the result: present it to them in a message"
+    elif prompt.mode == "delivery":
+        waiting = "an answer: tell them in a message"
+    else:
+        waiting = "an answer: answer them, or carry out what they asked"
+    return Extraction((), (f"{what}, and the user is still waiting for {waiting}",))
 
 
 def _calls_text(reply: LLMReply) -> str:

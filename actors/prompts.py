@@ -84,8 +84,9 @@ def error_retry_policy(allowed: Iterable[str], protocol: Protocol = "text") -> s
         "Your previous reply was rejected in part. `positions` lists each of its actions: "
         "those marked done were carried out, and their messages delivered; do not send them "
         "again, in any words. Answer only for the rejected positions, fixing exactly what "
-        "each error says and keeping their intent. If nothing is left to do, answer with no "
-        f"action. {answer}, using only these action types: {', '.join(sorted(set(allowed)))}."
+        "each error says and keeping their intent. If what was done already answers the user "
+        f"and nothing is left to do, answer with no action. {answer}, using only these action "
+        f"types: {', '.join(sorted(set(allowed)))}."
     )
 
 
@@ -288,6 +289,7 @@ def build_delivery_request(
     return PromptRequest(
         mode="delivery",
         may_stay_silent=may_stay_silent,
+        delivers_output=system_message.type == "output",
         system_instruction="\n\n".join(guidance),
         allowed_actions=allowed,
         full_json_instructions=full_json_instructions(allowed),

@@ -27,7 +27,22 @@ from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.messages import Envelope, LLMRequest, OutboundMessage, Rejection
 
+#: What the user hears when a turn gives up having carried out nothing: asking again is safe.
 GIVE_UP_NOTICE = "Sorry, I could not work out how to do that. Please try rephrasing your request."
+#: ... when it gives up after part of the request was carried out (a command run, a message
+#: sent): asking for the whole again would do that part twice.
+PARTLY_DONE_NOTICE = "Sorry, I did part of what you asked, but could not work out the rest."
+#: ... when a delivery turn gives up: what was asked was done (its command ran), only the
+#: answer about it is missing; asking again would do it twice.
+DONE_NOTICE = "I did what you asked, but could not put the answer together. It is done: no need to ask again."
+
+
+def give_up_notice(rejection: Rejection) -> str:
+    """What the user is told when ``rejection``'s turn runs out of re-asks: it says what was
+    done already, and invites a retry only when nothing was."""
+    if rejection.prompt.delivers_output:
+        return DONE_NOTICE
+    return PARTLY_DONE_NOTICE if rejection.carried_out else GIVE_UP_NOTICE
 
 
 class RetrySettings(BaseModel):
@@ -67,7 +82,8 @@ class RetryActor(TypedActor):
         self.send(LLM, request, cause=env)
 
     def _give_up(self, rejection: Rejection, fresh: object, env: Envelope) -> None:
-        """Dead-letter the turn (replaying it re-asks with a fresh budget) and tell the user."""
+        """Dead-letter the turn (replaying it re-asks with a fresh budget) and tell the user
+        (``give_up_notice``: what was done already, if anything)."""
         attempts = rejection.prompt.reask
         self.runtime.dead_letters.post(
             env.child(LLMRequest(prompt=fresh)), "retries exhausted", actor=LLM,
@@ -77,5 +93,7 @@ class RetryActor(TypedActor):
         if receipt_failed(self, ctx, env, f"retries exhausted: {'; '.join(rejection.message.errors)}"):
             return  # whoever asked for the receipt decides what the user hears
         to = sender(ctx.interface_name)
-        if self.settings.notify_user and self.runtime.has(to):
-            self.send(to, OutboundMessage.reply(ctx, GIVE_UP_NOTICE, notice=True), cause=env)
+        # An autonomous turn (a stranger's, unasked) the bot may leave unanswered: on X or
+        # Reddit a notice would be a public post a stranger's words could make it write.
+        if self.settings.notify_user and not ctx.autonomous and self.runtime.has(to):
+            self.send(to, OutboundMessage.reply(ctx, give_up_notice(rejection), notice=True), cause=env)

@@ -71,5 +71,7 @@ class PromptRequest(BaseModel):
     positions: tuple[Position, ...] = ()
     #: The LLM may answer with no action at all (an event or autonomous turn).
     may_stay_silent: bool = False
+    #: A delivery turn of what actions output (a command ran): its user waits for that result.
+    delivers_output: bool = False
     #: What the user's message carried besides its text (a chat turn); read in the LLM hop.
     attachments: tuple[Attachment, ...] = ()

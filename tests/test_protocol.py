@@ -363,6 +363,36 @@ def test_an_empty_answer_to_a_re_ask_is_nothing_more(
     assert app.runtime.dead_letters.letters() == []
 
 
+@pytest.mark.parametrize("answer", [
+    FakeResponse(content=""),
+    FakeResponse(content=" \n\t "),
+    FakeResponse(content="", reasoning="The user greets me. I could answer with a greeting ..."),
+    FakeResponse(content="<think>The user greets me, so I will answer with"),
+    FakeResponse(content='{"actions": []}'),
+    FakeResponse(content="", reasoning="Let me think step by step ...", finish_reason="length"),
+], ids=["empty", "blank", "reasoning-only", "unterminated-think", "empty-action-list", "reasoning-cut-off"])
+def test_an_answer_of_nothing_is_no_answer_and_the_user_hears_so(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, answer: FakeResponse
+) -> None:
+    """A model that answers nothing every time (a reasoning model spending its tokens on
+    thought does) leaves the user with the give-up notice and the turn a dead letter, never
+    with silence: nothing was said or done, so its re-asks' empty answers are not "nothing
+    more" either."""
+    fake_llm.responder = lambda body: answer
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST)
+    sent = replies(app, "hello", manual_clock)
+    assert [(m.text, m.notice) for m in sent] == [(GIVE_UP_NOTICE, True)]
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "retries exhausted"
+    cut_off = answer.finish_reason == "length"
+    assert len(fake_llm.requests) == (2 if cut_off else 3)  # a reply cut off gets one shorter try
+    for reask in fake_llm.requests[1:]:
+        errors = system_message(reask)["errors"]
+        assert errors[-1].endswith("the user is still waiting for an answer: answer them, "
+                                   "or carry out what they asked")
+        assert "cut off at its token limit" in errors[0] if cut_off else len(errors) == 1
+
+
 def test_words_may_take_the_place_of_a_refused_command_said_twice(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import ask, system_message
+from conftest import ask, system_message, system_messages
 
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.prompts import error_retry_policy
-from autoresponse.actors.retry import GIVE_UP_NOTICE
-from autoresponse.actors.routes import LLM, sender
+from autoresponse.actors.retry import DONE_NOTICE, GIVE_UP_NOTICE, PARTLY_DONE_NOTICE
+from autoresponse.actors.routes import LLM, executor, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import (
+    ActionRequest,
     OriginalContext,
     OutboundMessage,
     UserRequest,
@@ -119,6 +121,23 @@ def test_the_notice_can_be_switched_off(
     assert len(fake_llm.requests) == 2
 
 
+def test_an_autonomous_turn_that_gives_up_says_nothing(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """A stranger's turn (``strangers = "converse"``) the bot may leave unanswered: when its
+    re-asks run out nothing is posted (on X or Reddit it would be public), only the dead letter."""
+    fake_llm.responder = lambda body: "never {JSON"
+    app = make_app(base_url=fake_llm.base_url, retry={"max_attempts": 1, **FAST}, clock=manual_clock)
+    ctx = OriginalContext(chat_id="A", message_id=1, interface_name="console", original_command="hi",
+                          autonomous=True)
+    with app.runtime.probe(sender("console")) as out:
+        env = app.runtime.send(LLM, UserRequest(text="hi", context=ctx))
+        assert manual_clock.advance_until(lambda: app.runtime.inflight.count(env.correlation_id) == 0)
+        assert app.runtime.wait_idle(env.correlation_id, timeout=20)
+        assert out.envelopes == []
+    assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
+
+
 def test_a_dead_lettered_turn_can_be_replayed(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
 ) -> None:
@@ -151,3 +170,76 @@ def test_errors_are_cut_once_to_the_configured_number(
     listed = [e for e in errors if not e.startswith("...")]
     assert len(listed) == shown
     assert errors[shown:] == ([f"... and {rest} more errors"] if rest else [])
+
+
+# ------------------------------------------------------------------ what the user hears when a turn gives up
+
+
+@pytest.mark.parametrize("answer", [
+    FakeResponse(content=""),
+    FakeResponse(content="", reasoning="The output shows the load average, so I should say ..."),
+    FakeResponse(content='{"actions": []}'),
+    FakeResponse(content="garbage {"),
+], ids=["empty", "reasoning-only", "empty-action-list", "garbage"])
+def test_a_delivery_turn_that_gives_up_says_the_command_ran_and_invites_no_retry(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, answer: FakeResponse
+) -> None:
+    """The command ran; its delivery turn answers nothing usable, however often asked: the
+    user hears that it was done (asking again would run it twice), never silence."""
+    def responder(body: dict[str, Any]) -> FakeResponse | None:
+        delivery = '"system_message"' in str(body["messages"][-1].get("content"))
+        return answer if delivery else None  # the chat turn: the stand-in runs `uptime`
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
+    with app.runtime.probe(executor("terminal")) as ran, app.runtime.probe(sender("console")) as out:
+        ask(app, "run uptime", clock=manual_clock)
+        assert [r.action.payload.command for r in ran.bodies(ActionRequest)] == ["uptime"]
+        sent = out.bodies(OutboundMessage)
+    assert [(m.text, m.notice) for m in sent] == [(DONE_NOTICE, True)]
+    assert "try" not in DONE_NOTICE and "rephras" not in DONE_NOTICE
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "retries exhausted"
+    output, *reasks = system_messages(fake_llm)
+    assert output["type"] == "output" and [m["type"] for m in reasks] == ["error", "error"]
+    if answer.content != "garbage {":
+        assert all(m["errors"][-1].endswith("the user is still waiting for the result: present it "
+                                            "to them in a message") for m in reasks)
+
+
+def test_a_delivery_turns_empty_answer_is_nothing_more_only_once_it_delivered(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """Two delivery turns answer nothing to their re-ask: the one whose first answer reached
+    the user ends there; the one whose first answer was all rejected gets a notice."""
+    def responder(body: dict[str, Any]) -> FakeResponse | None:
+        message = system_message(SimpleNamespace(messages=body["messages"]))
+        if message is None:
+            return None  # a chat turn: the stand-in runs the command
+        if message["type"] == "error":
+            return FakeResponse(content='{"actions": []}')
+        shown = [say("Up for a while."), {"type": "teleport", "payload": {}}]
+        return content(*shown) if "uptime" in json.dumps(message) else content(shown[1])
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "run uptime", clock=manual_clock)
+        assert [(m.text, m.notice) for m in out.bodies(OutboundMessage)] == [("Up for a while.", False)]
+        assert app.runtime.dead_letters.letters() == []
+        ask(app, "run date", clock=manual_clock)
+        assert [(m.text, m.notice) for m in out.bodies(OutboundMessage)][1:] == [(DONE_NOTICE, True)]
+    assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
+
+
+def test_a_chat_turn_that_gives_up_after_doing_part_of_it_says_so(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    fake_llm.script(content(say("Here is part one."), {"type": "teleport", "payload": {}}),
+                    FakeResponse(content="{nope"), FakeResponse(content="{still nope"))
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "tell me in two parts", clock=manual_clock)
+        sent = out.bodies(OutboundMessage)
+    assert [(m.text, m.notice) for m in sent] == [("Here is part one.", False), (PARTLY_DONE_NOTICE, True)]
+    assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
