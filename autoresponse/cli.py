@@ -792,7 +792,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "deadletters" and args.action == "replay" and args.id is None:
         parser.error("deadletters replay needs the id of a dead letter")
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone (``| head``) is caught below
+        return code
+    except BrokenPipeError:  # the reader went away: what it did not read is not wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit fails no more
+        return 141  # as a shell reports a writer its reader left (128 + SIGPIPE)
     except (FileNotFoundError, ConfigError, AdminError) as exc:
         print(f"autoresponse: {exc}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import socket
@@ -587,3 +588,17 @@ def test_a_ctrl_c_while_the_daemon_starts_stops_it_without_a_traceback(later: fl
         assert stderr.splitlines() == ["autoresponse: interrupted"]
     else:  # after: the usual clean stop
         assert stderr.rstrip().endswith("autoresponse: stopped")
+
+
+def test_output_to_a_reader_that_left_ends_quietly() -> None:
+    """``autoresponse config show --json | head -c 10``: the reader is gone before the rest is
+    written; the command ends with the shell's code for it, not a traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader left before a byte was written: every write fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "autoresponse", "config", "show", "--json"],
+                              stdout=write, stderr=subprocess.PIPE, env=environment(), timeout=60)
+    finally:
+        os.close(write)
+    assert b"Traceback" not in done.stderr and b"Exception ignored" not in done.stderr, done.stderr
+    assert done.returncode == 141
