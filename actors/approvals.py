@@ -82,7 +82,9 @@ NOT_AN_APPROVER = "Sorry, you may not decide this: only the one who asked, or an
 FORGED = "Sorry, this is no approval I know of."
 NOTHING_PENDING = "Nothing is waiting for your approval here."
 CANCELLED_PENDING = "Cancelled: {command} will not run."
-NOTHING_TO_CANCEL = "Nothing to cancel: your request had already finished."
+#: Said when a /cancel finds nothing of its chat under way: a request that finished, or
+#: one in another conversation (on Reddit a new private message is a chat of its own).
+NOTHING_TO_CANCEL = "Nothing to cancel in this conversation."
 
 
 class ApprovalExpired(BaseModel):

@@ -6,23 +6,36 @@ platform's settings say.
 >>> take_request(self, text, context, env, allowed=user in allowlist,
 ...              policy=self.settings)                              # doctest: +SKIP
 
-A platform's settings inherit ``StrangerSettings`` for the two knobs: what a
-stranger gets, and the words of the refusal. ``converse`` gives a stranger an
-*autonomous* turn: the bot may reply or stay silent, and may use only the actions
-configured for autonomous turns (none but replying, by default).
+A platform's settings inherit ``StrangerSettings`` for what a stranger gets, the words
+of the refusal, and how much of it. ``converse`` gives a stranger an *autonomous* turn:
+the bot may reply or stay silent, and may use only the actions configured for autonomous
+turns (none but replying, by default).
+
+A stranger is answered within bounds (``StrangerGate``), per platform, in a window
+(``stranger_window``, an hour) that starts at their first message: one refusal at most
+(it says the same every time), ``stranger_turns`` autonomous turns at most (10). Past
+that their messages are journaled and closed unanswered, the first of them logged, the
+rest at debug level: two bots set to answer strangers stop answering each other, and one
+stranger's script gets no more out of the account. An allowed user is never counted.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from autoresponse.actors.approvals import within
 from autoresponse.actors.kernel.actor import TypedActor
 from autoresponse.actors.kernel.intake import Unstorable
-from autoresponse.actors.limits import MALFORMED_KEPT
+from autoresponse.actors.kernel.runtime import Runtime
+from autoresponse.actors.limits import MALFORMED_KEPT, STRANGER_TURNS, STRANGER_WINDOW_SECONDS, STRANGERS_REMEMBERED
 from autoresponse.actors.routes import CONVERSATIONS, sender
 from autoresponse.messages import Attachment, Envelope, MalformedInput, OriginalContext, OutboundMessage, UserRequest
 
@@ -40,23 +53,127 @@ class StrangerSettings(BaseModel):
 
     strangers: StrangerPolicy = "refuse"
     refusal: str = REFUSAL
+    #: Autonomous turns (``converse``) one stranger gets per ``stranger_window``; past it
+    #: their messages go unanswered until the window is over. (A refusal: one per window.)
+    stranger_turns: int = Field(default=STRANGER_TURNS, ge=0)
+    #: Seconds of a stranger's window, from their first message in it.
+    stranger_window: float = Field(default=STRANGER_WINDOW_SECONDS, gt=0)
+
+
+#: What the gate says of one stranger's message: answer it; not, and log it (the first
+#: past the bound in this window); not, quietly (logged once already).
+Admission = Literal["answer", "first past", "past"]
+
+
+@dataclass
+class _Window:
+    start: float
+    answered: int = 0
+    #: The message group (an album) last answered: its other items are the same turn.
+    group: str | None = None
+    logged: bool = False
+
+
+class StrangerGate:
+    """How many answers each stranger (a platform and a user) had in their current window:
+    one gate per runtime (``stranger_gate``), so an interface's restart keeps the counts;
+    a new process starts afresh. At most ``kept`` strangers are remembered, the least
+    recently heard from forgotten first (and starting afresh, should they come back).
+
+    >>> gate = StrangerGate(kept=2)
+    >>> [gate.admit(("x", "mallory"), limit=1, window=60, now=t) for t in (0, 1, 2, 60)]
+    ['answer', 'first past', 'past', 'answer']
+    """
+
+    def __init__(self, kept: int = STRANGERS_REMEMBERED) -> None:
+        self._kept = kept
+        self._windows: OrderedDict[tuple[str, str], _Window] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def admit(self, who: tuple[str, str], *, limit: int, window: float, now: float,
+              group: str | None = None) -> Admission:
+        """Whether ``who`` gets an answer to one more message at ``now``: at most ``limit`` in
+        a window of ``window`` seconds that begins at their first message. The items of one
+        message group (``group``) after the first answered share its answer, uncounted."""
+        with self._lock:
+            current = self._windows.get(who)
+            if current is None or not current.start <= now < current.start + window:
+                current = self._windows[who] = _Window(start=now)
+            self._windows.move_to_end(who)
+            while len(self._windows) > self._kept:
+                self._windows.popitem(last=False)
+            if group is not None and group == current.group:
+                return "answer"
+            if current.answered < limit:
+                current.answered += 1
+                current.group = group
+                return "answer"
+            if current.logged:
+                return "past"
+            current.logged = True
+            return "first past"
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._windows)
+
+
+_GATES: weakref.WeakKeyDictionary[Runtime, StrangerGate] = weakref.WeakKeyDictionary()
+_GATES_LOCK = threading.Lock()
+
+
+def stranger_gate(runtime: Runtime) -> StrangerGate:
+    """The runtime's one ``StrangerGate`` (made on first use; it goes with the runtime)."""
+    with _GATES_LOCK:
+        gate = _GATES.get(runtime)
+        if gate is None:
+            gate = _GATES[runtime] = StrangerGate()
+        return gate
 
 
 def take_request(actor: TypedActor, text: str, context: OriginalContext, env: Envelope, *,
                  allowed: bool, policy: StrangerSettings, attachments: tuple[Attachment, ...] = (),
                  media_group: str | None = None) -> None:
     """Start a turn for ``text`` (and what the message carried besides, by reference) in its
-    chat's conversation, or answer a stranger by ``policy``."""
+    chat's conversation, or answer a stranger by ``policy``, within its bounds: each
+    stranger gets at most one refusal, or ``stranger_turns`` turns, a ``stranger_window``
+    (see ``StrangerGate``). Past them nothing is sent; the input closes as any other."""
     turn = turn_context(context, allowed=allowed, policy=policy)
-    if turn is None:
-        log.info("refused a request from %s in %s chat %s: not on the allowlist",
-                 context.user_name or context.user_id, context.interface_name, context.chat_id)
-        if policy.strangers == "refuse":
-            actor.send(sender(context.interface_name),
-                       OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
+    admission: Admission = "answer" if allowed else _admit(actor, context, policy, media_group)
+    if turn is not None and admission == "answer":
+        actor.send(CONVERSATIONS, UserRequest(text=text, context=turn, attachments=attachments,
+                                              media_group=media_group), cause=env)
         return
-    actor.send(CONVERSATIONS, UserRequest(text=text, context=turn, attachments=attachments,
-                                          media_group=media_group), cause=env)
+    _unanswered(context, policy, admission)
+    if admission == "answer":  # a refusal: the window's one (``silent`` answers none)
+        actor.send(sender(context.interface_name),
+                   OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
+
+
+def _admit(actor: TypedActor, context: OriginalContext, policy: StrangerSettings,
+           media_group: str | None) -> Admission:
+    """Whether the stranger who sent ``context`` gets an answer: a turn, or a refusal."""
+    limit = {"silent": 0, "refuse": 1, "converse": policy.stranger_turns}[policy.strangers]
+    user = context.user_id if context.user_id is not None else context.user_name or context.chat_key
+    return stranger_gate(actor.runtime).admit((context.interface_name, str(user)), limit=limit,
+                                              window=policy.stranger_window,
+                                              now=actor.runtime.clock.monotonic(), group=media_group)
+
+
+def _unanswered(context: OriginalContext, policy: StrangerSettings, admission: Admission) -> None:
+    """Log a stranger's message that gets no turn: the refusal, and the first message past
+    the window's bound; the rest only at debug level (a loop or a script logs no more)."""
+    who, where = context.user_name or context.user_id, f"{context.interface_name} chat {context.chat_id}"
+    if admission == "past":
+        log.debug("left a message from %s in %s unanswered: a stranger past their bound", who, where)
+        return
+    if admission == "answer":  # the refusal
+        log.info("refused a request from %s in %s: not on the allowlist", who, where)
+        return
+    bound = {"silent": "not on the allowlist", "refuse": "refused already",
+             "converse": f"had their {policy.stranger_turns} turns"}[policy.strangers]
+    log.info("left a request from %s in %s unanswered (%s); so are their next ones until their window of %s "
+             "is over (logged at debug level only)", who, where, bound, within(policy.stranger_window))
 
 
 def turn_context(context: OriginalContext, *, allowed: bool,

@@ -198,3 +198,14 @@ APPROVAL_TIMEOUT_SECONDS = 300.0
 #: Longest line of an LLM's event stream, as long as aiohttp 3.14 read one (a delta is a few
 #: hundred bytes, a whole reply in one delta far less): longer, the stream is malformed.
 LLM_MAX_STREAM_LINE_BYTES = 512 * 1024
+
+#: Strangers (senders not on a platform's allowlist) are answered within bounds, per
+#: stranger and platform, in a window that starts at their first message: at most one
+#: refusal (``strangers = "refuse"``: it says the same every time), at most STRANGER_TURNS
+#: autonomous turns (``strangers = "converse"``); past either, their messages are journaled
+#: and closed unanswered, the first of them logged. Two bots answering each other, or one
+#: stranger's script, stop there. Unless configured (``stranger_turns``, ``stranger_window``).
+STRANGER_TURNS = 10
+STRANGER_WINDOW_SECONDS = 3600.0
+#: Strangers whose windows are remembered (an LRU, over all platforms); one forgotten starts afresh.
+STRANGERS_REMEMBERED = 10_000

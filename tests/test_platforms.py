@@ -18,6 +18,9 @@ from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.actors import routes
 from autoresponse.actors.failures import FAILURE_NOTICE, FailureNotices
+from autoresponse.actors.inbound import StrangerGate, StrangerSettings, stranger_gate, take_request
+from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.limits import STRANGERS_REMEMBERED
 from autoresponse.actors.prompts import full_json_instructions
 from autoresponse.app import names_in
 from autoresponse.cli import RedactSecrets
@@ -252,3 +255,109 @@ def test_telegrams_origin_tells_a_group_only_of_a_message_meant_for_the_bot() ->
     chatter = make(ALLOWED).model_copy(update={"chat_id": -300, "chat_type": "group"})
     assert told(input_type, origin, chatter) == []
     assert told(input_type, origin, chatter.model_copy(update={"addressed": True})) == [-300]
+
+
+# ---------------------------------------------------------------- strangers, within bounds
+
+
+class _Runtime:
+    """What ``take_request`` asks of an interface's runtime: its clock."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+
+class Door:
+    """An interface actor as ``take_request`` sees it: its runtime, and what it sends."""
+
+    def __init__(self, runtime: _Runtime) -> None:
+        self.runtime = runtime
+        self.sent: list[Any] = []
+
+    def send(self, to: str, body: Any, **kw: Any) -> None:
+        self.sent.append(body)
+
+    def take(self, interface: str, user: int, settings: Any, *, allowed: bool = False,
+             media_group: str | None = None) -> None:
+        context = OriginalContext(chat_id=user, message_id=1, interface_name=interface, user_id=user,
+                                  chat_type="private")
+        take_request(self, "hello", context, Envelope.new(PagerCall(pager="x")),  # type: ignore[arg-type]
+                     allowed=allowed, policy=settings, media_group=media_group)
+
+
+def _settings(platform: str, **fields: Any) -> StrangerSettings:
+    from autoresponse.interfaces.reddit.settings import RedditSettings
+    from autoresponse.interfaces.telegram import TelegramSettings
+    from autoresponse.interfaces.telethon.settings import TelethonSettings
+    from autoresponse.interfaces.x.settings import XSettings
+    kinds: dict[str, type[StrangerSettings]] = {"telegram": TelegramSettings, "x": XSettings,
+                                                "reddit": RedditSettings, "telethon": TelethonSettings}
+    return kinds[platform](**fields)
+
+
+@pytest.mark.parametrize("policy", ["silent", "refuse", "converse"])
+@pytest.mark.parametrize("platform", PLATFORM_ORIGINS)
+def test_each_platform_answers_a_stranger_within_bounds_a_window_and_an_allowed_user_always(
+        platform: str, policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Two bots set to answer strangers, or one stranger's script, would be answered without
+    end: a stranger gets one refusal (it says the same every time) or ``stranger_turns``
+    autonomous turns a window, then nothing, with one log line, until the window is over.
+    An allowed user is never counted; nor is the same name on another platform."""
+    caplog.set_level(logging.DEBUG, logger="autoresponse.inbound")
+    clock = ManualClock()
+    door = Door(_Runtime(clock))
+    settings = _settings(platform, strangers=policy, stranger_turns=3)
+    answers = {"silent": 0, "refuse": 1, "converse": 3}[policy]
+
+    def infos() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+
+    for _ in range(5):
+        door.take(platform, STRANGER, settings)
+        door.take(platform, ALLOWED, settings, allowed=True)
+    theirs = [m for m in door.sent if m.context.user_id == STRANGER]
+    assert len(theirs) == answers
+    assert all(isinstance(m, OutboundMessage if policy == "refuse" else UserRequest) for m in theirs)
+    assert all(m.context.autonomous for m in theirs if isinstance(m, UserRequest))
+    assert [m.text for m in door.sent if m.context.user_id == ALLOWED] == ["hello"] * 5
+    assert len(infos()) == (2 if policy == "refuse" else 1)  # the refusal, and the first left unanswered
+    assert "until their window of 1 hour is over" in infos()[-1]
+    elsewhere = "reddit" if platform != "reddit" else "x"
+    door.take(elsewhere, STRANGER, settings)  # the same id on another platform: a stranger of its own
+    assert len(door.sent) == 5 + answers + (policy != "silent")
+
+    clock.advance(settings.stranger_window - 1)  # still in the window: neither answered nor logged
+    door.sent.clear()
+    logged = len(infos())
+    door.take(platform, STRANGER, settings)
+    assert door.sent == [] and len(infos()) == logged
+    clock.advance(1)  # the window is over: they are answered again, as at first
+    for _ in range(5):
+        door.take(platform, STRANGER, settings)
+    assert len(door.sent) == answers
+
+
+def test_the_items_of_a_strangers_album_are_one_turn() -> None:
+    """An album comes as one message per item, and is one turn: it is counted once."""
+    door = Door(_Runtime(ManualClock()))
+    settings = _settings("telethon", strangers="converse", stranger_turns=1)
+    for _ in range(3):
+        door.take("telethon", STRANGER, settings, media_group="album-1")
+    door.take("telethon", STRANGER, settings, media_group="album-2")  # the next turn: past the bound
+    door.take("telethon", STRANGER, settings)
+    assert [m.media_group for m in door.sent] == ["album-1"] * 3
+
+
+def test_the_stranger_gate_remembers_a_bounded_number_of_strangers() -> None:
+    """The strangers' windows are an LRU: the one least recently heard from is forgotten
+    first, and starts afresh should they come back; memory never grows past the bound."""
+    gate = StrangerGate(kept=2)
+
+    def admit(who: str) -> str:
+        return gate.admit(("x", who), limit=1, window=3600.0, now=0.0)
+    assert [admit("a"), admit("b"), admit("a")] == ["answer", "answer", "first past"]  # a is the newest
+    assert admit("c") == "answer" and len(gate) == 2  # b, the least recent, is forgotten
+    assert [admit("a"), admit("b")] == ["past", "answer"]  # b starts afresh
+    runtime = _Runtime(ManualClock())
+    assert stranger_gate(runtime) is stranger_gate(runtime)  # type: ignore[arg-type]  # one a runtime
+    assert StrangerGate()._kept == STRANGERS_REMEMBERED

@@ -366,6 +366,90 @@ def test_the_refusal_policy_can_answer_strangers_politely(
     assert fake_llm.requests == []
 
 
+def closed(app: Application, *items: str) -> bool:
+    """Whether each inbox item's work item is journaled and closed (it keeps its trace)."""
+    assert app.journal is not None
+    open_ = {item.correlation for item in app.journal.unfinished()}
+    return all(f"reddit-{i}" not in open_ and app.journal.trace(f"reddit-{i}") is not None for i in items)
+
+
+def test_a_stranger_is_refused_once_an_hour_however_often_they_ask(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application],
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal says the same every time: a stranger's five comments (a script, or another
+    bot set to answer strangers) get one, and one more only once their window (an hour) is
+    over. Each comment is read, journaled and closed all the same, and the log has two lines
+    (the refusal, then the first left unanswered), not one a comment. Ada is answered every time."""
+    caplog.set_level(logging.INFO, logger="autoresponse.inbound")
+    app = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit, strangers="refuse"),
+                   clock=fake_reddit.clock)
+    theirs = [fake_reddit.push_comment(f"still there? ({n})", author="mallory") for n in range(5)]
+    hers = [fake_reddit.push_message(f"hello ({n})", author="ada") for n in range(3)]
+    until(fake_reddit, lambda: all(fake_reddit.is_read(i) for i in theirs + hers) and len(fake_reddit.replies()) >= 4)
+    assert app.runtime.wait_idle(timeout=10)
+    seen = polls(fake_reddit)
+    until(fake_reddit, lambda: polls(fake_reddit) >= seen + 3)
+    refusals = [r for r in fake_reddit.replies() if r.text == REFUSAL]
+    assert [r.thing_id for r in refusals] == [theirs[0]]
+    assert sorted(r.thing_id for r in fake_reddit.replies() if r.text != REFUSAL) == sorted(hers)
+    assert closed(app, *theirs, *hers)
+    logged = [r.getMessage() for r in caplog.records if r.name == "autoresponse.inbound"]
+    assert len(logged) == 2 and "refused a request from mallory" in logged[0]
+    assert "left a request from mallory" in logged[1] and "window of 1 hour" in logged[1]
+
+    fake_reddit.clock.advance(3600)  # the window is over
+    again = fake_reddit.push_comment("and now?", author="mallory")
+    until(fake_reddit, lambda: len(fake_reddit.replies()) == 5)
+    assert [r.thing_id for r in fake_reddit.replies() if r.text == REFUSAL] == [theirs[0], again]
+
+
+def test_a_bot_that_answers_every_reply_gets_a_bounded_number_of_turns_an_hour(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    """Two bots set to converse with strangers would answer each other without end: the
+    other bot here answers every reply of ours at once. It gets ``stranger_turns`` turns
+    (3 here), then its comments go unanswered (and no LLM call is made) until the window
+    is over; Ada, meanwhile, is answered as ever."""
+    app = make_app(base_url=fake_llm.base_url, clock=fake_reddit.clock,
+                   reddit=reddit_settings(fake_reddit, strangers="converse", stranger_turns=3))
+    theirs = [fake_reddit.push_comment("hello, fellow bot", author="chatty_bot", link_id="t3_thread")]
+    for _ in range(12):  # each look at the inbox: the other bot has answered what we posted
+        seen = polls(fake_reddit)
+        until(fake_reddit, lambda: polls(fake_reddit) > seen)
+        assert app.runtime.wait_idle(timeout=10)
+        for reply in fake_reddit.replies()[len(theirs) - 1:]:
+            theirs.append(fake_reddit.push_comment(f"re: {reply.text[:30]}", author="chatty_bot",
+                                                   link_id="t3_thread", parent_id=reply.thing_id))
+    assert len(fake_reddit.replies()) == 3 and len(fake_llm.requests) == 3
+    assert len(theirs) == 4 and closed(app, *theirs)  # its fourth comment: read and closed, unanswered
+    hers = fake_reddit.push_message("hello", author="ada")
+    until(fake_reddit, lambda: fake_reddit.replies(hers))
+
+    fake_reddit.clock.advance(3600)  # the window is over: it is answered again
+    more = fake_reddit.push_comment("anyone?", author="chatty_bot", link_id="t3_thread")
+    until(fake_reddit, lambda: fake_reddit.replies(more))
+    assert len(fake_reddit.replies()) == 5
+
+
+def test_a_cancel_sent_as_a_new_private_message_says_nothing_of_this_conversation_was_under_way(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
+) -> None:
+    """Reddit's compose form makes "/cancel" a private message of its own, a conversation of
+    its own: the request of the other one goes on, and the answer says so truly (not that the
+    request had finished)."""
+    fake_llm.script(FakeResponse(hang=True))  # the request runs on until the app stops
+    app = make_app(base_url=fake_llm.base_url, reddit=reddit_settings(fake_reddit), clock=fake_reddit.clock,
+                   llm={"read_timeout": 60})
+    request = fake_reddit.push_message("run uptime", author="ada", subject="my server")
+    until(fake_reddit, lambda: fake_llm.requests)
+    cancel = fake_reddit.push_message("/cancel", author="ada", subject="cancel")
+    [answer] = until(fake_reddit, lambda: fake_reddit.replies(cancel))
+    assert answer.text == "Nothing to cancel in this conversation."
+    assert app.journal is not None
+    assert f"reddit-{request}" in {item.correlation for item in app.journal.unfinished()}  # still running
+
+
 def test_wrong_credentials_stop_the_start_with_a_reason_and_no_secret(
     fake_reddit: FakeRedditServer, make_app: Callable[..., Application]
 ) -> None:
