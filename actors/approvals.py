@@ -176,7 +176,7 @@ def denied_request(runtime: Any, outcome: ApprovalOutcome, turns: Iterable[Turn]
         errors=(f"{describe(outcome.request.action)} needed approval and was denied{by}: it did not run.",),
         error_retry_policy=DENIED_POLICY)
     prompt = build_delivery_request(message, allowed_actions=allowed, turns=turns, instruction=DENIED_INSTRUCTION,
-                                    now=runtime.clock.time())
+                                    now=runtime.clock.time(), outcome="denied")
     return LLMRequest(prompt=prompt)
 
 

@@ -415,7 +415,7 @@ def _nothing(prompt: PromptRequest, what: str) -> Extraction:
     that tells the LLM its user still waits (``what`` says what the answer was)."""
     if may_end_quietly(prompt):
         return Extraction((), ())
-    if prompt.delivers_output:
+    if prompt.outcome in ("done", "failed", "running"):  # a delivery turn of what actions output
         waiting = "the result: present it to them in a message"
     elif prompt.mode == "delivery":
         waiting = "an answer: tell them in a message"

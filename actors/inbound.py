@@ -157,7 +157,9 @@ def _admit(actor: TypedActor, context: OriginalContext, policy: StrangerSettings
     user = context.user_id if context.user_id is not None else context.user_name or context.chat_key
     return stranger_gate(actor.runtime).admit((context.interface_name, str(user)), limit=limit,
                                               window=policy.stranger_window,
-                                              now=actor.runtime.clock.monotonic(), group=media_group)
+                                              now=actor.runtime.clock.monotonic(),
+                                              # an album is one turn; refused, it is one message too many
+                                              group=media_group if policy.strangers == "converse" else None)
 
 
 def _unanswered(context: OriginalContext, policy: StrangerSettings, admission: Admission) -> None:

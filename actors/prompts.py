@@ -33,6 +33,7 @@ from autoresponse.messages import (
     Attachment,
     BaseAction,
     OriginalContext,
+    Outcome,
     Position,
     PromptRequest,
     SystemMessage,
@@ -270,13 +271,15 @@ def build_delivery_request(
     instruction: str = DELIVERY_INSTRUCTION,
     may_stay_silent: bool = False,
     now: float | None = None,
+    outcome: Outcome | None = None,
 ) -> PromptRequest:
     """The prompt that hands a system message (output, event, error) to the LLM, after the
     chat's earlier ``turns``.
 
     The current text is the system message itself, as JSON, wrapped in a
     ``system_message`` key so that an echo of it is recognised and never run. An
-    output comes with the suggested response format.
+    output comes with the suggested response format, and says what became of the actions
+    (``outcome``; the caller says it of anything else).
     """
     allowed = tuple(sorted(set(allowed_actions)))
     ctx = system_message.original_context
@@ -289,7 +292,7 @@ def build_delivery_request(
     return PromptRequest(
         mode="delivery",
         may_stay_silent=may_stay_silent,
-        delivers_output=system_message.type == "output",
+        outcome=outcome if outcome is not None or system_message.type != "output" else _outcome(system_message),
         system_instruction="\n\n".join(guidance),
         allowed_actions=allowed,
         full_json_instructions=full_json_instructions(allowed),
@@ -299,6 +302,14 @@ def build_delivery_request(
         original_context=ctx,
         system_message=system_message,
     )
+
+
+def _outcome(output: SystemMessage) -> Outcome:
+    """What became of the actions an output system message reports: any failed (or was
+    refused), else any still running (a note says so), else all done."""
+    if any(not result.ok for result in output.outputs if result.action_type != "note"):
+        return "failed"
+    return "running" if any(result.action_type == "note" for result in output.outputs) else "done"
 
 
 def excerpt(text: str, limit: int = REASK_EXCERPT_CHARS) -> str:

@@ -25,23 +25,33 @@ from autoresponse.actors.limits import (
 from autoresponse.actors.prompts import build_reask_request
 from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import LLM, sender
-from autoresponse.messages import Envelope, LLMRequest, OutboundMessage, Rejection
+from autoresponse.messages import Envelope, LLMRequest, Outcome, OutboundMessage, Rejection
 
 #: What the user hears when a turn gives up having carried out nothing: asking again is safe.
 GIVE_UP_NOTICE = "Sorry, I could not work out how to do that. Please try rephrasing your request."
 #: ... when it gives up after part of the request was carried out (a command run, a message
 #: sent): asking for the whole again would do that part twice.
 PARTLY_DONE_NOTICE = "Sorry, I did part of what you asked, but could not work out the rest."
-#: ... when a delivery turn gives up: what was asked was done (its command ran), only the
-#: answer about it is missing; asking again would do it twice.
-DONE_NOTICE = "I did what you asked, but could not put the answer together. It is done: no need to ask again."
+#: ... when a delivery turn gives up, by what became of what was asked (``PromptRequest.outcome``):
+#: only the answer about it is missing, so none invites asking again blindly.
+OUTCOME_NOTICES: dict[Outcome, str] = {
+    "done": "I did what you asked, but could not put the answer together. It is done: no need to ask again.",
+    "failed": "What you asked did not succeed, and I could not put the answer together. "
+              "Please check before asking again.",
+    "running": "What you asked is still running, and I could not put the answer together. "
+               "Its result will follow when it ends.",
+    "denied": "What you asked needed approval and was denied: it did not run.",
+}
+#: The notice of a delivery turn whose actions all ran and succeeded.
+DONE_NOTICE = OUTCOME_NOTICES["done"]
 
 
 def give_up_notice(rejection: Rejection) -> str:
     """What the user is told when ``rejection``'s turn runs out of re-asks: it says what was
     done already, and invites a retry only when nothing was."""
-    if rejection.prompt.delivers_output:
-        return DONE_NOTICE
+    outcome = rejection.prompt.outcome
+    if outcome is not None:
+        return OUTCOME_NOTICES[outcome]
     return PARTLY_DONE_NOTICE if rejection.carried_out else GIVE_UP_NOTICE
 
 

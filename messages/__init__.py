@@ -47,7 +47,7 @@ from autoresponse.messages.pipeline import (
     Usage,
     UserRequest,
 )
-from autoresponse.messages.prompt import PromptRequest, ToolCall, Turn
+from autoresponse.messages.prompt import Outcome, PromptRequest, ToolCall, Turn
 from autoresponse.messages.system import ActionOutput, ActionResult, Batch, DueEvent, Position, SystemMessage
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "MessageAction",
     "MessagePayload",
     "OriginalContext",
+    "Outcome",
     "OutboundMessage",
     "Position",
     "PromptRequest",

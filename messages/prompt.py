@@ -43,6 +43,10 @@ class Turn(BaseModel):
     tool_call_id: str | None = None
 
 
+#: What already became of the request a delivery turn answers (``PromptRequest.outcome``).
+Outcome = Literal["done", "failed", "running", "denied"]
+
+
 class PromptRequest(BaseModel):
     """One question to the LLM: a chat turn or a delivery turn."""
 
@@ -71,7 +75,10 @@ class PromptRequest(BaseModel):
     positions: tuple[Position, ...] = ()
     #: The LLM may answer with no action at all (an event or autonomous turn).
     may_stay_silent: bool = False
-    #: A delivery turn of what actions output (a command ran): its user waits for that result.
-    delivers_output: bool = False
+    #: In a delivery turn, what already became of the request it answers, for what its user
+    #: hears should the turn give up: its actions ran and succeeded ("done"), ran and failed
+    #: or were refused ("failed"), are still running ("running"), or one was denied its
+    #: approval ("denied"). None in a chat turn, and a reminder's.
+    outcome: Outcome | None = None
     #: What the user's message carried besides its text (a chat turn); read in the LLM hop.
     attachments: tuple[Attachment, ...] = ()

@@ -22,6 +22,7 @@ from conftest import console_text, system_messages, wait_for
 from autoresponse import Application, Settings
 from autoresponse.actors.approvals import FORGED, NOT_AN_APPROVER
 from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.retry import GIVE_UP_NOTICE, OUTCOME_NOTICES
 from autoresponse.app import StartError
 from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
@@ -145,6 +146,21 @@ def test_deny_tells_the_llm_which_tells_the_user(start_bot: Callable[[], Applica
     assert "did not run" in error["error_retry_policy"]  # not a re-ask's policy
     assert outputs(fake_llm) == []  # it never ran
     assert prompt.params["reply_markup"]  # (the requester's copy stays; pressing it now is too late)
+
+
+def test_a_denial_the_llm_cannot_put_into_words_is_told_as_a_denial(
+        start_bot: Callable[[], Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer) -> None:
+    """The LLM answers nothing about the denial, however often asked: the user hears that it
+    was denied and did not run, never an invitation to ask for it again."""
+    fake_llm.script(run("echo denied-never"), *[FakeResponse(content='{"actions": []}')] * 3)
+    start_bot()
+    ask_for(fake_telegram, "print something")
+    [to_approver] = wait_for(lambda: prompts(fake_telegram, APPROVER))
+    fake_telegram.press(to_approver, "Deny", user_id=APPROVER)
+    wait_for(lambda: answers(fake_telegram))  # the press is taken
+    until(fake_telegram, lambda: OUTCOME_NOTICES["denied"] in texts(fake_telegram), timeout=60)
+    assert GIVE_UP_NOTICE not in texts(fake_telegram)
+    assert outputs(fake_llm) == []  # it never ran
 
 
 def test_an_approval_expires_on_the_clock_with_a_notice(

@@ -348,6 +348,15 @@ def test_the_items_of_a_strangers_album_are_one_turn() -> None:
     assert [m.media_group for m in door.sent] == ["album-1"] * 3
 
 
+def test_a_strangers_album_is_refused_once() -> None:
+    """Refused, an album's items are not a refusal each: the stranger hears it once."""
+    door = Door(_Runtime(ManualClock()))
+    settings = _settings("telegram", strangers="refuse")
+    for _ in range(10):
+        door.take("telegram", STRANGER, settings, media_group="album-1")
+    assert [m.text for m in door.sent] == [settings.refusal]
+
+
 def test_the_stranger_gate_remembers_a_bounded_number_of_strangers() -> None:
     """The strangers' windows are an LRU: the one least recently heard from is forgotten
     first, and starts afresh should they come back; memory never grows past the bound."""

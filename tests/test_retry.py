@@ -17,7 +17,7 @@ from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.prompts import error_retry_policy
-from autoresponse.actors.retry import DONE_NOTICE, GIVE_UP_NOTICE, PARTLY_DONE_NOTICE
+from autoresponse.actors.retry import DONE_NOTICE, GIVE_UP_NOTICE, OUTCOME_NOTICES, PARTLY_DONE_NOTICE
 from autoresponse.actors.routes import LLM, executor, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import (
@@ -205,6 +205,29 @@ def test_a_delivery_turn_that_gives_up_says_the_command_ran_and_invites_no_retry
     if answer.content != "garbage {":
         assert all(m["errors"][-1].endswith("the user is still waiting for the result: present it "
                                             "to them in a message") for m in reasks)
+
+
+@pytest.mark.parametrize("command, notice", [
+    ("uptime", OUTCOME_NOTICES["done"]),
+    ("date --date=notadate", OUTCOME_NOTICES["failed"]),  # it ran, and exited 1
+], ids=["succeeded", "failed"])
+def test_a_delivery_turn_that_gives_up_says_what_became_of_the_command(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, command: str, notice: str
+) -> None:
+    """A command that failed is never called done: the user hears it did not succeed."""
+    def responder(body: dict[str, Any]) -> FakeResponse | None:
+        if system_message(SimpleNamespace(messages=body["messages"])) is None:  # the chat turn
+            return content({"type": "terminal", "payload": {"command": command}})
+        return FakeResponse(content='{"actions": []}')
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock)
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "please run it", clock=manual_clock)
+        sent = [(m.text, m.notice) for m in out.bodies(OutboundMessage)]
+    [output] = system_messages(fake_llm, "output")
+    assert output["outputs"][0]["ok"] is (command == "uptime")
+    assert sent == [(notice, True)]
 
 
 def test_a_delivery_turns_empty_answer_is_nothing_more_only_once_it_delivered(
