@@ -22,6 +22,7 @@ from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_RE
 from autoresponse.actors.memory import ConversationStore
 from autoresponse.actors.prompts import excerpt
 from autoresponse.actors.receipts import settle_receipt
+from autoresponse.actors.retry import RAN
 from autoresponse.actors.routes import route_of, sender
 from autoresponse.actors.streaming import withdrawal
 from autoresponse.messages import (
@@ -415,7 +416,7 @@ def _nothing(prompt: PromptRequest, what: str) -> Extraction:
     that tells the LLM its user still waits (``what`` says what the answer was)."""
     if may_end_quietly(prompt):
         return Extraction((), ())
-    if prompt.outcome in ("done", "failed", "running"):  # a delivery turn of what actions output
+    if prompt.outcome in RAN:  # a delivery turn of what actions output
         waiting = "the result: present it to them in a message"
     elif prompt.mode == "delivery":
         waiting = "an answer: tell them in a message"

@@ -23,7 +23,7 @@ from autoresponse.actors.limits import (
     RETRY_POOL_SIZE,
 )
 from autoresponse.actors.prompts import build_reask_request
-from autoresponse.actors.receipts import receipt_failed
+from autoresponse.actors.receipts import receipt_failed, settle_receipt
 from autoresponse.actors.routes import LLM, sender
 from autoresponse.messages import Envelope, LLMRequest, Outcome, OutboundMessage, Rejection
 
@@ -42,6 +42,8 @@ OUTCOME_NOTICES: dict[Outcome, str] = {
                "Its result will follow when it ends.",
     "denied": "What you asked needed approval and was denied: it did not run.",
 }
+#: The outcomes of a delivery turn whose actions ran (its request was carried out, well or not).
+RAN: frozenset[Outcome | None] = frozenset({"done", "failed", "running"})
 #: The notice of a delivery turn whose actions all ran and succeeded.
 DONE_NOTICE = OUTCOME_NOTICES["done"]
 
@@ -93,14 +95,19 @@ class RetryActor(TypedActor):
 
     def _give_up(self, rejection: Rejection, fresh: object, env: Envelope) -> None:
         """Dead-letter the turn (replaying it re-asks with a fresh budget) and tell the user
-        (``give_up_notice``: what was done already, if anything)."""
+        (``give_up_notice``: what was done already, if anything). A reminder's turn is its
+        scheduler's to tell of and try again, unless its actions ran: then it was carried
+        out, and its user hears what became of it, as anyone's would."""
         attempts = rejection.prompt.reask
         self.runtime.dead_letters.post(
             env.child(LLMRequest(prompt=fresh)), "retries exhausted", actor=LLM,
             detail=f"still invalid after {attempts} re-asks: " + "; ".join(rejection.message.errors),
         )
         ctx = rejection.prompt.original_context
-        if receipt_failed(self, ctx, env, f"retries exhausted: {'; '.join(rejection.message.errors)}"):
+        why = f"retries exhausted: {'; '.join(rejection.message.errors)}"
+        if rejection.prompt.outcome in RAN:  # a reminder's command ran: trying it again would run it again
+            settle_receipt(self, ctx, env, ok=True, detail=f"its actions ran; the answer about them: {why}")
+        elif receipt_failed(self, ctx, env, why):
             return  # whoever asked for the receipt decides what the user hears
         to = sender(ctx.interface_name)
         # An autonomous turn (a stranger's, unasked) the bot may leave unanswered: on X or

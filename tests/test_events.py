@@ -13,10 +13,11 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import NatsServer, ask, console_text, system_messages, wait_for
+from conftest import NatsServer, ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
 from autoresponse.actors.journal.jetstream import JetStreamJournal
@@ -30,6 +31,7 @@ from autoresponse.interfaces.events.shared_store import EVENTS_BUCKET, SharedEve
 from autoresponse.interfaces.events.store import StoredEvent, UnreadableEvent
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 from autoresponse.messages import OriginalContext, SendReceipt
+from autoresponse.actors.retry import DONE_NOTICE
 
 CONSOLE = OriginalContext(chat_id="console", message_id=3, interface_name="console",
                           original_command="remind me to stretch")
@@ -289,6 +291,35 @@ def test_a_reminder_whose_turn_ends_with_no_word_is_tried_again_then_given_up(
     assert (event.state, event.failures) == ("failed", 2)
     [letter] = [d for d in app.runtime.dead_letters.letters() if d.reason == "reminder undeliverable"]
     assert "no confirmation within 2s" in letter.detail
+
+
+def test_a_reminder_whose_command_ran_is_not_tried_again_when_its_answer_is_given_up(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
+) -> None:
+    """A reminder's turn runs a command; the LLM then answers nothing about its output,
+    however often asked. The reminder was carried out: its user hears so, and it is not
+    handed out again, which would run the command again."""
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5, description="back up the notes")
+
+    def responder(body: dict[str, Any]) -> FakeResponse | None:
+        message = system_message(SimpleNamespace(messages=body["messages"]))
+        if message is not None and message["type"] == "event":
+            return FakeResponse(content=json.dumps({"actions": [
+                {"type": "terminal", "payload": {"command": "echo backed-up"}}]}))
+        return FakeResponse(content='{"actions": []}')  # the output's turn, and its re-asks
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
+                   runtime={"autonomous_actions": ["terminal"]}, retry={"backoff_min": 0.5, "backoff_max": 1},
+                   events={**FAST, "check_seconds": 1, "max_attempts": 3, "retry_min": 1, "retry_max": 1})
+    # Its re-asks wait on the clock too: it runs on, timer by timer, until the reminder is settled.
+    assert manual_clock.advance_until(lambda: state_of(data, event_id).state != "pending", timeout=30)
+    check(app, manual_clock, times=5)  # more checks: nothing is tried again
+    assert state_of(data, event_id).state == "delivered"
+    assert len(system_messages(fake_llm, "event")) == 1  # handed out once: the command ran once
+    assert DONE_NOTICE in console_text(app)
+    assert "could not deliver your reminder" not in console_text(app)
 
 
 def _deliver_each(store: EventStore | SharedEventStore, event_id: int, times: int) -> list[str]:
