@@ -620,6 +620,14 @@ async def test_a_reply_streamed_with_lines_ended_by_a_lone_cr_is_received_whole(
         assert time.monotonic() - started < 1.5  # at [DONE]: no end's grace, no read timeout
 
 
+async def test_a_stream_that_starts_with_a_byte_order_mark_is_read_whole() -> None:
+    """The spec drops a UTF-8 BOM before the first line; read as part of it, the first
+    event (here the one that opens the reply) would be lost."""
+    events = [b"data: %s\n\n" % json.dumps(chunk).encode() for chunk in REPLY_CHUNKS]
+    with SSEBytesLLM(b"\xef\xbb\xbf" + events[0], *events[1:], b"data: [DONE]\n\n") as llm:
+        assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
+
+
 async def test_a_crlf_split_between_two_writes_ends_one_line_not_two() -> None:
     """A CR at the end of one read and its LF at the start of the next: had they been two
     line ends, the blank line between would end each two-line event after its first line."""

@@ -347,6 +347,7 @@ class _Stream:
 #: The data of the event that ends an OpenAI-style stream (and that data as ``_Events`` holds it).
 _DONE = b"[DONE]"
 _DONE_LINE = _DONE + b"\n"
+_BOM = b"\xef\xbb\xbf"
 
 
 class _Events:
@@ -414,6 +415,8 @@ class _Events:
         self._size += len(chunk)
         if self._size > self._limit:
             raise LLMError(f"LLM response is larger than {self._limit} bytes")
+        if self._size == len(chunk) and chunk.startswith(_BOM):  # the first read (the spec drops it)
+            chunk = chunk[len(_BOM):]
         if self._after_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]  # a CRLF split between two reads ends one line, not two
         self._after_cr = chunk[-1:] == b"\r"
