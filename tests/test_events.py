@@ -74,6 +74,18 @@ def state_of(data_dir: Path, event_id: int) -> Any:
         store.close()
 
 
+def delivered_once(app: Application, fake_llm: FakeLLMServer, clock: ManualClock, data: Path,
+                   event_id: int) -> None:
+    """The reminder "take the pill" is delivered, and stays delivered once: handed to the
+    LLM once, shown once, with no failed try, and every turn started has ended."""
+    wait_for(lambda: state_of(data, event_id).state == "delivered")
+    check(app, clock, times=3)
+    assert app.runtime.wait_idle(timeout=15), "a turn did not end"
+    assert console_text(app).count("Reminder: take the pill") == 1
+    assert len(system_messages(fake_llm, "event")) == 1
+    assert state_of(data, event_id).failures == 0
+
+
 def test_a_due_event_is_delivered_once_through_the_llm_to_its_chat(
     make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock
 ) -> None:
@@ -264,12 +276,7 @@ def test_a_reminder_is_not_handed_out_again_while_its_turn_is_still_under_way(
                            "retry_min": 1, "retry_max": 1})
     wait_for(lambda: fake_llm.requests)  # the check at the start handed it out
     check(app, manual_clock, times=10)  # 10 s of checks, on the runtime's clock, while its turn runs
-    wait_for(lambda: state_of(data, event_id).state == "delivered")
-    check(app, manual_clock, times=3)
-    assert app.runtime.wait_idle(timeout=15), "a turn did not end"  # every turn started has ended
-    assert console_text(app).count("Reminder: take the pill") == 1
-    assert len(system_messages(fake_llm, "event")) == 1
-    assert state_of(data, event_id).failures == 0
+    delivered_once(app, fake_llm, manual_clock, data, event_id)
 
 
 def test_a_reminder_whose_turn_ends_with_no_word_is_tried_again_then_given_up(
@@ -475,12 +482,7 @@ def test_a_scheduler_that_crashes_while_a_reminders_turn_runs_does_not_hand_it_o
     app.runtime.fault = FaultInjector(actors={EVENTS}, times=1)
     assert manual_clock.advance_until(lambda: app.runtime.cell(EVENTS).restarts == 1)
     check(app, manual_clock, times=5)  # the new incarnation's checks, while the turn runs
-    wait_for(lambda: state_of(data, event_id).state == "delivered")
-    check(app, manual_clock, times=3)
-    assert app.runtime.wait_idle(timeout=15), "a turn did not end"
-    assert console_text(app).count("Reminder: take the pill") == 1
-    assert len(system_messages(fake_llm, "event")) == 1
-    assert state_of(data, event_id).failures == 0
+    delivered_once(app, fake_llm, manual_clock, data, event_id)
 
 
 def test_a_scheduler_restarted_after_a_crash_in_a_check_still_checks_once_a_period(
