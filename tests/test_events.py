@@ -74,6 +74,19 @@ def state_of(data_dir: Path, event_id: int) -> Any:
         store.close()
 
 
+def handed_to_a_slow_llm(make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path,
+                         clock: ManualClock) -> tuple[Application, Path, int]:
+    """The reminder "take the pill", due, handed out by the check at the start to an LLM
+    that takes 4 s to answer its turn: twice ``unconfirmed_seconds``."""
+    data = tmp_path / "data"
+    event_id = schedule(data, CONSOLE, -5, description="take the pill")
+    fake_llm.script(FakeResponse(delay=4.0))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=clock,
+                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2, "retry_min": 1, "retry_max": 1})
+    wait_for(lambda: fake_llm.requests)
+    return app, data, event_id
+
+
 def delivered_once(app: Application, fake_llm: FakeLLMServer, clock: ManualClock, data: Path,
                    event_id: int) -> None:
     """The reminder "take the pill" is delivered, and stays delivered once: handed to the
@@ -268,13 +281,7 @@ def test_a_reminder_is_not_handed_out_again_while_its_turn_is_still_under_way(
 ) -> None:
     """A slow LLM (or a backlog before it): the turn outlasts ``unconfirmed_seconds`` many
     times over, and the reminder still reaches its chat once."""
-    data = tmp_path / "data"
-    event_id = schedule(data, CONSOLE, -5, description="take the pill")
-    fake_llm.script(FakeResponse(delay=4.0))
-    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
-                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2,
-                           "retry_min": 1, "retry_max": 1})
-    wait_for(lambda: fake_llm.requests)  # the check at the start handed it out
+    app, data, event_id = handed_to_a_slow_llm(make_app, fake_llm, tmp_path, manual_clock)
     check(app, manual_clock, times=10)  # 10 s of checks, on the runtime's clock, while its turn runs
     delivered_once(app, fake_llm, manual_clock, data, event_id)
 
@@ -472,13 +479,7 @@ def test_a_scheduler_that_crashes_while_a_reminders_turn_runs_does_not_hand_it_o
     """The scheduler crashes (its next check raises) while the LLM is slow to answer the
     reminder's turn; its supervisor restarts it, and the new incarnation, which never saw
     the hand-out, checks on while the turn runs: the reminder reaches its chat once."""
-    data = tmp_path / "data"
-    event_id = schedule(data, CONSOLE, -5, description="take the pill")
-    fake_llm.script(FakeResponse(delay=4.0))
-    app = make_app(base_url=fake_llm.base_url, data_dir=data, clock=manual_clock,
-                   events={**FAST, "check_seconds": 1, "unconfirmed_seconds": 2,
-                           "retry_min": 1, "retry_max": 1})
-    wait_for(lambda: fake_llm.requests)  # the check at the start handed it out
+    app, data, event_id = handed_to_a_slow_llm(make_app, fake_llm, tmp_path, manual_clock)
     app.runtime.fault = FaultInjector(actors={EVENTS}, times=1)
     assert manual_clock.advance_until(lambda: app.runtime.cell(EVENTS).restarts == 1)
     check(app, manual_clock, times=5)  # the new incarnation's checks, while the turn runs
