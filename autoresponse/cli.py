@@ -15,28 +15,22 @@ import sys
 import threading
 
 _interrupted_at_load = False
-_unraisable_hook = sys.unraisablehook
 
 if threading.current_thread() is threading.main_thread():
     # What follows takes most of a second to load. A Ctrl-C meanwhile must end the command
     # as one later does (see ``main``): one line and 130, not a traceback from inside some
-    # import. Python's own handler is put back once everything is loaded.
+    # import. The handler only takes note, and the command ends once everything is loaded:
+    # an exception raised wherever the signal lands was wrapped by what it landed in (a
+    # pydantic schema being built), or dropped (an import lock's weakref callback). Python's
+    # own handler is put back then.
     def _interrupted_while_loading(signum: int, frame: object) -> None:
         global _interrupted_at_load
         if not _interrupted_at_load:
             print("autoresponse: interrupted", file=sys.stderr)
         _interrupted_at_load = True
-        raise SystemExit(130)
-
-    def _swallowed_while_loading(unraisable: Any) -> None:
-        # Raised where Python cannot pass it on (an import lock's weakref callback): it is
-        # dropped there, and the command ends once loaded (below), without this traceback.
-        if not (_interrupted_at_load and isinstance(unraisable.exc_value, SystemExit)):
-            _unraisable_hook(unraisable)
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
         signal.signal(signal.SIGINT, _interrupted_while_loading)
-        sys.unraisablehook = _swallowed_while_loading
 
 import argparse
 import datetime as dt
@@ -79,8 +73,7 @@ from autoresponse.redaction import Redactor
 if threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.unraisablehook = _unraisable_hook
-    if _interrupted_at_load:  # its SystemExit was dropped where it was raised: end here
+    if _interrupted_at_load:  # loaded: the command ends here, before it starts
         raise SystemExit(130)
 
 log = logging.getLogger("autoresponse")
