@@ -27,6 +27,7 @@ from autoresponse.actors.routes import executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.reddit import PLATFORM, REFUSAL
+from autoresponse.interfaces.reddit.client import CappedRateLimiter
 from autoresponse.testing.fake_reddit import FakeRedditServer
 from autoresponse.messages import OriginalContext, OutboundMessage
 from autoresponse.supervisors import registered
@@ -233,6 +234,34 @@ def test_a_rate_limit_reset_beyond_the_cap_holds_calls_back_only_as_long_as_the_
     assert 0.9 <= following.time - spent.time < 10  # held back for the cap, not for the day
     assert "`uptime` finished" in reply.text
     assert "rate limit resets in 86400s" in caplog.text and "waits 1s at most" in caplog.text
+    assert snapshot(bot.runtime).healthy
+
+
+def test_a_long_rate_limit_hold_shows_the_interface_failing_until_calls_flow_again(
+    fake_llm: FakeLLMServer, fake_reddit: FakeRedditServer, make_app: Callable[..., Application],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real time, as above. A spent budget holds every call back (no inbox read, no reply
+    sent) for longer than the hold that is reported (a minute; one second here): the
+    interface shows as failing, saying so, in the status /healthz reads; healthy again once
+    calls flow."""
+    monkeypatch.setattr(CappedRateLimiter, "report_after", 1.0)
+    fake_reddit.clock = Clock()
+    bot = make_app(base_url=fake_llm.base_url,
+                   reddit=reddit_settings(fake_reddit, poll_interval=0.1, max_reset_wait=3.0))
+    wait_for(lambda: polls(fake_reddit) >= 2)
+    assert snapshot(bot.runtime, details=False).healthy
+    fake_reddit.spend_budget(reset=86_400)
+    failing = wait_for(lambda: snapshot(bot.runtime, details=False).failing.get(interface("reddit")))
+    spent = [c for c in fake_reddit.calls if c.remaining == 0][0]
+    assert failing.reason == ("Reddit's rate limit holds every call back for 3s (X-Ratelimit-Reset: "
+                              "86400s, capped at 3s): no inbox is read, no reply sent")
+    assert fake_reddit.calls[-1] == spent  # held: nothing went out since
+    wait_for(lambda: snapshot(bot.runtime, details=False).healthy, timeout=15)  # the calls flow again
+    following = wait_for(lambda: list(fake_reddit.calls)[fake_reddit.calls.index(spent) + 1:])[0]
+    assert following.time - spent.time >= 2.9  # not before the hold was over
+    item = fake_reddit.push_message("run uptime", author="ada")
+    assert wait_for(lambda: fake_reddit.replies(item), timeout=20)
     assert snapshot(bot.runtime).healthy
 
 

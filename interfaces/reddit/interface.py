@@ -34,6 +34,7 @@ from autoresponse.actors.kernel.backoff import POLL_BACKOFF, Backoff
 from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.reddit.actions import INTERFACE_NAME
+from autoresponse.interfaces.reddit.client import watching_rate_limits
 from autoresponse.interfaces.reddit.media import images_in
 from autoresponse.interfaces.reddit.settings import REDDIT_UNREAD_PER_POLL, RedditSettings
 from autoresponse.messages import Attachment, Envelope, OriginalContext
@@ -201,6 +202,16 @@ class RedditInterface(TypedActor):
         log.info("reading the Reddit inbox every %gs", self.settings.poll_interval)
 
     async def _poll(self) -> None:
+        # A spent rate-limit budget that holds every call back for long shows in the status
+        # and /healthz too: no inbox is read and no reply sent then, though nothing fails.
+        with watching_rate_limits(self._reddit, self._held_back):
+            await self._read_inbox()
+
+    def _held_back(self, reason: str | None) -> None:
+        """Reddit's rate limit holds every call back (``reason``), or calls flow (None)."""
+        self.report_health(reason is None, reason or "", concern="rate limit")
+
+    async def _read_inbox(self) -> None:
         clock = self.runtime.clock  # every wait here is a timer on the runtime's clock
         failures = Backoff(POLL_BACKOFF, clock=clock.monotonic)
         health = PollHealth(self.report_health)  # a refusal shows in the status and /healthz

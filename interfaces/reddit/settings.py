@@ -31,6 +31,11 @@ REDDIT_TIMEOUT_SECONDS = 16.0
 #: reply). Reddit's budget renews every ten minutes, so an ``X-Ratelimit-Reset`` naming
 #: more (a proxy's, a glitch's) is waited this long only, not for as long as it says.
 REDDIT_MAX_RESET_WAIT_SECONDS = 600.0
+#: A spent budget that holds every call back longer than this shows the interface as
+#: failing (the status, ``/healthz``) until calls flow again. Reddit paces a budget that
+#: is not spent by 10 s at most, and a poll comes every 15 s: a minute of silence is no
+#: pacing any more but a stalled inbox and stalled replies, which an operator should see.
+REDDIT_HOLD_REPORTED_SECONDS = 60.0
 
 class RedditSettings(StrangerSettings):
     """On when an app (``client_id``, ``client_secret``) and an account (``username`` and
