@@ -87,6 +87,8 @@ DEMO_SCRIPT = (
 #: The demo's own data (memory, journal, reminders), apart from the daemon's: a ``demo``
 #: folder in the default data dir, unless AUTORESPONSE_DATA_DIR (or data_dir) says otherwise.
 DEMO_DATA_DIR = Settings.model_fields["data_dir"].default / "demo"
+#: Seconds the demo waits, after a Ctrl-C, for its request to be cancelled before it stops.
+DEMO_CANCEL_SECONDS = 5.0
 DEMO_DEFAULTS = {"terminal": {"enabled": True, "allowed_commands": list(DEMO_COMMANDS)},
                  "admin": {"enabled": False}, "console": {"read_stdin": False},
                  "data_dir": str(DEMO_DATA_DIR)}
@@ -545,11 +547,14 @@ def _converse(args: argparse.Namespace, settings: Settings, texts: list[str], in
                     unanswered += 1
                     continue
                 correlation = envelope.correlation_id
-                finished = _wait_idle(app, correlation, args.timeout, interrupts)
+                finished = _wait_idle(app, correlation, args.timeout, lambda: interrupts.asked)
                 if not finished and interrupts.asked:
                     again = "Ctrl-C again" if interrupts.signum == signal.SIGINT else "a second signal"
                     interrupts.tell(f"autoresponse: interrupted: cancelling the request ({again} stops at once)")
                     app.runtime.send(interface("console"), ConsoleInput(text="/cancel"))
+                    # Until it is cancelled: a stop begun before the console took the /cancel
+                    # would wait out the drain for the request instead.
+                    _wait_idle(app, correlation, DEMO_CANCEL_SECONDS, lambda: interrupts.again)
                     break
                 # A notice is the answer to a command (/forget, /cancel), but not to a request
                 # that failed: that one has a dead letter, and its notice only says so.
@@ -567,11 +572,11 @@ def _converse(args: argparse.Namespace, settings: Settings, texts: list[str], in
     return 1 if unanswered else 0
 
 
-def _wait_idle(app: Application, correlation: str, timeout: float, interrupts: _Interrupts) -> bool:
-    """Wait up to ``timeout`` seconds for ``correlation`` to finish; False at once when a
-    signal asks to stop (``wait_idle`` itself cannot be woken by one)."""
+def _wait_idle(app: Application, correlation: str, timeout: float, stop: Callable[[], bool]) -> bool:
+    """Wait up to ``timeout`` seconds for ``correlation`` to finish; False at once when
+    ``stop()`` says so (a signal: ``wait_idle`` itself cannot be woken by one)."""
     until = time.monotonic() + timeout
-    while not interrupts.asked:
+    while not stop():
         left = until - time.monotonic()
         if app.runtime.wait_idle(correlation, timeout=max(0.0, min(left, 0.1))):
             return True
