@@ -37,7 +37,7 @@ from telethon.tl import types
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import Clock, ManualClock
 from autoresponse.testing.fake_llm import FakeLLMServer
-from autoresponse.actors.routes import executor, sender
+from autoresponse.actors.routes import executor, interface, sender
 from autoresponse.app import StartError
 from autoresponse.cli import RedactSecrets
 from autoresponse.interfaces.console import Console
@@ -68,6 +68,7 @@ class Sent:
     text: str
     reply_to: int | None
     id: int | None  # None when the attempt failed
+    parse_mode: Any = None  # as handed to Telethon's send_message
 
 
 def user(user_id: int, username: str) -> types.User:
@@ -115,7 +116,7 @@ class StandInUserbot:
             queue = self._failures.get(entity)
             failure = queue.popleft() if queue else None
             self.sent.append(Sent(self.clock.monotonic(), entity, message, reply_to,
-                                  None if failure else next(self._ids)))
+                                  None if failure else next(self._ids), parse_mode))
             sent = self.sent[-1]
         if failure is not None:
             raise failure
@@ -416,3 +417,83 @@ def test_no_secret_appears_in_logs_status_or_dead_letters(
     assert "listening as the Telegram user me_myself" in log
     for secret in (API_HASH, SESSION):
         assert secret not in log and secret not in status and secret not in letters
+
+
+def test_a_reply_about_code_reaches_the_user_with_its_words_whole(
+    userbot: Application, standin: StandInUserbot
+) -> None:
+    """Telethon's own Markdown read ``__`` as italic: "__init__.py" arrived as "init.py"."""
+    tell(userbot, "Removed **all** of `build/` and __pycache__, kept __init__.py and ~~nothing~~ else", ADA, 45)
+    [sent] = wait_for(lambda: standin.delivered())
+    shown, entities = utils.sanitize_parse_mode(sent.parse_mode).parse(sent.text)  # as Telethon sends it
+    assert shown == "Removed all of build/ and __pycache__, kept __init__.py and ~~nothing~~ else"
+    assert {type(e).__name__ for e in entities} == {"MessageEntityBold", "MessageEntityCode"}
+
+
+def test_a_message_of_a_shape_the_userbot_cannot_read_is_a_dead_letter_and_the_reader_goes_on(
+    userbot: Application, fake_llm: FakeLLMServer, standin: StandInUserbot
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    ada = (types.PeerUser(ADA), types.PeerUser(ADA))
+    # A venue with no point (GeoPointEmpty, as the TL schema allows): still read, and answered.
+    standin.receive(types.Message(id=50, peer_id=ada[0], from_id=ada[1], date=now, message="",
+                                  media=types.MessageMediaVenue(geo=types.GeoPointEmpty(), title="Office",
+                                                                address="Main St 1", provider="", venue_id="",
+                                                                venue_type="")), user(ADA, "ada"))
+    # A poll with no answers list: a shape the reader does not take apart.
+    poll = types.Poll(id=1, question=types.TextWithEntities(text="Lunch?", entities=[]), answers=None, hash=0)
+    standin.receive(types.Message(id=51, peer_id=ada[0], from_id=ada[1], date=now, message="",
+                                  media=types.MessageMediaPoll(poll=poll, results=types.PollResults())),
+                    user(ADA, "ada"))
+    standin.receive(message(52, "hello", chat=ada[0], sender=ADA), user(ADA, "ada"))
+    replies = wait_for(lambda: len(standin.delivered()) >= 2 and standin.delivered())
+    assert userbot.runtime.wait_idle(timeout=10)
+    assert sorted(r.reply_to for r in replies) == [50, 52]
+    assert any('"Office", Main St 1 (no coordinates)' in str(r.messages) for r in fake_llm.requests)
+    [letter] = userbot.runtime.dead_letters.letters()
+    assert letter.reason == "malformed message" and "TypeError" in (letter.detail or "")
+    reader = snapshot(userbot.runtime).find(interface("telethon"))
+    assert reader is not None and reader.restarts == 0
+
+
+def test_a_message_taken_as_a_reader_is_cancelled_goes_to_the_next_reader() -> None:
+    """An incarnation of the interface cancelled while it waits (a crash, a restart) left a
+    ``get`` behind on Telethon's queue: it took the next message, and nobody read it."""
+    from autoresponse.interfaces.telethon.client import TelethonUserbot
+
+    class Connected:  # what TelethonUserbot uses of a TelegramClient
+        def __init__(self) -> None:
+            self.handler: Any = None
+            self.disconnected = asyncio.get_running_loop().create_future()
+
+        def add_event_handler(self, handler: Any, _: Any) -> None:
+            self.handler = handler
+
+        def is_connected(self) -> bool:
+            return True
+
+    async def main() -> list[tuple[int, str]]:
+        client = Connected()
+        userbot = TelethonUserbot(client)  # type: ignore[arg-type]
+        got: list[tuple[int, str]] = []
+
+        async def read(incarnation: int) -> None:
+            async for event in userbot.new_messages():
+                got.append((incarnation, event))
+
+        first = asyncio.create_task(read(1))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        second = asyncio.create_task(read(2))
+        for n in (1, 2):
+            await client.handler(f"message {n}")
+        for _ in range(100):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+        return got
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [(2, "message 1"), (2, "message 2")]

@@ -45,6 +45,7 @@ USERBOT = "telethon_userbot"
 def _mount(m: Mount) -> None:
     from autoresponse.interfaces.telethon.client import open_userbot
     from autoresponse.interfaces.telethon.delivery import UserbotDelivery
+    from autoresponse.interfaces.telethon.formatting import parse_mode_of
     from autoresponse.interfaces.telethon.interface import TelethonInterface, UserbotText, origin
     from autoresponse.interfaces.telethon.media import UserbotFiles
     from autoresponse.interfaces.telethon.sender import TelethonSender
@@ -68,7 +69,7 @@ def _mount(m: Mount) -> None:
         raise MountError(f"cannot sign in to Telegram as the userbot: {type(exc).__name__}: {exc}") from None
     if provided is None:
         m.on_loop_close(userbot.aclose)
-    delivery = UserbotDelivery(userbot, m.journal, parse_mode=settings.parse_mode,
+    delivery = UserbotDelivery(userbot, m.journal, parse_mode=parse_mode_of(settings.parse_mode),
                                sleep=m.runtime.clock.sleep)
     m.expose(delivery)
     m.downloader(INTERFACE_NAME, UserbotFiles(userbot).download)  # photos, voice notes and files

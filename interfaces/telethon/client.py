@@ -51,6 +51,7 @@ class TelethonUserbot:
     def __init__(self, client: TelegramClient) -> None:
         self.client = client
         self._queue: asyncio.Queue[Any] = asyncio.Queue(TELETHON_EVENT_QUEUE)
+        self._held: Any = None  # a message taken off the queue by an incarnation cancelled meanwhile
         # Telethon awaits the put: when the interface falls behind, Telethon waits.
         client.add_event_handler(self._queue.put, events.NewMessage(incoming=True))
 
@@ -65,9 +66,19 @@ class TelethonUserbot:
         if not self.client.is_connected():
             await self.client.connect()  # a new incarnation of the interface, after a disconnection
         while True:
+            if self._held is not None:  # taken as the last incarnation was cancelled: first now
+                held, self._held = self._held, None
+                yield held
+                continue
             taken = asyncio.ensure_future(self._queue.get())
             lost = self.client.disconnected
-            await asyncio.wait({taken, lost}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait({taken, lost}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # cancelled: a get left behind would take the next message unread
+                if taken.done() and not taken.cancelled():
+                    self._held = taken.result()
+                taken.cancel()
+                raise
             if not taken.done():
                 taken.cancel()
                 # Chain why (a revoked session is an auth error): the interface reports it.

@@ -31,6 +31,7 @@ from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.sender import Undeliverable
 from autoresponse.interfaces.telegram.chunking import split_message
 from autoresponse.interfaces.telethon.client import UserbotClient
+from autoresponse.interfaces.telethon.formatting import REPLY_MARKDOWN
 from autoresponse.interfaces.telethon.settings import (
     TELETHON_MAX_FLOOD_WAIT_SECONDS,
     TELETHON_MAX_FLOOD_WAITS,
@@ -53,7 +54,7 @@ _UNKNOWN_PEER = "Could not find the input entity"
 
 class UserbotDelivery:
     def __init__(self, userbot: UserbotClient, journal: DeliveryJournal | None = None, *,
-                 parse_mode: str | None = "md", sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 parse_mode: Any = REPLY_MARKDOWN, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
         self.userbot = userbot
         self.ledger = SendLedger(journal)
         self.parse_mode = parse_mode

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from telethon import errors
 
 from autoresponse.actors.kernel import TypedActor, handles
-from autoresponse.actors.inbound import accept_input, take_request, turn_context
+from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.interfaces.telethon.actions import INTERFACE_NAME
 from autoresponse.interfaces.telethon.client import UserbotClient
 from autoresponse.interfaces.telethon.media import attachments_of
@@ -143,7 +143,12 @@ class TelethonInterface(TypedActor):
         try:
             async for event in self._userbot.new_messages():
                 self.report_health(True)  # Telegram talks to the account
-                text = parse_event(event, me=self._me.id)
+                try:
+                    text = parse_event(event, me=self._me.id)
+                except Exception as exc:  # a shape we do not read: Telethon has acknowledged it
+                    dead_letter_malformed(self, repr(getattr(event, "message", event)), "malformed message",
+                                          f"{type(exc).__name__}: {exc}")
+                    continue
                 if text is not None:
                     await accept_input(self, text, f"telethon-{self._me.id}-{text.chat_id}-{text.message_id}")
         except Exception as exc:

@@ -23,6 +23,8 @@ UNREADABLE = (("video_note", "video message"), ("gif", "GIF"), ("video", "video"
 
 
 def _place(geo: Any) -> str:
+    if not isinstance(geo, types.GeoPoint):  # GeoPointEmpty: a venue with no point
+        return "no coordinates"
     return f"{geo.lat:.5f}, {geo.long:.5f}"
 
 

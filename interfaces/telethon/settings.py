@@ -40,7 +40,9 @@ class TelethonSettings(StrangerSettings):
     #: Chat ids (Telethon's "marked" ids: groups are negative) in which every message is a request.
     allowed_chats: list[int] = Field(default_factory=list)
     strangers: StrangerPolicy = "silent"  # on a personal account, silence is the polite default
-    #: Telethon's parse mode for replies ("md", "html"), or None for plain text.
+    #: How replies are formatted: "md" (bold, code and links; ``__`` and ``~~`` stay as
+    #: written, so ``__init__.py`` stays whole: ``formatting.REPLY_MARKDOWN``), Telethon's
+    #: own "markdown" or "html", or None for plain text.
     parse_mode: str | None = "md"
     connect_retries: int = Field(default=TELETHON_CONNECT_RETRIES, ge=0)
 
