@@ -417,3 +417,18 @@ def test_two_peoples_albums_sent_at_once_are_a_turn_each(
     turns = sorted(r.messages[-1]["content"] for r in fake_llm.requests)
     assert turns[0].startswith("caption 1-1\ncaption 1-3\ncaption 1-5") and "caption 2" not in turns[0]
     assert turns[1].startswith("caption 2-2\ncaption 2-4") and "caption 1" not in turns[1]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_console_shows_control_characters_from_the_model_and_never_obeys_them(
+    make_app: MakeApp, fake_llm: FakeLLMServer, stream: bool
+) -> None:
+    """An escape sequence in a reply cleared the operator's screen, or could rewrite a line
+    above it; a bidi override reordered what they read."""
+    fake_llm.script(actions(say("done\x00 \x1b[2J\x1b]52;c;cm0gLXJm\x07 \u202eok\r\nnext line")))
+    app = make_app(base_url=fake_llm.base_url, llm={"stream": stream})
+    ask(app, "tidy up")
+    shown = console_text(app)
+    assert not any(c in shown for c in "\x00\x1b\x07\r\u202e")
+    assert "done\\x00 \\x1b[2J\\x1b]52;c;cm0gLXJm\\x07 \\u202eok" in shown
+    assert shown.rstrip("\n").rsplit("\n", 1)[-1].endswith("│ next line")  # a line end stays one

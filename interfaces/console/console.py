@@ -1,4 +1,13 @@
-"""The console both sides write to: one stream, one lock, one message counter."""
+r"""The console both sides write to: one stream, one lock, one message counter.
+
+What it prints comes from the LLM and from whoever typed or injected it, so control
+characters are shown, not obeyed: an escape sequence would clear the screen, rewrite a
+line above (a forged approval) or set the clipboard, and a bidi override would reorder
+what the operator reads::
+
+    >>> Console.printable("a\x1b[2Jb\u202ec")
+    'a\\x1b[2Jb\\u202ec'
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,11 @@ import threading
 from typing import TextIO
 
 from pydantic import BaseModel, ConfigDict
+
+#: Every control character but the line's end and tab (C0, DEL, C1), and the bidi controls,
+#: to the escape that names it.
+_SHOWN = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\t"} | {
+    c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
 
 
 class ConsoleInput(BaseModel):
@@ -39,7 +53,7 @@ class Console:
     def write(self, who: str, tag: str, text: str) -> None:
         """``who  tag │ text``, continuation lines under the gutter."""
         head, pad = self._gutter(who, tag)
-        lines = text.splitlines() or [""]
+        lines = self.printable(text.replace("\r\n", "\n")).splitlines() or [""]
         block = head + lines[0] + "".join(f"\n{pad}{line}" for line in lines[1:])
         with self._lock:
             self._end_stream()
@@ -59,11 +73,17 @@ class Console:
                     self.out.write("\n")
                 self.out.write(head)
                 shown = ""
-            self.out.write(text[len(shown):].replace("\n", f"\n{pad}"))
+            self.out.write(self.printable(text[len(shown):]).replace("\n", f"\n{pad}"))
             self._streaming = (key, text)
             if final:
                 self._end_stream()
             self.out.flush()
+
+    @staticmethod
+    def printable(text: str) -> str:
+        """``text`` with its control characters escaped (each one to the same escape, so a
+        prefix of the text stays a prefix of what is printed)."""
+        return text.translate(_SHOWN)
 
     def _end_stream(self) -> None:
         if self._streaming is not None:
