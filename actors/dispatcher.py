@@ -188,12 +188,12 @@ class ActionDispatcher(TypedActor):
             return extract_tool_calls(reply.tool_calls, prompt.allowed_actions, max_actions=self.max_actions,
                                       may_stay_silent=may_end_quietly(prompt))
         if not reply.text.strip():  # nothing, or only reasoning (the engine cut it off)
-            return _nothing(prompt, "your reply was empty")
+            return _nothing(prompt, "your reply was empty", chosen=False)
         # An empty action list is weighed here, by what the turn owes its user.
         found = extract_actions(reply.text, prompt.allowed_actions, max_actions=self.max_actions,
                                 may_stay_silent=True)
         if not found.slots and not found.errors:
-            return _nothing(prompt, "your reply holds no action")
+            return _nothing(prompt, "your reply holds no action", chosen=reply.finish_reason != "length")
         if found.prose and self.prose == "reply":
             text = reply.text.strip()
             if reply.finish_reason == "length":  # cut off: a loop it ended in is said once
@@ -411,11 +411,20 @@ def may_end_quietly(prompt: PromptRequest) -> bool:
             or bool(prompt.carried_out) or bool(prompt.sent))
 
 
-def _nothing(prompt: PromptRequest, what: str) -> Extraction:
+def _nothing(prompt: PromptRequest, what: str, *, chosen: bool) -> Extraction:
     """An answer with no action: the end of a turn that may end quietly, else an error
-    that tells the LLM its user still waits (``what`` says what the answer was)."""
-    if may_end_quietly(prompt):
+    that tells the LLM its user still waits (``what`` says what the answer was).
+
+    Silence has to be ``chosen``: a whole ``{"actions": []}``. An empty answer, or one cut
+    off at the token limit, is no choice (a reasoning model that spent its tokens thinking
+    says nothing): it ends a turn only after part of it went out ("nothing more"), and a
+    reminder's or an autonomous turn asks again, or the reminder would be marked delivered
+    with nothing sent."""
+    if may_end_quietly(prompt) and (chosen or prompt.carried_out or prompt.sent):
         return Extraction((), ())
+    if may_end_quietly(prompt):  # the bot may stay silent, but has to say so
+        return Extraction((), (f'{what}: answer with the actions to take, or with {{"actions": []}} '
+                               "if there is nothing to say",))
     if prompt.outcome in RAN:  # a delivery turn of what actions output
         waiting = "the result: present it to them in a message"
     elif prompt.mode == "delivery":

@@ -267,6 +267,38 @@ def test_a_silent_event_sends_nothing_and_is_handled(
     assert len(fake_llm.requests) == 1  # no re-ask: silence was a valid answer
 
 
+@pytest.mark.parametrize("nothing", [
+    FakeResponse(content=""),
+    FakeResponse(content="", reasoning="The reminder is due, so I should tell Ada to ...", finish_reason="length"),
+], ids=["empty", "cut-off"])
+def test_a_reminder_answered_with_nothing_is_asked_again_never_marked_delivered_unsent(
+    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path, nothing: FakeResponse
+) -> None:
+    """Only a whole ``{"actions": []}`` is a reminder's silence: an empty answer, or a
+    reasoning model's cut off at its token limit, marked the reminder delivered unsent."""
+    data = tmp_path / "data"
+    store = EventStore(data / "events.sqlite3")
+    owner = OriginalContext(chat_id="console", message_id=3, interface_name="console", user_name="ada",
+                            original_command="remind me to stretch")
+    date, at = due_in(-5)
+    event = store.add(EventPayload(date=date, time=at, description="stretch"), owner)
+    store.close()
+    fake_llm.script(nothing, actions(say("Time to stretch, Ada.")))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, events={"check_seconds": 0.1})
+
+    def state() -> str:
+        events = EventStore(data / "events.sqlite3")
+        try:
+            return events.get(event.id).state  # type: ignore[union-attr]
+        finally:
+            events.close()
+
+    wait_for(lambda: state() == "delivered")
+    assert "Time to stretch, Ada." in console_text(app)
+    first, reask = fake_llm.requests
+    assert "there is nothing to say" in system_message(reask)["errors"][-1]
+
+
 def test_an_autonomous_turn_may_stay_silent_and_may_not_run_commands(
     make_app: MakeApp, fake_llm: FakeLLMServer
 ) -> None:
