@@ -390,9 +390,33 @@ def _raw_actions(values: list[Any]) -> list[Any]:
         elif value == {}:
             footnotes.append(value)
         else:
-            raws.append(value)
+            raws.append(_written_call(value))
             meant = True
     return raws if meant else footnotes
+
+
+def _written_call(value: Any) -> Any:
+    """A tool call written out in the text as an action: where a server's tool parser
+    misses a model's format, the model's ``<tool_call>{"name": ..., "arguments": {...}}``
+    (Hermes, Qwen; Llama's ``"parameters"``) comes as words, and would be refused for
+    lacking a ``type``. Any other value as it is.
+
+    >>> _written_call({"name": "terminal", "arguments": '{"command": "df -h"}'})
+    {'type': 'terminal', 'payload': {'command': 'df -h'}}
+    """
+    if not isinstance(value, dict) or "type" in value or not isinstance(value.get("name"), str):
+        return value
+    arguments = value.get("arguments", value.get("parameters"))
+    if isinstance(arguments, str) and len(value) == 2:  # as the tools protocol sends them: JSON text
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError):
+            return value
+        if not _within_depth(arguments):
+            return value
+    if not isinstance(arguments, dict) or len(value) != 2:  # a name and its arguments, nothing else
+        return value
+    return {"type": value["name"], "payload": arguments}
 
 
 def _compact(exc: ValidationError) -> str:

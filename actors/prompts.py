@@ -402,16 +402,21 @@ def reask_start(prompt: PromptRequest) -> int | None:
 
 
 def _replayed(call: ToolCall) -> ToolCall:
-    """A rejected call as its re-ask shows it: long arguments cut to excerpts, as a reply in
-    words is (pages the model wrote would crowd the context it has to answer in), and still
-    JSON when they were (a server may read them)."""
-    if len(call.arguments) <= REASK_EXCERPT_CHARS:
-        return call
+    """A rejected call as its re-ask shows it: its arguments always a JSON object, since a
+    server reads them (vLLM parses those of every assistant tool call it is sent, and
+    refuses the request where they are not JSON); long ones cut to excerpts, as a reply in
+    words is (pages the model wrote would crowd the context it has to answer in); and any
+    that are no object (a call cut off at the token limit) as an excerpt in one."""
     try:
-        shown = json.dumps(_excerpts(json.loads(call.arguments)), ensure_ascii=False)
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk
-        shown = excerpt(call.arguments)
-    if len(shown) > REASK_EXCERPT_CHARS:
+        value = json.loads(call.arguments)
+        if not isinstance(value, dict):
+            raise ValueError("the arguments are no object")
+        if len(call.arguments) <= REASK_EXCERPT_CHARS:
+            return call
+        shown = json.dumps(_excerpts(value), ensure_ascii=False)
+    except (ValueError, RecursionError):  # not JSON, no object, or nested too deep to walk
+        shown = ""
+    if not shown or len(shown) > REASK_EXCERPT_CHARS:
         shown = json.dumps({"excerpt": excerpt(call.arguments)}, ensure_ascii=False)
     return call.model_copy(update={"arguments": shown})
 

@@ -473,12 +473,14 @@ def test_a_model_or_finish_reason_that_is_not_text_is_unknown_never_a_crash(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("huge", ["1e999", "1" + "0" * 5000], ids=["1e999", "5000-digits"])
 def test_usage_too_large_to_read_is_unknown_never_a_crash(
-    make_app: Callable[..., Application], stream: bool
+    make_app: Callable[..., Application], stream: bool, huge: str
 ) -> None:
-    """JSON's ``1e999`` reads as an infinite float, which no count is: the usage is unknown
-    (as any unreadable usage), the answer stands, and nobody is told the LLM was away."""
-    usage = '{"prompt_tokens": 1e999, "completion_tokens": 3, "total_tokens": 1e999}'
+    """JSON's ``1e999`` reads as an infinite float, which no count is, and so does an
+    integer of more digits than Python reads as one: the usage is unknown (as any
+    unreadable usage), the answer stands, and nobody is told the LLM was away."""
+    usage = f'{{"prompt_tokens": {huge}, "completion_tokens": 3, "total_tokens": {huge}}}'
     with RawStreamLLM([HELLO_CHUNK, '{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}',
                        f'{{"choices": [], "usage": {usage}}}']) as llm:
         llm.script(*([] if stream else [FakeResponse(body=hello(usage=usage))] * 3))
@@ -488,6 +490,21 @@ def test_usage_too_large_to_read_is_unknown_never_a_crash(
         assert reply.usage is None and reply.finish_reason == "stop"
         assert app.runtime.dead_letters.letters() == []
         assert app.runtime.cell(LLM).restarts == 0
+
+
+def test_a_streamed_tool_call_whose_index_is_null_is_read_as_one_without_an_index(
+    make_app: Callable[..., Application],
+) -> None:
+    """A null index is read as one left out (the next call): the user gets the answer."""
+    call = {"index": None, "id": "c1", "type": "function",
+            "function": {"name": "message_console", "arguments": json.dumps({"text": "Hello there."})}}
+    chunk = json.dumps({"model": "fake", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]})
+    done = '{"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}'
+    with RawStreamLLM([chunk, done]) as llm:
+        app = make_app(base_url=llm.base_url, llm={"stream": True})
+        sent, _ = answered(app)
+        assert [(m.notice, m.text) for m in sent if not m.preview] == [(False, "Hello there.")]
+        assert app.runtime.dead_letters.letters() == []
 
 
 @pytest.mark.parametrize("piece", [
@@ -597,6 +614,21 @@ async def streamed_reply(llm: FakeLLMServer,
         completion = await engine.chat({"messages": MESSAGES}, previews.append)
     total = completion.usage.total_tokens if completion.usage is not None else None
     return completion.text, completion.finish_reason, total, previews
+
+
+async def test_a_finish_reason_on_every_chunk_before_the_first_token_ends_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy that puts the finish reason on every chunk, the first (the role, no text)
+    too, and a model slow to its first token: the end's grace starts only once some of
+    the reply came, so the user gets the whole answer, not an empty one."""
+    monkeypatch.setattr("autoresponse.actors.llm.http.LLM_STREAM_END_GRACE_SECONDS", 0.2)
+    deltas = [{"role": "assistant", "content": ""}, {"content": "Lisbon in May "}, {"content": "is warm."}]
+    events = [b"data: %s\n\n" % json.dumps({"model": "fake", "choices": [
+        {"index": 0, "delta": delta, "finish_reason": "stop"}]}).encode() for delta in deltas]
+    with SSEBytesLLM(*events, b"data: [DONE]\n\n", pause=0.6) as llm:  # each write 0.6 s after the last
+        text, reason, _, _ = await asyncio.wait_for(streamed_reply(llm), 30)
+    assert (text, reason) == ("Lisbon in May is warm.", "stop")
 
 
 async def test_a_reply_streamed_as_multi_line_data_events_is_received_whole() -> None:

@@ -27,7 +27,7 @@ from autoresponse.actors.llm.budget import ContextBudget, request_tokens
 from autoresponse.actors.prompts import build_chat_request, build_reask_request, plain_retry, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.routes import executor, sender
-from autoresponse.messages import OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
+from autoresponse.messages import ActionRequest, OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 
 MakeApp = Callable[..., Application]
@@ -167,6 +167,61 @@ def test_streamed_tool_call_deltas_become_actions(
     sent = replies(app, "hi", manual_clock)
     assert [m.text for m in sent if not m.preview] == ["streamed in pieces"]
     assert fake_llm.requests[0].body["stream_options"] == {"include_usage": True}
+
+
+#: OpenAI's current models (o-series, gpt-5.x) answer a request with ``max_tokens`` so.
+REFUSES_MAX_TOKENS = json.dumps({"error": {
+    "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+               "Use 'max_completion_tokens' instead.",
+    "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}})
+
+
+def test_a_model_that_refuses_max_tokens_is_asked_with_max_completion_tokens_from_then_on(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """The refusal names max_completion_tokens as what to use instead: that is the refusal
+    of max_tokens, learnt once; the user gets the answer, and no request after the first
+    carries max_tokens again."""
+    def openai(body: dict[str, Any]) -> FakeResponse | None:
+        return FakeResponse(status=400, body=REFUSES_MAX_TOKENS) if "max_tokens" in body else None
+
+    with FakeLLMServer(responder=openai) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock)
+        sent = replies(app, "run echo hello-o-series", manual_clock)
+        assert len(sent) == 1 and not sent[0].notice and "hello-o-series" in sent[0].text
+        assert "max_tokens" in llm.requests[0].body
+        assert len(llm.requests) == 3  # the refusal, the chat turn, its delivery
+        for request in llm.requests[1:]:
+            assert "max_tokens" not in request.body
+            assert request.body["max_completion_tokens"] == LLM_MAX_TOKENS
+
+
+async def test_a_server_that_refuses_both_token_limits_is_an_error_not_a_loop() -> None:
+    refuses_both = json.dumps({"error": {
+        "message": "Unsupported parameter: 'max_completion_tokens' is not supported with this model.",
+        "type": "invalid_request_error", "param": "max_completion_tokens", "code": "unsupported_parameter"}})
+    with FakeLLMServer(responder=lambda body: FakeResponse(status=400, body=refuses_both)) as llm:
+        llm.script(FakeResponse(status=400, body=REFUSES_MAX_TOKENS))
+        async with HttpEngine(llm.base_url, model="fake") as engine:
+            with pytest.raises(LLMError, match="HTTP 400: .*'max_completion_tokens' is not supported"):
+                await asyncio.wait_for(engine.complete([{"role": "user", "content": "hi"}]), 30)
+        assert ["max_tokens" in r.body for r in llm.requests] == [True, False]
+
+
+def test_vllms_context_error_naming_both_limits_is_no_refusal_of_either(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """vLLM names max_tokens and max_completion_tokens when a request does not fit: that
+    is the request shrunk, not max_tokens learnt as refused."""
+    too_big = json.dumps({"object": "error", "type": "BadRequestError", "param": "max_tokens", "code": 400,
+                          "message": "'max_tokens' or 'max_completion_tokens' is too large: 1200. This model's "
+                                     "maximum context length is 4096 tokens and your request has 3500 input tokens"})
+    with FakeLLMServer() as llm:
+        llm.script(FakeResponse(status=400, body=too_big))
+        app = make_app(base_url=llm.base_url, clock=manual_clock)
+        [answer] = replies(app, "run echo still-fits", manual_clock)
+        assert not answer.notice and "still-fits" in answer.text
+        assert all("max_tokens" in r.body and "max_completion_tokens" not in r.body for r in llm.requests)
 
 
 @pytest.mark.parametrize(("tools", "json_schema", "spoken"), [
@@ -672,6 +727,31 @@ def test_a_context_refusal_shrinks_the_request_once_and_is_never_called_unreacha
     assert notice.notice and notice.text == TOO_LONG_NOTICE
 
 
+def test_one_message_the_server_finds_too_big_never_narrows_later_requests(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """A message the estimate misjudges (CJK text, as the server counts it) is refused and
+    asked once more, smaller: for that request only. The next one is fitted to the whole
+    window again, the chat's memory whole, as before it."""
+    def counts_cjk_dearly(body: dict[str, Any]) -> FakeResponse | None:
+        if "PASTE" in str(body["messages"][-1].get("content")):
+            return FakeResponse(status=400, body=json.dumps({"error": {
+                "message": "This model's maximum context length is 3300 tokens. However, you requested "
+                           "9000 tokens.", "code": "context_length_exceeded"}}))
+        return None
+
+    with FakeLLMServer(responder=counts_cjk_dearly) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock,
+                       llm={"context_tokens": 3_300, "max_tokens": 200, "protocol": "text"})
+        long_turns(app, manual_clock, 3)  # memory that fits the window, not three quarters of it
+        [notice] = replies(app, "PASTE: " + "这是一个很长的文档。" * 30, manual_clock)
+        assert notice.notice and notice.text == TOO_LONG_NOTICE
+        assert len(llm.requests) == 3 + 2  # refused, and refused once more smaller
+        [answer] = replies(app, "and what did I say first?", manual_clock)
+        assert not answer.notice
+        assert "story part 0" in json.dumps(llm.requests[-1].messages)  # the oldest memory kept
+
+
 # ------------------------------------------------------------------ hostile answers
 
 
@@ -709,6 +789,34 @@ def test_hostile_tool_call_arguments_are_bounded_and_re_asked(
     first, second = (system_message(r)["errors"] for r in fake_llm.requests[1:3])
     assert "nested too deeply" in first[0] or "not JSON" in first[0]
     assert "at most 10 are allowed" in second[0]
+
+
+def test_a_tool_call_cut_off_mid_arguments_is_replayed_as_json_a_server_can_read(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """vLLM parses the arguments of every assistant tool call it is sent and refuses the
+    request where they are not JSON: a call cut off at the token limit is replayed in its
+    re-ask as an excerpt in an object, and the user gets the answer to the re-ask."""
+    cut_off = '{"text": "Roses are red, violets are'
+
+    def vllm(body: dict[str, Any]) -> FakeResponse:
+        for message in body["messages"]:
+            for call in message.get("tool_calls") or ():
+                try:
+                    json.loads(call["function"]["arguments"])
+                except ValueError as exc:
+                    return FakeResponse(status=400, body=json.dumps({
+                        "object": "error", "type": "BadRequestError", "code": 400, "message": str(exc)}))
+        if any(message["role"] == "tool" for message in body["messages"]):  # the re-ask
+            return FakeResponse(tool_calls=(("message_console", {"text": "Roses are red."}),))
+        return FakeResponse(tool_calls=(("message_console", cut_off),), finish_reason="length")
+
+    with FakeLLMServer(responder=vllm) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, retry=FAST, llm={"stream": False})
+        sent = replies(app, "write me a poem", manual_clock)
+        assert [(m.notice, m.text) for m in sent] == [(False, "Roses are red.")]
+        [replayed] = [m for m in llm.requests[1].messages if m.get("tool_calls")]
+        assert json.loads(replayed["tool_calls"][0]["function"]["arguments"]) == {"excerpt": cut_off}
 
 
 def test_a_target_that_names_this_chat_in_words_answers_this_chat(
@@ -842,3 +950,22 @@ def test_earlier_tool_calls_shown_as_json_in_text_carry_their_payload_as_an_obje
     shown = json.loads(render_openai_messages(prompt, "text")[2]["content"])
     assert shown["actions"] == [{"type": "terminal", "payload": {"command": "echo hi"}},
                                 {"type": "terminal", "payload": "not json"}]
+
+
+@pytest.mark.parametrize("written", [
+    '<tool_call>\n{"name": "terminal", "arguments": {"command": "echo WRITTEN-OUT"}}\n</tool_call>',
+    '{"name": "terminal", "parameters": {"command": "echo WRITTEN-OUT"}}',
+    '<tool_call>{"name": "terminal", "arguments": "{\\"command\\": \\"echo WRITTEN-OUT\\"}"}</tool_call>',
+], ids=["hermes", "llama", "arguments-as-text"])
+def test_a_tool_call_the_model_wrote_out_in_words_is_carried_out(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, written: str
+) -> None:
+    """Where the server's tool parser misses the model's format, its tool call comes as
+    text; it was refused for lacking a "type", and the user got the give-up notice."""
+    fake_llm.script(FakeResponse(content=written), actions(say("It printed WRITTEN-OUT.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, allowed=["echo"])
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "print it", manual_clock)
+        assert [r.action.payload.command for r in ran.bodies(ActionRequest)] == ["echo WRITTEN-OUT"]
+    assert [(m.text, m.notice) for m in sent] == [("It printed WRITTEN-OUT.", False)]
+    assert "WRITTEN-OUT" in system_message(fake_llm.requests[1])["outputs"][0]["output"]

@@ -8,13 +8,14 @@ first, then the instructions, then the chat's memory, trimmed from the oldest.
 
 Tokens are estimated from characters (no tokenizer is loaded): conservatively, since
 JSON and schema text tokenize worse than prose. A server that still says the context
-was exceeded gets one smaller request (``shrink``).
+was exceeded gets that request once more, smaller (``smaller``): for that request only,
+so one user's message the estimate misjudged never narrows every chat's budget.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS
@@ -68,7 +69,7 @@ class ContextBudget:
 
     window: int
     reserve: int
-    #: Shrunk after a server said a request was still too big (see ``shrink``).
+    #: Below 1 for the one smaller try at a request a server still found too big (``smaller``).
     scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -113,9 +114,9 @@ class ContextBudget:
                            context_exceeded=True)
         return prompt.model_copy(update={"turns": tuple(turns)})
 
-    def shrink(self) -> None:
-        """The server said the last request was too big: aim a quarter lower."""
-        self.scale *= 0.75
+    def smaller(self) -> ContextBudget:
+        """This budget a quarter lower: for a request the server said was still too big."""
+        return replace(self, scale=self.scale * 0.75)
 
 
 def _answer_length(turns: list[Turn], first: int) -> int:

@@ -192,6 +192,12 @@ def refused_feature(exc: LLMError, feature: str) -> bool:
     return exc.status in (400, 422) and any(word in text for word in _FEATURE_WORDS.get(feature, (feature,)))
 
 
+def _names_refused(text: str, name: str) -> bool:
+    """Whether an error's ``text`` (lower case) names parameter ``name`` as the one refused:
+    OpenAI's ``"param": "max_tokens"``, or its message's "Unsupported parameter: 'max_tokens'"."""
+    return re.search(rf""""param"\s*:\s*"{name}"|unsupported parameter:?\s*['"`]?{name}\b""", text) is not None
+
+
 # Reading the server's JSON: every field is checked for its type where it is read, by
 # these three, so that whatever a server sends ends as a malformed answer (an LLMError for
 # that one call) or as a field left unknown, never as an exception further on (a pydantic
@@ -246,6 +252,20 @@ def _count(value: Any) -> int:
 def _arguments(value: Any) -> str:
     """A tool call's arguments as JSON text: some servers send the object itself."""
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _integer(digits: str) -> int | float:
+    """A JSON integer; one of more digits than Python reads as an int (4,300) an infinite
+    float, as JSON's ``1e999`` reads: no count is so big, so the field it is in is unknown
+    or malformed as for any other, and the rest of the body is still read."""
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
+
+
+#: A body or a stream's chunk as JSON (see ``_integer``).
+_loads = functools.partial(json.loads, parse_int=_integer)
 
 
 def _usage(data: Any) -> Usage | None:
@@ -316,7 +336,8 @@ class _Stream:
             self.content.append(text)
             grew = True
         for piece in delta.get("tool_calls") or ():
-            slot = self.calls.setdefault(_count(piece.get("index", len(self.calls))),
+            index = piece.get("index")  # null as if absent: the next call
+            slot = self.calls.setdefault(len(self.calls) if index is None else _count(index),
                                          {"id": "", "name": "", "arguments": []})
             slot["id"] = _text(piece.get("id")) or slot["id"]
             function = piece.get("function") or {}
@@ -542,6 +563,8 @@ class HttpEngine:
             # Where the server's grammar broke, this call is asked once more as JSON in text.
             mode: Protocol = "text" if loosened else self.mode
             budget = self.budget
+            if budget is not None and shrunk:  # the server found this one too big: once more, smaller
+                budget = budget.smaller()
             # A re-ask where a grammar holds the format goes without it, asked plainly.
             plain = mode == "json_schema" and prompt.reask > 0
             asked = plain_retry(prompt) if plain else prompt
@@ -603,17 +626,18 @@ class HttpEngine:
         return self._budget
 
     def _too_big(self, error: str) -> None:
-        """The server found the request too big: learn its window if it says, and aim lower."""
+        """The server found the request too big: learn its window if it says (else take what
+        was sent as too big), for every request from now on. The one smaller try at this
+        request is ``answer``'s."""
         said = re.search(r'"n_ctx"\s*:\s*(\d+)', error)
         if said and not self.context_tokens:
             self.context_tokens = int(said.group(1))
         budget = self.budget
-        if budget is None:  # the window is still unknown: take what was sent as too big
+        if budget is None:  # the window is still unknown
             self._budget = budget = ContextBudget((self.last_request_tokens or 0) + (self.max_tokens or 0),
                                                   self.max_tokens or 0)
-        budget.shrink()
-        log.warning("the LLM server found a request too big for its context; fitting requests "
-                    "into %d tokens from now on", budget.room)
+        log.warning("the LLM server found a request too big for its context; asking once more "
+                    "within %d tokens", budget.smaller().room)
 
     async def _discover(self) -> None:
         """Ask the server, once, what it is: its context window and whether its chat
@@ -687,8 +711,7 @@ class HttpEngine:
                 return await self._send(payload, watch, constrained=bool(encoded) or "tools" in body
                                         or "response_format" in body, until=until)
             except LLMError as exc:
-                if isinstance(exc, _FailedMidway) or not (
-                        exc.status == 400 and self._refused_parameter(str(exc).lower())):
+                if isinstance(exc, _FailedMidway) or not (exc.status == 400 and self._refused_parameter(exc)):
                     raise
 
     async def _send(self, payload: bytes, watch: Callable[[str], None] | None, *,
@@ -730,12 +753,24 @@ class HttpEngine:
             raise self._deadline_error(attempts, last, still=None if attempts else
                                        f"waiting for one of the {self.max_in_flight} calls in flight to end") from exc
 
-    def _refused_parameter(self, text: str) -> bool:
-        """A 400 naming ``max_tokens`` or ``stream_options``: ask the other way, once."""
+    def _refused_parameter(self, exc: LLMError) -> bool:
+        """A 400 refusing ``max_tokens`` or ``stream_options``: ask the other way, once each
+        (a refusal of ``max_completion_tokens`` after that is the call's error, never a loop).
+
+        It refuses one it names as the parameter refused (OpenAI's current models: "Unsupported
+        parameter: 'max_tokens' ... Use 'max_completion_tokens' instead"), or the one it names
+        alone; never one it names because the request did not fit (vLLM's "'max_tokens' or
+        'max_completion_tokens' is too large")."""
+        if exc.context_exceeded:
+            return False
+        text = str(exc).lower()
         for name in ("max_tokens", "stream_options"):
-            if name in text and name not in self.refused and "max_completion_tokens" not in text:
+            if name in self.refused:
+                continue
+            if _names_refused(text, name) or (name in text and "max_completion_tokens" not in text):
                 self.refused.add(name)
-                log.warning("the LLM server refuses %s; asking without it from now on", name)
+                log.warning("the LLM server refuses %s; asking %s from now on", name,
+                            "with max_completion_tokens" if name == "max_tokens" else "without it")
                 return True
         return False
 
@@ -790,6 +825,7 @@ class HttpEngine:
         stream = _Stream()
         events = _Events(resp.content, self.max_response_bytes)
         seen, finished = -STREAM_WATCH_SECONDS, False
+        replied = False  # some of the reply came: till then, a finish reason ends nothing
         whole = False  # a finish reason came, and nothing of the reply after it
         clock = asyncio.get_running_loop().time
         while True:
@@ -807,7 +843,7 @@ class HttpEngine:
                 finished = True
                 break
             try:
-                chunk = json.loads(data)
+                chunk = _loads(data)
                 if not isinstance(chunk, dict):
                     raise TypeError("a chunk is not an object")
                 error = chunk.get("error")
@@ -819,9 +855,12 @@ class HttpEngine:
                 status = code if isinstance(code, int) and 400 <= code <= 599 else 500
                 raise self._http_error(status, None, data.decode("utf-8", errors="replace"), streamed=True)
             finished = finished or stream.finish_reason is not None
-            # Some proxies put a finish reason on every chunk: the reply is whole only
-            # once one comes with nothing more of it.
-            whole = stream.finish_reason is not None and not _adds_to_reply(chunk)
+            # Some proxies put a finish reason on every chunk, the first (its role, no text)
+            # too, long before the model's first token: the reply is whole only once some of
+            # it came and then a chunk with a finish reason and nothing more of it.
+            adds = _adds_to_reply(chunk)
+            replied = replied or adds
+            whole = replied and stream.finish_reason is not None and not adds
             if grew and on_text is not None and clock() - seen >= STREAM_WATCH_SECONDS:
                 seen = clock()
                 on_text(stream.partial())
@@ -857,7 +896,7 @@ class HttpEngine:
             raise LLMError(f"LLM response is not valid {encoding.upper()} text: "
                            f"{raw[:100]!r}") from exc
         try:
-            data = json.loads(text)
+            data = _loads(text)
             choice = data["choices"][0]
             message = choice["message"]
             content = _message_text(message.get("content"))
