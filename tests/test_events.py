@@ -20,12 +20,13 @@ import pytest
 from conftest import NatsServer, ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors import routes
 from autoresponse.actors.journal.jetstream import JetStreamJournal
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.kernel.testkit import FaultInjector
 from autoresponse.interfaces.events.scheduler import EVENTS, Tick
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.interfaces.console import Console
+from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.events import EventPayload, EventStore, due_in, next_due
 from autoresponse.interfaces.events.shared_store import EVENTS_BUCKET, SharedEventStore
 from autoresponse.interfaces.events.store import StoredEvent, UnreadableEvent
@@ -802,3 +803,78 @@ def test_a_reminder_whose_stored_first_time_is_damaged_is_delivered_without_a_cr
     tomorrow = dt.datetime.fromtimestamp(event.due) + dt.timedelta(days=1)
     assert _local(moved.due) == tomorrow.strftime("%Y-%m-%d %H:%M")
     assert caplog.text.count(f"reminder #{event.id}: its first time 'yesterday at nine' is not") == 1
+
+
+# ---------------------------------------------------------------- a time with a UTC offset, a store that fails
+
+
+@pytest.mark.usefixtures("berlin")
+@pytest.mark.parametrize(("asked", "first", "then"), [
+    ("09:00Z", "2026-03-28T10:00+01:00", "2026-03-29 10:00"),
+    ("09:00+02:00", "2026-03-28T08:00+01:00", "2026-03-29 08:00"),
+])
+def test_a_repeating_reminder_asked_with_a_utc_offset_is_stored_at_that_moments_local_time(
+    backend: dict[str, Any], make_app: Callable[..., Application], fake_llm: FakeLLMServer,
+    asked: str, first: str, then: str
+) -> None:
+    """"Every day at 9 UTC", asked after 9 UTC (13:00 in Berlin) and first dated yesterday:
+    the model gives the time with an offset. It is that moment's local time (09:00Z is 10:00
+    in Berlin in winter), from the next one still to come, and keeps that local time across
+    the change to summer time; the user hears so, and nothing crashes (it crashed the
+    executor three times, and nothing was stored)."""
+    clock = ManualClock(wall=dt.datetime(2026, 3, 27, 12, 0, tzinfo=dt.timezone.utc).timestamp())
+    answers(fake_llm, {"date": "2026-03-26", "time": asked, "repeat": "daily", "description": "take the pill"},
+            "Every day, then.")
+    app = make_app(base_url=fake_llm.base_url, events=FAST, clock=clock, **backend)
+    ask(app, "remind me every day at 9 UTC to take the pill", clock=clock)
+    [output] = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    assert output["ok"] is True, output
+    assert f"scheduled for {first}, repeating daily" in output["output"]
+    assert "Every day, then." in console_text(app)
+    assert app.runtime.dead_letters.letters() == []
+    assert app.runtime.cell(routes.executor("event")).restarts == 0
+    store = app.resource("events")
+    event = store.get(1)
+    assert event is not None and (event.description, event.state) == ("take the pill", "pending")
+    store.delivered(event.id, event.due, event.due + 60)
+    assert _local(store.get(event.id).due) == then  # summer time: the same local time
+
+
+def test_a_store_that_fails_a_reminder_fails_that_action_and_the_next_chats_reminder_is_stored(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store refuses one write with an error the executor does not expect (SQLite says
+    the disk is full): that action fails, named, and its user hears so through the LLM; the
+    executor does not crash (three restarts, a dead letter, every chat's reminders held up
+    meanwhile), and another chat's reminder asked next is stored at once."""
+    data = tmp_path / "data"
+    EventStore(data / "events.sqlite3").close()
+    db = sqlite3.connect(data / "events.sqlite3")
+    try:
+        db.execute("CREATE TRIGGER no_room BEFORE INSERT ON events WHEN NEW.description = 'renew the passport' "
+                   "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+        db.commit()
+    finally:
+        db.close()
+    tomorrow = (dt.date.today() + dt.timedelta(days=1)).isoformat()
+    answers(fake_llm, {"date": tomorrow, "time": "10:00", "description": "renew the passport"},
+            "I could not set that reminder.")
+    answers(fake_llm, {"date": tomorrow, "time": "11:00", "description": "call the dentist"}, "Set for tomorrow.")
+    app = make_app(base_url=fake_llm.base_url, events=FAST, data_dir=data)
+    for chat, text in (("A", "remind me tomorrow at 10 to renew my passport"),
+                       ("B", "remind me tomorrow at 11 to call the dentist")):
+        envelope = app.runtime.send("interface.console", ConsoleInput(text=text, chat_id=chat))
+        assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, 15), f"{chat} did not finish"
+    failed, stored = [o for m in system_messages(fake_llm, "output") for o in m["outputs"]]
+    assert failed["ok"] is False
+    assert "could not be stored (IntegrityError: database or disk is full)" in failed["output"]
+    assert "I could not set that reminder." in console_text(app)
+    assert stored["ok"] is True and "reminder #1 scheduled for" in stored["output"]
+    assert "Set for tomorrow." in console_text(app)
+    assert app.runtime.cell(routes.executor("event")).restarts == 0
+    assert app.runtime.dead_letters.letters() == []
+    event = state_of(data, 1)
+    assert (event.description, event.context.chat_id) == ("call the dentist", "B")
+    logged = [r for r in caplog.records if "storing the reminder" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # its traceback, once

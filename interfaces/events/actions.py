@@ -18,7 +18,10 @@ class EventPayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     date: dt.date = Field(description="Day of the (first) reminder, YYYY-MM-DD.")
-    time: dt.time | None = Field(default=None, description="HH:MM, optional.")
+    # A time with an offset is converted to local time when stored (``store.local_wall``).
+    time: dt.time | None = Field(default=None, description=(
+        "HH:MM local time, optional. A time with a UTC offset (HH:MMZ, HH:MM+02:00) is that moment: "
+        "it is stored as the local time it falls on, and a repeating reminder repeats at that local time."))
     repeat: Repeat = "none"
     description: str = Field(min_length=1, max_length=1_000)
 

@@ -122,12 +122,13 @@ def read_event(row: dict[str, Any]) -> StoredEvent:
 
 def scheduled(payload: EventPayload, now: float | None = None) -> tuple[float, dt.datetime]:
     """When a new reminder is first due, and the local wall time its repeats count from (as
-    asked, even a time a daylight-saving change skips: see ``moment``). One whose first date
+    asked, even a time a daylight-saving change skips: see ``moment``; a time with a UTC
+    offset, at the local time it falls on: ``local_wall``). One whose first date
     is past by more than EVENTS_PAST_GRACE_SECONDS at ``now`` would go out at once, "N days
     late": a repeating one (every day at 9, asked at 10) starts at its next occurrence, a
     one-off is refused (DateInPast). Raises DateOutOfRange too."""
     first = first_due(payload.date, payload.time)
-    wall = dt.datetime.combine(payload.date, payload.time or DEFAULT_TIME)
+    wall = local_wall(payload.date, payload.time)
     if now is None or first >= now - EVENTS_PAST_GRACE_SECONDS:
         return first, wall
     upcoming = next_due(first, payload.repeat, now, first=wall)
@@ -164,12 +165,31 @@ def moment(wall: dt.datetime) -> float:
 
 
 def first_due(date: dt.date, at: dt.time | None) -> float:
-    """The moment a reminder is for, in this machine's time zone. Raises DateOutOfRange."""
+    """The moment a reminder is for, in this machine's time zone; a time with a UTC offset
+    ("09:00Z") is that instant. Raises DateOutOfRange."""
     try:
         return moment(dt.datetime.combine(date, at or DEFAULT_TIME))
     except (ValueError, OverflowError, OSError) as exc:  # the zone's offset takes it past year 1 or 9999
-        raise DateOutOfRange(f"date out of range: {date} {at or DEFAULT_TIME} cannot be scheduled "
-                             f"({exc})") from None
+        raise _out_of_range(date, at, exc) from None
+
+
+def local_wall(date: dt.date, at: dt.time | None) -> dt.datetime:
+    """The local wall time (naive, this machine's zone) a reminder is for, which its repeats
+    keep: as asked; for a time with a UTC offset, the local date and time of that instant
+    (09:00Z is 10:00 in Berlin in winter; 23:30-05:00 is the next day there). Repeats count
+    in local wall time only: an aware one cannot be compared with the naive ones they count
+    with. Raises DateOutOfRange."""
+    asked = dt.datetime.combine(date, at or DEFAULT_TIME)
+    if asked.tzinfo is None:
+        return asked
+    try:
+        return asked.astimezone().replace(tzinfo=None)
+    except (ValueError, OverflowError, OSError) as exc:  # converted past year 1 or 9999
+        raise _out_of_range(date, at, exc) from None
+
+
+def _out_of_range(date: dt.date, at: dt.time | None, exc: Exception) -> DateOutOfRange:
+    return DateOutOfRange(f"date out of range: {date} {at or DEFAULT_TIME} cannot be scheduled ({exc})")
 
 
 def next_due(due: float, repeat: str, now: float, first: dt.datetime | None = None) -> float | None:
