@@ -15,7 +15,6 @@ failure. ``make test`` deselects the tier (``-m "not local_model"``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -62,16 +61,18 @@ def fake_telegram() -> Iterator[FakeTelegramServer]:
 
 @pytest.fixture
 def processes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The argv of every process started through asyncio (how the terminal executor
-    starts its commands) during the test."""
+    """The argv of every command the terminal executor started during the test (as
+    checked against the allowlist: what runs, after the wrapper that ties it to the daemon)."""
+    from autoresponse.interfaces.terminal import executor as terminal
+
     started: list[list[str]] = []
-    real = asyncio.create_subprocess_exec
+    real = terminal.run_command
 
-    async def spy(program: Any, *args: Any, **kwargs: Any) -> Any:
-        started.append([str(program), *map(str, args)])
-        return await real(program, *args, **kwargs)
+    async def spy(argv: list[str], **kwargs: Any) -> Any:
+        started.append(list(argv))
+        return await real(argv, **kwargs)
 
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", spy)
+    monkeypatch.setattr(terminal, "run_command", spy)
     return started
 
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import ask, console_text, system_messages
+from conftest import Gate, ask, console_text, system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.testing.fake_llm import FakeLLMServer
@@ -143,6 +147,121 @@ def test_a_timeout_kills_the_whole_process_group() -> None:
     assert not _alive(grandchild), "the background child outlived the timeout"
     assert result.ok is False
     assert "timed out after 0.5s: the process group was killed" in result.output
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` still alive (zombies do not count)."""
+    members = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            state, _parent, group = stat.rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state not in ("Z", "X"):
+            members.append(int(entry))
+    return members
+
+
+def _left_in_group(pgid: int) -> list[int]:
+    """What of group ``pgid`` is still alive a few seconds on (a SIGKILL takes a moment);
+    killed then, so that a failing run leaves nothing behind."""
+    until = time.monotonic() + 5
+    while (left := _group(pgid)) and time.monotonic() < until:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.parametrize("helper", ["sleep 60 &", "sleep 60 >/dev/null 2>&1 &"],
+                         ids=["holding-its-output", "apart"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_command_is_done_when_its_own_process_exits_and_its_helper_goes_with_it(
+        helper: str, loop: EventLoopKind) -> None:
+    """A script that starts a helper with ``&`` and exits at once: the user gets its exit
+    code and output, not a timeout (even while the helper holds its output open), and the
+    helper does not outlive it."""
+    script = f"{helper} echo $$; exit 3"  # $$: the script's pid, its process group's id
+    with asyncio.Runner(loop_factory=lambda: new_event_loop(loop)) as runner:
+        result = runner.run(asyncio.wait_for(
+            run_command(["sh", "-c", script], label="script", timeout=3, output_cap=1000), 30))
+    pgid = int(result.output.split()[0])
+    left = _left_in_group(pgid)
+    assert result.output == f"{pgid}\n"  # no "[timed out ...]"
+    assert result.exit_code == 3 and not result.ok
+    assert left == [], "the helper outlived the command"
+
+
+def test_a_command_cancelled_once_its_own_process_exited_leaves_no_helper(tmp_path: Path) -> None:
+    """A user's /cancel (or a shutdown) of a command whose own process is gone while a
+    helper of it runs on, holding its output open: the helper is killed too."""
+    gate = Gate(tmp_path / "gate")  # the script's own process ends when the test opens it
+
+    async def cancelled_when_its_helper_runs() -> int:
+        task = asyncio.create_task(run_command(["sh", "-c", f"sleep 61.7 & {gate.command}"],
+                                               label="script", timeout=30, output_cap=1000))
+        while not (helpers := _processes("sleep", "61.7")):
+            await asyncio.sleep(0.01)
+        pgid = os.getpgid(helpers[0])
+        gate.open()
+        await asyncio.wait([task], timeout=2)  # its own process exits at once; then the cancel
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return pgid
+
+    pgid = asyncio.run(asyncio.wait_for(cancelled_when_its_helper_runs(), 30))
+    assert _left_in_group(pgid) == [], "the helper outlived the cancel"
+
+
+def _processes(*argv: str, parent: int | None = None) -> list[int]:
+    """The pids running exactly ``argv`` (children of ``parent``, if given)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[:-1]
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if cmdline == [a.encode() for a in argv] and parent in (None, ppid):
+            found.append(int(entry))
+    return found
+
+
+#: A daemon in small: runs one long command, on the event loop named by its argument.
+_DAEMON = """
+import asyncio, sys
+from autoresponse.actors.kernel._loop import new_event_loop
+from autoresponse.interfaces.terminal.command import run_command
+with asyncio.Runner(loop_factory=lambda: new_event_loop(sys.argv[1])) as runner:
+    runner.run(run_command(["sleep", "300"], label="sleep", timeout=600, output_cap=100))
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_command_dies_with_a_daemon_killed_with_kill_9(loop: EventLoopKind) -> None:
+    """Else a restarted daemon resumes the request and runs the command again, beside it."""
+    daemon = subprocess.Popen([sys.executable, "-c", _DAEMON, loop])
+    try:
+        [command] = wait_for(lambda: _processes("sleep", "300", parent=daemon.pid), timeout=30)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    until = time.monotonic() + 10
+    while _alive(command) and time.monotonic() < until:
+        time.sleep(0.05)
+    orphaned = _alive(command)
+    if orphaned:
+        os.kill(command, signal.SIGKILL)
+    assert not orphaned, "the command outlived its daemon"
+
+
+def test_the_checked_argv_is_what_runs() -> None:
+    """Whatever starts the command, its words reach the program as they were checked."""
+    result = asyncio.run(run_command(["echo", "--", "--pdeathsig", "KILL"], label="echo",
+                                     timeout=5, output_cap=100))
+    assert result.output == "-- --pdeathsig KILL\n"
 
 
 def test_output_is_capped_with_a_note() -> None:

@@ -1,5 +1,16 @@
 """Running one allowlisted program: no shell, a timeout, an output cap, a scrubbed env.
 
+A command runs in a process group of its own, and the whole group is killed once the
+command is done: its own process exited, it timed out, or it was cancelled (a user's
+``/cancel``, the daemon's stop). A helper it left running with ``&`` goes with it.
+
+It dies with the daemon too, even a ``kill -9``: it starts through util-linux's
+``setpriv --pdeathsig KILL --`` (exec'd, no Python code in the child), so the kernel kills
+it when the daemon does. That signal reaches the command's own process only, not helpers
+it started, nor a set-user-ID program. Where ``setpriv`` is missing or has no
+``--pdeathsig`` (util-linux before 2.33), commands start without it: they run as before,
+and a daemon killed with ``-9`` leaves them running.
+
 >>> parse_command("df -h", allowed=["df"])
 ['df', '-h']
 >>> parse_command("df -h; rm -rf /", allowed=["df", "rm"])
@@ -16,21 +27,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import os
 import re
 import shlex
 import shutil
 import signal
+import subprocess
 from collections.abc import Collection, Mapping
 
 from autoresponse.actors.kernel import starting_children
-from autoresponse.interfaces.terminal.settings import DEFAULT_ARGUMENT_RULES, ArgumentRule
+from autoresponse.interfaces.terminal.settings import (
+    DEFAULT_ARGUMENT_RULES,
+    OUTPUT_GRACE_SECONDS,
+    ArgumentRule,
+)
 from autoresponse.messages import ActionResult
+
+log = logging.getLogger("autoresponse.terminal")
 
 #: Where allowlisted programs are looked up; the user's PATH is not trusted.
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _OPERATOR_CHARS = frozenset("();<>|&")
-_READ_CHUNK = 65_536
 #: Seconds a killed command is waited for, to reap it (SIGKILL is not refused).
 REAP_SECONDS = 5.0
 
@@ -136,59 +155,106 @@ def _scrubbed_env() -> dict[str, str]:
 
 
 async def run_command(argv: list[str], *, label: str, timeout: float, output_cap: int) -> ActionResult:
-    """Run ``argv`` in a new process group; stdout and stderr together, capped."""
+    """Run ``argv`` in a new process group; stdout and stderr together, capped.
+
+    It is done when its own process exits, or at ``timeout``; either way its group is
+    killed then, and its output is what reached us by OUTPUT_GRACE_SECONDS later (a
+    helper of it still holding the output does not make it a timeout)."""
+    output = _Output(output_cap)
     with starting_children():  # with every core, not the daemon's one
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        # Linux sends the parent-death signal when the *thread* that forked the command
+        # ends. Commands start here, on the runtime's event loop thread (the executor's
+        # ``run_io``): it lives as long as the runtime and ends only after every actor's
+        # I/O was cancelled (each command killed in ``_end``), so only the daemon's death sends it.
+        transport, _ = await asyncio.get_running_loop().subprocess_exec(
+            lambda: output,
+            *_dies_with_us(), *argv,  # the wrapper execs exactly the argv that was checked
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             env=_scrubbed_env(),
-            start_new_session=True,  # its own process group, so a timeout kills every descendant
+            start_new_session=True,  # its own process group: one kill takes every descendant
         )
-    kept = bytearray()
-    dropped = 0  # bytes past the cap: read (a full pipe would stall the command), not kept
-
-    async def finish() -> None:
-        nonlocal dropped
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(_READ_CHUNK):
-            room = max(0, output_cap - len(kept))
-            kept.extend(chunk[:room])
-            dropped += len(chunk) - min(room, len(chunk))
-        await proc.wait()
-
     timed_out = False
     try:
-        await asyncio.wait_for(finish(), timeout)
+        await asyncio.wait_for(asyncio.shield(output.exited), timeout)
     except asyncio.TimeoutError:
         timed_out = True
     finally:
-        # Timed out, or cancelled (a user's /cancel, a shutdown): leave nothing behind.
-        await _stop(proc)
-    output = kept.decode("utf-8", errors="replace")
-    if dropped:
-        output += f"\n[output cut: {dropped} more bytes not shown]"
+        # Done, timed out, or cancelled (a user's /cancel, a shutdown): leave nothing behind.
+        await _end(transport, output)
+    text = output.kept.decode("utf-8", errors="replace")
+    if output.dropped:
+        text += f"\n[output cut: {output.dropped} more bytes not shown]"
     if timed_out:
-        output += f"\n[timed out after {timeout:g}s: the process group was killed]"
-        return ActionResult(action_type="terminal", command=label, output=output, ok=False,
-                            truncated=bool(dropped))
-    return ActionResult(action_type="terminal", command=label, output=output,
-                        exit_code=proc.returncode, truncated=bool(dropped))
+        text += f"\n[timed out after {timeout:g}s: the process group was killed]"
+        return ActionResult(action_type="terminal", command=label, output=text, ok=False,
+                            truncated=bool(output.dropped))
+    return ActionResult(action_type="terminal", command=label, output=text,
+                        exit_code=transport.get_returncode(), truncated=bool(output.dropped))
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """Kill ``proc``'s process group (if it still runs) and reap it, within REAP_SECONDS.
+class _Output(asyncio.SubprocessProtocol):
+    """What a command wrote, up to ``cap`` bytes; and when its own process exited, and
+    when its output ended (every process holding the pipe closed it)."""
 
-    Our end of its output is closed first: asyncio's own loop finishes ``wait()`` only once
-    that pipe is closed too, which a read left paused (its buffer full) never sees."""
-    if proc.returncode is None:
+    def __init__(self, cap: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.cap = cap
+        self.kept = bytearray()
+        self.dropped = 0  # bytes past the cap: read (a full pipe would stall the command), not kept
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.ended: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        room = max(0, self.cap - len(self.kept))
+        self.kept.extend(data[:room])
+        self.dropped += len(data) - min(room, len(data))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _end(transport: asyncio.SubprocessTransport, output: _Output) -> None:
+    """Kill the command's process group, reap its process (within REAP_SECONDS), and
+    take the rest of its output (within OUTPUT_GRACE_SECONDS); a cancel leaves the
+    waiting, never the kill."""
+    try:
+        # Also once its own process was reaped: the group's id is not reused while a
+        # helper of it is alive, and with none left the kill finds nobody.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    transport = getattr(proc, "_transport", None)  # asyncio's and uvloop's: no public way to it
-    pipe = transport.get_pipe_transport(1) if transport is not None else None
-    if pipe is not None:
-        pipe.close()
-    # Reaped, so that no zombie keeps its process group alive; a cancel leaves the reaping on.
-    with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), REAP_SECONDS)
+            os.killpg(transport.get_pid(), signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(output.exited), REAP_SECONDS)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(output.ended), OUTPUT_GRACE_SECONDS)
+    finally:
+        transport.close()  # our end of the pipe, should anything outside its group hold it
+
+
+@functools.cache
+def _dies_with_us() -> tuple[str, ...]:
+    """The words that start a command with the parent-death signal set: util-linux's
+    ``setpriv``, found once; none where it is missing or cannot set that signal."""
+    setpriv = shutil.which("setpriv", path=SAFE_PATH)
+    wrapper = (setpriv, "--pdeathsig", "KILL", "--") if setpriv is not None else ()
+    if wrapper and _runs(wrapper):
+        return wrapper
+    log.warning("setpriv --pdeathsig is not available: a command outlives a daemon killed with -9")
+    return ()
+
+
+def _runs(wrapper: tuple[str, ...]) -> bool:
+    """``wrapper`` can start a program (an old setpriv refuses ``--pdeathsig``)."""
+    try:
+        probe = subprocess.run([*wrapper, "true"], env=_scrubbed_env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=REAP_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0

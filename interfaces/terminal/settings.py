@@ -13,6 +13,9 @@ MAX_COMMAND_CHARS = 1_000
 COMMAND_OUTPUT_CAP = 16_000
 #: Seconds a command may run before its whole process group is killed.
 COMMAND_TIMEOUT_SECONDS = 20.0
+#: Seconds the rest of a command's output may take to arrive once its own process exited
+#: and its group was killed: only a process outside its group can hold the output open longer.
+OUTPUT_GRACE_SECONDS = 1.0
 
 #: Commands that run at once; more wait their turn in the executor's mailbox.
 COMMAND_CONCURRENCY = 4
