@@ -1,7 +1,8 @@
-"""Health tells the truth: an interface its platform refuses (a revoked token) shows as
+"""Health tells the truth: an interface its platform refuses (a revoked token), or an LLM
+that fails every request (a revoked key, a server away, its circuit open), shows as
 failing, with the reason and since when, in /healthz (503), /status, the status page,
 the metrics and `autoresponse status`, while /readyz still says the daemon started; once
-the platform takes it again, health comes back.
+the platform or the LLM takes it again, health comes back.
 
 The bot and the fakes share a ManualClock: the polling backoff after each refusal is a
 timer of the runtime's clock, which the tests fire instead of waiting.
@@ -20,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import environment, wait_for
+from conftest import ask, console_text, environment, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.llm.chain import THINKING_NOTICE
+from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
 from autoresponse.supervisors.status import snapshot
-from autoresponse.testing.fake_llm import FakeLLMServer
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 MakeApp = Callable[..., Application]
@@ -310,3 +313,114 @@ def test_a_poller_lease_that_cannot_be_renewed_fails_health_until_nats_is_back(
         polled = len(telegram.calls_to("getUpdates"))
         wait_for(lambda: len([c for c in telegram.calls_to("getUpdates") if c.ok]) > polled)
         app.stop()  # before its fake goes
+
+
+# ---------------------------------------------------------------- the LLM
+
+LLM = "llm"
+LLM_KEY = "sk-test-revoked-0123456789-s3cr3t"
+#: OpenAI's answer to a revoked key: its body quotes part of the key.
+KEY_REFUSED = FakeResponse(status=401, body=json.dumps({"error": {
+    "message": "Incorrect API key provided: sk-test-****cr3t. You can find your API key at "
+               "https://platform.openai.com/account/api-keys.",
+    "type": "invalid_request_error", "code": "invalid_api_key"}}))
+
+
+def test_an_llm_refusing_the_key_fails_health_until_it_answers_again(
+    fake_llm: FakeLLMServer, make_app: MakeApp
+) -> None:
+    """Every message gets "could not reach the language model": /healthz says why, though
+    the actor runs; the next answer clears it. A request too long for the model is that
+    request's own failure: the LLM stays healthy."""
+    app = make_app(base_url=fake_llm.base_url, admin=ADMIN, llm={"api_key": LLM_KEY})
+    assert app.admin is not None
+    url = app.admin.url
+    ask(app, "hello")
+    assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+
+    fake_llm.responder = lambda body: KEY_REFUSED  # the key is revoked
+    ask(app, "hello again")
+    assert console_text(app).endswith(UNREACHABLE_NOTICE + "\n")
+    refused = "the LLM server refuses the key: HTTP 401"
+    code, health = get_json(f"{url}/healthz")
+    assert (code, health["status"]) == (503, "failing"), health
+    assert health["failing"][LLM]["reason"] == refused
+    assert health["reason"].startswith(f"{LLM} failing for ") and health["reason"].endswith(f": {refused}")
+    assert get_json(f"{url}/readyz")[1] | {"reason": ""} == {"status": "started", "ready": True,
+                                                             "healthy": False, "reason": ""}
+    # Degraded, not down: the actor runs, and nothing restarted it.
+    code, status = get_json(f"{url}/status")
+    node = next(n for n in _walk(status["tree"]) if n["name"] == LLM)
+    assert (node["state"], node["restarts"], node["failing"]["reason"]) == ("running", 0, refused)
+    assert status["down"] == [] and list(status["failing"]) == [LLM]
+    assert metrics(url)[("autoresponse_interface_healthy", (("interface", LLM),))] == 0
+    shown = subprocess.run([sys.executable, "-m", "autoresponse", "status", "--url", url],
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+                           env=environment(COLUMNS="400"))
+    assert shown.returncode == 0, shown.stderr
+    [headline] = [x for x in shown.stdout.splitlines() if f"{LLM} is failing" in x]
+    assert headline.endswith(refused)
+    for path in ("/healthz", "/readyz", "/metrics"):  # not even the part of the key the LLM quoted
+        assert "cr3t" not in get(f"{url}{path}")[1], path
+    assert "cr3t" not in headline
+
+    fake_llm.responder = None  # a new key
+    ask(app, "hello at last")
+    assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+    assert metrics(url)[("autoresponse_interface_healthy", (("interface", LLM),))] == 1
+
+    fake_llm.context = 64  # llama.cpp's 400: the request exceeds the context window
+    ask(app, "a question too long for this model")
+    assert console_text(app).endswith(TOO_LONG_NOTICE + "\n")
+    assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+    assert snapshot(app.runtime).failing == {}
+
+
+def test_an_llm_server_away_fails_health_until_it_is_back(make_app: MakeApp) -> None:
+    from conftest import free_port
+
+    port = free_port()  # nothing listens there yet
+    app = make_app(base_url=f"http://127.0.0.1:{port}/v1", admin=ADMIN)
+    assert app.admin is not None
+    url = app.admin.url
+    ask(app, "hello")
+    assert console_text(app).endswith(UNREACHABLE_NOTICE + "\n")
+    code, health = get_json(f"{url}/healthz")
+    assert (code, health["status"]) == (503, "failing"), health
+    assert health["failing"][LLM]["reason"] == f"cannot reach the LLM server at 127.0.0.1:{port}: connection refused"
+
+    with FakeLLMServer(port=port):  # the server is started again
+        ask(app, "hello again")
+        assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+        app.stop()  # before its fake goes
+
+
+def test_an_open_circuit_fails_health_though_a_fallback_stands_in_until_a_probe_answers(
+    fake_llm: FakeLLMServer, make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    fake_llm.responder = lambda body: FakeResponse(status=503)
+    app = make_app(base_url=fake_llm.base_url, admin=ADMIN, clock=manual_clock, llm={
+        "max_attempts": 1, "breaker_failures": 2, "breaker_cooldown": 60,
+        "fallbacks": [{"base_url": "offline"}]})
+    assert app.admin is not None
+    url = app.admin.url
+
+    def failing() -> str | None:
+        found = snapshot(app.runtime).failing.get(LLM)
+        return None if found is None else found.reason
+
+    ask(app, "hello", clock=manual_clock)
+    assert failing() == "main: the LLM server fails: HTTP 503"
+    ask(app, "hello again", clock=manual_clock)
+    assert console_text(app).endswith(THINKING_NOTICE + "\n")  # the offline notice stands in
+    assert failing() == "main: circuit open after 2 failures in a row (the LLM server fails: HTTP 503)"
+    asked = len(fake_llm.requests)
+    ask(app, "and again", clock=manual_clock)
+    assert len(fake_llm.requests) == asked  # skipped: still failing
+    assert get_json(f"{url}/healthz")[1]["failing"][LLM]["reason"] == failing()
+
+    fake_llm.responder = None
+    manual_clock.advance(61)  # cooled down: the next call probes the main engine
+    ask(app, "hello at last", clock=manual_clock)
+    assert failing() is None
+    assert get_json(f"{url}/healthz") == (200, {"status": "ok"})

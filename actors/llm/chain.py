@@ -2,7 +2,8 @@
 
 When the main engine's retries are exhausted, or its circuit is open, the next engine
 is asked, and so on; ``offline`` may close the chain with a short "I can't think right
-now" notice. Each answer says which engine gave it.
+now" notice. Each answer says which engine gave it, and ``EngineChain.outage`` why the
+main engine cannot answer anyone now (the LLM client reports it as its health).
 
 >>> chain = EngineChain([("main", HttpEngine(url, model="big")),             # doctest: +SKIP
 ...                      ("local", HttpEngine(local, model="small")),
@@ -17,6 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+import aiohttp
 
 from autoresponse.actors.limits import LLM_BREAKER_COOLDOWN_SECONDS, LLM_BREAKER_FAILURES
 from autoresponse.actors.llm.engine import Completion, LLMEngine, LLMError
@@ -85,6 +88,44 @@ def unavailable(exc: LLMError) -> bool:
 #: address (404), a timeout (408), a rate or a quota (429).
 _UNAVAILABLE_4XX = frozenset({401, 403, 404, 408, 429})
 
+#: What each of those statuses says of the server, for an operator.
+_REFUSALS = {401: "the LLM server refuses the key", 403: "the LLM server refuses the key",
+             404: "the LLM server knows no such model or address", 408: "the LLM server times requests out",
+             429: "the LLM server turns requests away (a rate limit or a quota)"}
+
+
+def outage_of(exc: LLMError) -> str | None:
+    """Why ``exc`` says the LLM server fails every request, in one line for an operator
+    (the status, never the body: it may quote the key), or None when it failed this one
+    alone: too long, refused for its content, an answer garbled or timed out, a format
+    the server broke while the model wrote."""
+    status = exc.status
+    if exc.context_exceeded or exc.constraint_failed:
+        return None
+    if status is None:
+        return _unreachable(exc.__cause__)
+    if status in _REFUSALS:
+        return f"{_REFUSALS[status]}: HTTP {status}"
+    if status >= 500:  # the engine's retries are behind it
+        return f"the LLM server fails: HTTP {status}"
+    if status < 400:  # a redirect, or no completion at all
+        return f"the LLM server answers HTTP {status}, not a completion"
+    return None
+
+
+def _unreachable(cause: BaseException | None) -> str | None:
+    """Why the call never reached the server, when ``cause`` (what the engine's error was
+    raised from) says so: refused, no such host, TLS, a connect timeout, the connection
+    dropped; never a read that timed out (a slow answer is not a server away)."""
+    if isinstance(cause, aiohttp.ClientConnectorError):  # refused, no such host, TLS
+        os_error = cause.os_error
+        why = "connection refused" if isinstance(os_error, ConnectionRefusedError) else os_error.strerror
+        return f"cannot reach the LLM server at {cause.host}:{cause.port}: {why or cause}"
+    reading = isinstance(cause, aiohttp.ServerTimeoutError) and not isinstance(cause, aiohttp.ConnectionTimeoutError)
+    if isinstance(cause, aiohttp.ClientConnectionError) and not reading:
+        return " ".join(f"cannot reach the LLM server: {cause}".split())
+    return None
+
 
 class NoticeEngine:
     """The last resort: a chat turn gets a short notice that the model is away; a delivery
@@ -126,6 +167,9 @@ class EngineChain:
             raise ValueError("an engine chain needs at least one engine")
         self.engines = engines
         self.breakers = {name: CircuitBreaker(failures, cooldown, clock) for name, _ in engines}
+        #: Why an engine fails everyone (``outage_of``), by name: set by such a failure,
+        #: cleared by whatever closes its circuit.
+        self._down: dict[str, str] = {}
         self.stream = bool(getattr(engines[0][1], "stream", False))
 
     async def answer(self, prompt: PromptRequest, on_text: Callable[[str], None] | None = None) -> Completion:
@@ -145,8 +189,12 @@ class EngineChain:
                     raise  # the request is too big for this model: the caller shrinks it
                 if not unavailable(exc):  # it answered: this request, not the engine, was refused
                     breaker.success()
+                    self._down.pop(name, None)
                 else:
                     breaker.failure()
+                    down = outage_of(exc)
+                    if down is not None:
+                        self._down[name] = down
                     if breaker.state == "open":
                         log.warning("LLM engine %s failed %d times in a row; skipping it for %gs",
                                     name, breaker.consecutive, breaker.cooldown)
@@ -157,11 +205,23 @@ class EngineChain:
                 breaker.abandoned()
                 raise
             breaker.success()
+            self._down.pop(name, None)
             if failed:
                 log.info("answered by the fallback engine %s (%s)", name, "; ".join(failed))
             return dataclasses.replace(answer, engine=name, failed=tuple(failed))
         raise LLMError("no LLM engine could answer: " + "; ".join(failed),
                        status=last.status if last is not None else None)
+
+    def outage(self) -> str | None:
+        """Why the main engine cannot answer anyone now, though a fallback may stand in:
+        its circuit is open (or half open, a probe not yet back), or its last call found
+        it away; None while it answers."""
+        name = self.engines[0][0]
+        breaker, down = self.breakers[name], self._down.get(name)
+        if breaker.opened_at is not None:
+            because = f" ({down})" if down else ""
+            return f"{name}: circuit open after {breaker.failures} failures in a row{because}"
+        return f"{name}: {down}" if down else None
 
     def status(self) -> list[dict[str, Any]]:
         return [{"name": name, "engine": repr(engine), "circuit": self.breakers[name].state,

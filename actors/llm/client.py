@@ -1,4 +1,9 @@
-"""The LLM client actor: asks the LLM, concurrently, and forwards the answers."""
+"""The LLM client actor: asks the LLM, concurrently, and forwards the answers.
+
+It reports its health as an interface does: failing, with why, while the LLM fails every
+request (away, refusing the key, failing with 5xx, its circuit open), so ``/healthz``,
+the status and the metrics say so; healthy again once it answers.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from autoresponse.actors.cancellation import abort_io, is_cancelled
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
+from autoresponse.actors.llm.chain import EngineChain, outage_of
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
 from autoresponse.actors.llm.media import MediaReader, unsupported, unsupported_notice
 from autoresponse.actors.llm.usage import UsageMeter, turn_kind
@@ -61,6 +67,9 @@ class LLMClient(TypedActor):
         self.meter = meter or UsageMeter()
         #: Reads what a message carried besides words (photos, files, voice) before a chat turn.
         self.media = media or MediaReader()
+        #: Whether the LLM may be marked failing: a success by the main engine then clears
+        #: it, and costs nothing while it is not (true at first: a mark outlives a restart).
+        self._maybe_failing = True
 
     @handles
     def on_user_request(self, request: UserRequest, env: Envelope) -> None:
@@ -161,6 +170,7 @@ class LLMClient(TypedActor):
             answer = await (self.engine.answer(asked) if watch is None
                             else self.engine.answer(asked, on_text))
         except LLMError as exc:
+            self._report_health(exc)
             return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed,
                               too_long=exc.context_exceeded or exc.status == 413)
         except Exception as exc:
@@ -168,6 +178,8 @@ class LLMClient(TypedActor):
             # and then drop the turn silently; as a failure the user still hears back.
             log.exception("the LLM engine %r failed unexpectedly", self.engine)
             return LLMFailure(prompt=prompt, error=f"unexpected {type(exc).__name__}: {exc}", previewed=previewed)
+        if answer.failed or self._maybe_failing:  # a fallback answered, or a mark to clear
+            self._report_health()
         if log.isEnabledFor(logging.DEBUG):  # its arguments cost more than the check, every call
             # Logged on the loop, with the request's correlation id (the task inherits it).
             log.debug("the LLM answered in %.3fs (%d characters, %d tool calls, %s)",
@@ -178,6 +190,21 @@ class LLMClient(TypedActor):
         return LLMReply(prompt=prompt, text=answer.text, tool_calls=answer.tool_calls, previewed=previewed,
                         usage=answer.usage, engine=answer.engine, model=answer.model,
                         finish_reason=answer.finish_reason, protocol=answer.protocol)
+
+    def _report_health(self, error: LLMError | None = None) -> None:
+        """What this call says of the LLM: failing while it fails every request, healthy
+        once it answers; a failure of this request's own (too long, refused for its
+        content, a garbled answer) says neither. A chain's main engine counts, though a
+        fallback stands in for it. The mark outlives a restart of this actor: the LLM
+        down is this actor degraded, never crashing."""
+        if isinstance(self.engine, EngineChain):
+            down = self.engine.outage()
+        elif error is None:
+            down = None
+        elif (down := outage_of(error)) is None:
+            return
+        self.report_health(down is None, down or "")
+        self._maybe_failing = down is not None
 
     @handles
     def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
