@@ -10,15 +10,19 @@ waited out on one, so a test fires the timers (``advance_until``) instead of wai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
 import logging
+import random
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from conftest import Gate, system_messages, wait_for
 
 from autoresponse import Application, Settings
@@ -146,6 +150,91 @@ def test_links_cjk_and_emoji_are_counted_the_way_x_counts_them(
     assert post.text == one
 
 
+#: Replies with links that end where CJK or emoji follow them, or that are no links to X
+#: (.corp and .local are no TLDs: counted character by character), each with what
+#: twitter-text 3.1.0 weighs every post split_post cuts it into.
+LINKS_X_READS_ITS_WAY: dict[str, tuple[str, list[int]]] = {
+    "ja_url_inline": ("詳細はhttps://example.com/docsを参照してください。" + "これはテストです。" * 30,
+                      [279, 280, 30]),
+    "url_then_cjk": ("https://example.com/" + "日本語" * 60, [279, 104]),
+    "url_then_emoji": ("see https://example.com/" + "👍" * 150, [3, 279, 44]),
+    "corp_tld": ("dashboard: https://grafana.corp/d/" + "a" * 300, [10, 280, 43]),
+    "local_tld": ("see http://nas.local:8080/" + "b" * 300, [3, 280, 42]),
+}
+#: Texts with links of every kind, and what twitter-text 3.1.0 weighs each.
+WEIGHED_BY_TWITTER_TEXT: dict[str, int] = {
+    "詳細はhttps://example.com/docsを参照してください。": 49,
+    "https://example.com/日本語": 29,
+    "see https://example.com/👍👍": 31,
+    "dashboard: https://grafana.corp/d/abc": 37,
+    "see http://nas.local:8080/x and https://intranet.lan/wiki": 57,
+    "(see https://en.wikipedia.org/wiki/Foo_(bar)).": 30,
+    "mirror: example.com/path?q=1, docs.python.org and README.md": 84,  # .md is a TLD
+    "http://a.co is short; abchttp://a.co is no link": 59,
+    "https://t.co/abcdef/extra and 日本example.com/パス": 65,
+    "https://日本.jp/パス and пример.рф/x": 43,
+    "a.py👍пример.рф/x x.ai🇯🇵wordéпример.рф/": 77,
+}
+
+
+def test_a_reply_whose_host_never_ends_is_cut_in_bounded_time_and_never_too_heavy() -> None:
+    """Searched for links from each of its characters, as twitter-text searches, a host
+    such as "a-a-a-…" took a minute a reply (quadratic): the X sender was held that long.
+    A run past the searched length weighs a link more for each top-level domain in it:
+    never less than X counts (twitter-text 3.1.0's figures as literals)."""
+    hostile = "https://" + "a-" * 15_990 + ".com"  # a model's 32,000 characters
+    cut: list[list[str]] = []
+    worker = threading.Thread(target=lambda: cut.append(split_post(hostile)), daemon=True)
+    worker.start()
+    worker.join(timeout=30)  # only to stop a hang: it takes well under a second
+    assert cut, "the reply was not cut within 30 s"
+    [posts] = cut
+    assert "".join(posts) == hostile and all(weighted_length(p) <= 280 for p in posts)
+    assert weighted_length("日本語" * 400 + "example.com") >= 2411
+    assert weighted_length("https://" + "a-" * 200 + ".com/path") >= 417
+
+
+def test_a_link_ends_where_x_ends_it_and_no_post_is_too_heavy_for_x(
+    bot: Application, fake_x: FakeXServer
+) -> None:
+    for name, (text, x_weighs) in LINKS_X_READS_ITS_WAY.items():
+        posts = split_post(text)
+        assert [weighted_length(p) for p in posts] == x_weighs, name  # X takes every one
+        assert all(weight <= 280 for weight in x_weighs)
+        assert "".join("".join(posts).split()) == "".join(text.split()), name  # nothing lost but spaces at cuts
+    for text, x_weighs in WEIGHED_BY_TWITTER_TEXT.items():
+        assert weighted_length(text) == x_weighs, text
+    # The reply a user sees: all of it, in posts X takes, not one post X refuses.
+    text, x_weighs = LINKS_X_READS_ITS_WAY["url_then_cjk"]
+    mention = fake_x.push_mention("@synth links?", author_id=STRANGER, username="someone")
+    tell(bot, text, mention)
+    posts = wait_for(lambda: len(fake_x.posts()) == 2 and fake_x.posts())
+    assert [weighted_length(p.text) for p in posts] == x_weighs
+    assert "".join(p.text for p in posts) == text
+
+
+#: The pieces of fuzz-like texts: words, links of every kind, CJK, emoji, punctuation.
+PIECES = ["word", "日本語", "한국어", "👍", "👨‍👩‍👧", "🇯🇵", "é", "x.ai", "README.md", "v1.2.3", "example.com",
+          "https://example.com/path?q=1", "https://grafana.corp/d/abc", "http://nas.local:8080/", "を参照", "。",
+          ".", "/", "(", ")", "https://t.co/abcdef", "https://日本.jp/パス", "пример.рф", "a_b.example.com", "http://a.co"]
+#: What twitter-text 3.1.0 weighs each of them, whole and in the posts split_post makes.
+FUZZ_WEIGHED_BY_TWITTER_TEXT = [528, 752, 1460, 628, 1574, 532, 687, 1188]
+FUZZ_POSTS_WEIGHED_BY_TWITTER_TEXT = [
+    [272, 254], [270, 275, 204], [269, 257, 280, 267, 255, 126], [251, 245, 130],
+    [268, 278, 270, 229, 256, 268], [277, 253], [277, 273, 134], [279, 277, 278, 274, 76]]
+
+
+def test_fuzz_like_texts_are_cut_into_posts_x_takes() -> None:
+    rng = random.Random(20261205)
+    texts = ["".join(rng.choice(PIECES) + rng.choice(["", " ", "\n"]) for _ in range(rng.randint(40, 160)))
+             for _ in range(8)]
+    assert [weighted_length(t) for t in texts] == FUZZ_WEIGHED_BY_TWITTER_TEXT
+    posts = [split_post(text) for text in texts]
+    assert [[weighted_length(p) for p in each] for each in posts] == FUZZ_POSTS_WEIGHED_BY_TWITTER_TEXT
+    for text, each in zip(texts, posts, strict=True):
+        assert " ".join(" ".join(each).split()) == " ".join(text.split())  # cut between words, in order
+
+
 def test_since_id_survives_a_restart_neither_repeating_nor_skipping(
     fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path
 ) -> None:
@@ -268,6 +357,52 @@ def test_x_refusing_a_reply_makes_a_dead_letter_not_a_retry_loop(
     assert len(fake_x.calls_to("POST /2/tweets")) == 1
 
 
+class SlowAnswerX(FakeXServer):
+    """Makes the next post but answers it only after the client has given up waiting,
+    and refuses a post with the text of one it has, as X does (a 403)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slow_answers = 1
+        self.refused = asyncio.Event()
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.Response:
+        if self._call_name(request.method, request.path) == "POST /2/tweets":
+            body = await request.json()
+            with self._lock:
+                self.calls.append(Call(self.clock.monotonic(), request.method, request.path,
+                                       {"json": json.dumps(body)}, "oauth1", True))
+            if any(p.text == body.get("text") for p in self.posts()):
+                self.refused.set()
+                return web.json_response({"title": "Forbidden", "status": 403, "type": "about:blank",
+                                          "detail": "You are not allowed to create a Tweet with duplicate content."},
+                                         status=403)
+            made = self._post(body)  # X has made the post ...
+            if self.slow_answers:
+                self.slow_answers -= 1
+                await asyncio.wait_for(self.refused.wait(), 60)  # ... and answers when the client has given up
+            return web.json_response({"data": made}, status=201)
+        return await super()._dispatch(request)
+
+
+def test_a_retry_x_refuses_as_a_duplicate_of_a_post_whose_answer_was_lost_goes_on_with_the_thread(
+    fake_llm: FakeLLMServer, manual_clock: ManualClock, make_app: Callable[..., Application], tmp_path: Path,
+) -> None:
+    with SlowAnswerX(user_id=ME, username="synth", oauth1=KEYS, clock=manual_clock) as x:
+        app = make_app(base_url=fake_llm.base_url, x=x_settings(x, tmp_path, timeout=3), clock=x.clock)
+        mention = x.push_mention("@synth tell me a story", author_id=STRANGER, username="someone")
+        text = " ".join(f"word{n:03d}" for n in range(75)) + "!"  # three posts
+        tell(app, text, mention)
+        posts = until(x, lambda: len(x.posts()) == 3 and x.posts())
+        assert app.runtime.wait_idle(timeout=10)
+        assert app.runtime.dead_letters.letters() == []
+        assert " ".join(p.text for p in posts) == text  # every chunk once, in order
+        assert len(x.calls_to("POST /2/tweets")) == 4  # the first twice: lost, then refused
+        # The first post's id was never read: the second answers the mention, the third the second.
+        assert [p.in_reply_to for p in posts] == [mention, mention, posts[1].id]
+        app.stop()
+
+
 #: Mentions whose one field is not what X sends: the first would fail tweepy's reading of
 #: the whole page (why the mentions are read as JSON), the second our parsing refuses.
 MALFORMED: dict[str, dict[str, Any]] = {
@@ -320,6 +455,22 @@ def test_an_unreadable_page_of_mentions_is_a_failed_look_and_the_reader_goes_on(
     assert reader is not None and reader.restarts == 0  # backed off and looked again, not crashed
 
 
+@pytest.mark.parametrize("token", [{"a": 1}, True], ids=["object", "true"])
+def test_a_next_token_that_is_no_token_is_a_failed_look_and_the_reader_goes_on(
+    fake_llm: FakeLLMServer, fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path,
+    token: Any,
+) -> None:
+    app = make_app(base_url=fake_llm.base_url, x=x_settings(fake_x, tmp_path, strangers="refuse"),
+                   clock=fake_x.clock)
+    page = {"data": [], "meta": {"result_count": 0, "next_token": token}}
+    for _ in range(3):
+        fake_x.answer_next("GET mentions", json.dumps(page).encode())
+    good = fake_x.push_mention("@synth hi", author_id=STRANGER, username="someone")
+    until(fake_x, lambda: fake_x.posts(good))
+    reader = snapshot(app.runtime).find(interface("x"))
+    assert reader is not None and reader.restarts == 0  # backed off and looked again, not crashed
+
+
 def test_strangers_and_the_account_itself_get_no_action(
     bot: Application, fake_llm: FakeLLMServer, fake_x: FakeXServer
 ) -> None:
@@ -352,6 +503,18 @@ def test_wrong_keys_stop_the_start_with_a_reason_and_no_secret(
         make_app(x=x_settings(fake_x, tmp_path, consumer_secret=wrong), clock=fake_x.clock)
     assert "cannot sign in to X: Unauthorized" in str(failed.value)
     assert wrong not in str(failed.value)
+
+
+@pytest.mark.parametrize("kept", ["[]", '{"user_id": 1000, "since_id": "5"}', '{"user_id": 1000, "start_time": 5}'],
+                         ids=["a list", "no start_time", "a number for start_time"])
+def test_a_cursor_file_holding_no_cursor_stops_the_start_saying_where(
+    fake_x: FakeXServer, make_app: Callable[..., Application], tmp_path: Path, kept: str
+) -> None:
+    where = tmp_path / "x-cursor.json"
+    where.write_text(kept)
+    with pytest.raises(StartError) as failed:
+        make_app(x=x_settings(fake_x, tmp_path, cursor_file=str(where)), clock=fake_x.clock)
+    assert f"cannot keep X's since_id in {where}: it holds" in str(failed.value)
 
 
 def test_no_secret_appears_in_logs_status_or_dead_letters(

@@ -143,7 +143,8 @@ class XApi:
                              start_time: dt.datetime | None) -> list[tuple[Any, dict[str, Any]]]:
         """Every mention newer than ``since_id`` (or, before any, since ``start_time``),
         oldest first, each as X sent it (JSON, unchecked) with its page's ``includes``
-        (the authors, the media). A page that is no page of posts is a TweepyException."""
+        (the authors, the media). A page that is no page of posts, or names a next page
+        by no token (a non-empty string), is a TweepyException."""
         found: list[tuple[Any, dict[str, Any]]] = []
         token = None
         for _ in range(X_MENTION_PAGES):  # X keeps the newest 800 anyway
@@ -165,6 +166,8 @@ class XApi:
             token = meta.get("next_token") if isinstance(meta, dict) else None
             if token is None:
                 break
+            if not isinstance(token, str) or not token:  # no request could carry it: a failed look
+                raise TweepyException(f"the mentions answered a next_token that is no token: {str(token)[:200]}")
         # A post without a readable id goes first: it is dead-lettered, and moves no cursor.
         return sorted(found, key=lambda pair: post_id(pair[0]) or 0)
 

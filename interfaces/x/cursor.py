@@ -29,18 +29,26 @@ class MentionCursor:
 
     @classmethod
     def open(cls, path: Path, *, user_id: int) -> MentionCursor:
-        """The cursor kept at ``path`` for this account, or a new one starting now."""
+        """The cursor kept at ``path`` for this account, or a new one starting now.
+        Raises OSError, or ValueError for a file that holds no cursor (JSON or not)."""
         try:
             state = json.loads(path.read_text())
         except FileNotFoundError:
             state = None
+        if state is not None and not isinstance(state, dict):
+            raise ValueError(f"it holds a JSON {type(state).__name__}, not a cursor (an object)")
         if state is None or state.get("user_id") != user_id:  # first start, or another account
             cursor = cls(path, user_id, None, dt.datetime.now(dt.UTC).replace(microsecond=0))
             cursor._write()
             return cursor
         since_id = state.get("since_id")
-        return cls(path, user_id, None if since_id is None else int(since_id),
-                   dt.datetime.fromisoformat(state["start_time"]))
+        try:
+            return cls(path, user_id, None if since_id is None else int(since_id),
+                       dt.datetime.fromisoformat(state["start_time"]))
+        except KeyError as exc:
+            raise ValueError(f"it holds no {exc} (a cursor always does)") from None
+        except TypeError as exc:  # a field of a type the cursor never writes
+            raise ValueError(f"it holds no cursor: {exc}") from None
 
     def advance(self, tweet_id: int) -> None:
         """Mentions up to ``tweet_id`` are taken (journaled); durable when this returns."""

@@ -9,6 +9,9 @@
   retried a bounded number of times; anything else X refuses (a duplicate, a deleted
   post, no permission) is final: a dead letter with X's words. So is an answer that
   cannot be read: the post may be up, and is never made twice.
+* A retry that X refuses as a duplicate, after a try whose answer never came (a timeout,
+  a dropped connection, a 5xx), is that try's post: it went out. The chunk counts as
+  posted (its id unread) and the rest of the reply follows.
 
 >>> delivery = XDelivery(api, journal)                               # doctest: +SKIP
 >>> await delivery.deliver(OutboundMessage.reply(ctx, "Your disks are fine."))   # doctest: +SKIP
@@ -23,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from tweepy import HTTPException, TooManyRequests, TwitterServerError
+from tweepy import Forbidden, HTTPException, TooManyRequests, TwitterServerError
 
 from autoresponse.actors.kernel.backoff import SEND_BACKOFF
 from autoresponse.actors.kernel.clock import Clock
@@ -39,6 +42,14 @@ from autoresponse.interfaces.x.settings import (
 from autoresponse.messages import OutboundMessage
 
 log = logging.getLogger("autoresponse.x")
+
+#: How X words its refusal of a post with the text of one of the account's recent posts.
+_DUPLICATE_CONTENT = "duplicate content"
+
+
+def _is_duplicate(exc: HTTPException) -> bool:
+    """Whether X refused a post as one it already has (a 403 saying so)."""
+    return isinstance(exc, Forbidden) and _DUPLICATE_CONTENT in str(exc).lower()  # tweepy's text holds X's
 
 
 def _post_id(value: Any) -> int | None:
@@ -60,7 +71,8 @@ class XDelivery:
         self._sleep = sleep if sleep is not None else self._clock.sleep
 
     async def deliver(self, message: OutboundMessage) -> list[int]:
-        """Post every chunk of ``message``; the ids X gave them. Raises Undeliverable."""
+        """Post every chunk of ``message``; the ids X gave them (but for a chunk whose
+        answer was lost, see ``_post``). Raises Undeliverable."""
         parent = _post_id(message.reply_to_message_id)
         if parent is None:
             raise Undeliverable("no thread", f"a reply on X answers a post; {message.chat_id!r} is not one")
@@ -68,12 +80,19 @@ class XDelivery:
         for n, chunk in enumerate(split_post(message.text)):
             if self.ledger.already_sent(message, n):
                 continue  # confirmed before a restart: never twice (the next answers the mention)
-            parent = await self._post(chunk, parent)
-            posted.append(parent)
+            made = await self._post(chunk, parent)
+            # A chunk posted without its id read: the next answers the last post known (the
+            # one before it, or the mention), as after a restart. The reply then reads in
+            # order under the mention, nothing missing; only that link of the chain is lost.
+            if made is not None:
+                posted.append(made)
+                parent = made
             await asyncio.wrap_future(self.ledger.confirm(message, n))
         return posted
 
-    async def _post(self, text: str, in_reply_to: int) -> int:
+    async def _post(self, text: str, in_reply_to: int) -> int | None:
+        """The new post's id; None when X refuses a retry as a duplicate of what a try
+        before it, whose answer never came, posted (nothing can tell us its id)."""
         rate_limits = failures = 0
         while True:
             try:
@@ -94,4 +113,9 @@ class XDelivery:
             except UnreadableAnswer as exc:
                 raise Undeliverable("unreadable answer", str(exc)) from None
             except HTTPException as exc:  # 400, 401, 403 (a duplicate, no permission), 404
+                if failures and _is_duplicate(exc):
+                    # The try that failed went out. (Or the same words answered another
+                    # post lately, and that try never reached X: nothing tells them apart.)
+                    log.info("X has the reply to %s already (a try before went out unanswered)", in_reply_to)
+                    return None
                 raise Undeliverable("rejected by X", f"{type(exc).__name__}: {exc}") from None
