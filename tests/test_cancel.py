@@ -173,6 +173,36 @@ def test_cancel_on_telegram_answers_in_the_chat(
         assert sent.params["reply_parameters"]["message_id"] == cancel["message_id"]
 
 
+def test_cancel_during_a_streamed_reply_takes_back_what_the_chat_saw_of_it(
+    fake_llm: FakeLLMServer, make_app: MakeApp
+) -> None:
+    """The half reply shown as it was written stayed above "Cancelled", reading as the answer."""
+    answer = "Your disks are fine: the root filesystem is 41% full, and /home has 120 GB free."
+    fake_llm.script(FakeResponse(content=json.dumps({"actions": [
+        {"type": "message_telegram_bot", "payload": {"text": answer}}]}), piece=6, every=0.3))
+    with FakeTelegramServer() as telegram:
+        make_app(base_url=fake_llm.base_url, llm={"stream": True}, telegram={
+            "token": "123456:TEST-TOKEN", "base_url": telegram.base_url, "allowed_users": [7],
+            "poll_timeout": 1})
+        telegram.push_text("how are my disks?", chat_id=42, user_id=7)
+        [preview] = wait_for(lambda: telegram.sent(42))  # shown as it is written
+        assert answer.startswith(preview.params["text"]) and preview.params["text"] != answer
+        telegram.push_text("/cancel", chat_id=42, user_id=7)
+        wait_for(lambda: [c for c in telegram.calls_to("deleteMessage") if c.ok])
+
+        def shown() -> list[str]:
+            texts = {c.message_id: c.params["text"] for c in telegram.sent(42)}
+            for edit in telegram.calls_to("editMessageText"):
+                if edit.ok:
+                    texts[int(edit.params["message_id"])] = edit.params["text"]
+            for deleted in telegram.calls_to("deleteMessage"):
+                if deleted.ok:
+                    texts.pop(int(deleted.params["message_id"]), None)
+            return list(texts.values())
+
+        assert wait_for(lambda: shown() == [CANCELLED])
+
+
 def test_a_cancel_survives_a_restart(fake_llm: FakeLLMServer, tmp_path: Path, manual_clock: ManualClock) -> None:
     """The request is cancelled while its work still waits (a re-ask's delay, on the clock);
     the daemon stops before that wait ends. Its journal item says cancelled, so the next

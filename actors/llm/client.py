@@ -7,6 +7,7 @@ the status and the metrics say so; healthy again once it answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
@@ -169,6 +170,10 @@ class LLMClient(TypedActor):
         try:
             answer = await (self.engine.answer(asked) if watch is None
                             else self.engine.answer(asked, on_text))
+        except asyncio.CancelledError:  # its user cancelled it (or the daemon stops)
+            if previewed and env is not None:
+                self._withdraw(prompt, env)
+            raise
         except LLMError as exc:
             self._report_health(exc)
             return LLMFailure(prompt=prompt, error=str(exc), status=exc.status, previewed=previewed,
@@ -206,9 +211,18 @@ class LLMClient(TypedActor):
         self.report_health(down is None, down or "")
         self._maybe_failing = down is not None
 
+    def _withdraw(self, prompt: PromptRequest, env: Envelope) -> None:
+        """Take back the preview the chat saw of a reply that will not be finished (its
+        call failed, or its user cancelled it): left, a half reply reads as the answer."""
+        ctx = prompt.original_context
+        key = message_key(turn_key(env.correlation_id, prompt), 0)
+        self.send(sender(ctx.interface_name), withdrawal(ctx, key), cause=env)
+
     @handles
     def on_llm_reply(self, reply: LLMReply, env: Envelope) -> None:
         if is_cancelled(self.runtime, env.correlation_id):
+            if reply.previewed:
+                self._withdraw(reply.prompt, env)
             return  # its user cancelled it: late work of it is dropped
         kind = turn_kind(reply.prompt)
         self.meter.add(chat_key(reply.prompt.original_context), kind=kind, model=reply.model or "?",
@@ -227,13 +241,12 @@ class LLMClient(TypedActor):
 
     @handles
     def on_llm_failure(self, failure: LLMFailure, env: Envelope) -> None:
+        if failure.previewed:  # the chat saw a reply start that will not be finished
+            self._withdraw(failure.prompt, env)
         if is_cancelled(self.runtime, env.correlation_id):
             return  # its user cancelled it: late work of it is dropped
         self.runtime.dead_letters.post(env, "llm unavailable", actor=self.name, detail=failure.error)
         ctx = failure.prompt.original_context
-        if failure.previewed:  # the chat saw a reply start that will not be finished
-            key = message_key(turn_key(env.correlation_id, failure.prompt), 0)
-            self.send(sender(ctx.interface_name), withdrawal(ctx, key), cause=env)
         if receipt_failed(self, ctx, env, f"llm unavailable: {failure.error}"):
             return  # whoever asked for the receipt decides what the user hears
         notice = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
