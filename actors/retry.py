@@ -57,13 +57,18 @@ def give_up_notice(rejection: Rejection) -> str:
     return PARTLY_DONE_NOTICE if rejection.carried_out else GIVE_UP_NOTICE
 
 
+#: The most retry actors a pool may hold: each is a thread, started before the daemon
+#: serves (100000 never finished starting); re-asks are a few at a time.
+RETRY_POOL_MAX = 64
+
+
 class RetrySettings(BaseModel):
     max_attempts: int = Field(default=RETRY_MAX_ATTEMPTS, ge=0, description="re-asks per turn")
     max_errors: int = Field(default=MAX_ERRORS_SHOWN, ge=1, description="errors shown per re-ask")
     backoff_min: float = Field(default=RETRY_BACKOFF_MIN_SECONDS, ge=0)
     backoff_max: float = Field(default=RETRY_BACKOFF_MAX_SECONDS, ge=0)
     notify_user: bool = True
-    pool_size: int = Field(default=RETRY_POOL_SIZE, ge=1)
+    pool_size: int = Field(default=RETRY_POOL_SIZE, ge=1, le=RETRY_POOL_MAX)
 
     def delay(self, reask: int) -> float:
         """Wait before re-ask number ``reask + 1``."""

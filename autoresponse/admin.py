@@ -14,9 +14,10 @@ Routes (JSON unless said otherwise)::
     GET  /trace/{correlation}          every hop of one request, in causal order
     GET  /requests                     the requests in flight, and the newest traced
     POST /deadletters/{id}/replay      send a dead letter again, as a new attempt
-    POST /inject/{actor}?type=Name     a JSON message, validated against the actor's types;
-         &correlation=ID               journaled before the 202: a retry with the same ID is
-                                       acknowledged again, not run twice
+    POST /inject/{actor}?type=Name     a JSON message, validated against the actor's own types
+         &correlation=ID               (and ``Crash`` by name; never the supervision protocol),
+                                       a key no field has refused; journaled before the 202: a
+                                       retry with the same ID is acknowledged again, not run twice
 
 It binds to 127.0.0.1 by default. Binding anywhere else requires a token, and
 when a token is set every request must carry ``Authorization: Bearer <token>``,
@@ -30,7 +31,8 @@ Whatever a client sends gets a 4xx with a JSON reason, never a 500: a body that
 is not UTF-8, not JSON, or nested deeper than ``MAX_BODY_DEPTH``; a header or
 query that is not UTF-8; a body that has not arrived whole within ``HTTP_IDLE_SECONDS``
 (408). While ``ADMIN_MAX_BODIES_READ`` bodies are being read, another request with one
-gets 503 at once.
+gets 503 at once. A request that is not HTTP at all gets aiohttp's 400, and such requests
+are one WARNING at most every ``MALFORMED_LOG_SECONDS`` (``actors.serverlog``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from pydantic import BaseModel, ValidationError
 from autoresponse.actors.kernel import Cell, IntakeFull, NotReplayable, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import BodyReads, read_json_body
+from autoresponse.actors.serverlog import ServerLog
 from autoresponse.actors.limits import (
     ADMIN_MAX_BODIES_READ,
     HTTP_CLOSE_SECONDS,
@@ -65,9 +68,10 @@ from autoresponse.actors.routes import SENDER_PREFIX, interface
 #: Inbound interfaces are named ``interface.<platform>``.
 INTERFACE_PREFIX = interface("")
 from autoresponse.config import AdminSettings
-from autoresponse.messages import Crash
+from autoresponse.messages import Crash, Exit
 from autoresponse.page import StatusPage
 from autoresponse.supervisors.status import snapshot
+from autoresponse.supervisors.supervisor import RestartDue, StartChild
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -98,13 +102,31 @@ def is_loopback(host: str) -> bool:
 #: Messages every actor handles; injected only when asked for by name (``?type=Crash``),
 #: never guessed from a body that happens to fit.
 CONTROL_MESSAGES = (Crash,)
+#: The supervision protocol, which only the kernel and supervisors send: never injected. A
+#: forged Exit leaves a running actor counted as down, and a StartChild that fails (any
+#: JSON object is one) stops its supervisor: at the root, the whole daemon.
+SUPERVISION_MESSAGES = (Exit, RestartDue, StartChild)
 
 
 def message_types(cell: Cell, *, control: bool = True) -> list[type[BaseModel]]:
-    """The pydantic message classes an actor handles: its own first, then control ones."""
-    handled = [t for t in cell.actor_class._handlers if isinstance(t, type) and issubclass(t, BaseModel)]
+    """The pydantic message classes an actor takes by inject: its own first, then control
+    ones; never the supervision protocol."""
+    handled = [t for t in cell.actor_class._handlers if isinstance(t, type) and issubclass(t, BaseModel)
+               and t not in SUPERVISION_MESSAGES]
     own = [t for t in handled if t not in CONTROL_MESSAGES]
     return own + [t for t in handled if t in CONTROL_MESSAGES] if control else own
+
+
+def unknown_keys(message_type: type[BaseModel], data: Any) -> list[str]:
+    """The keys of a body that ``message_type`` has no field for. Most messages ignore such
+    keys, so that any body would fit one whose fields all have defaults; checked here, not
+    with ``extra="forbid"`` on the validation, which would refuse them in nested models
+    that take them (a context's platform fields)."""
+    if not isinstance(data, dict) or message_type.model_config.get("extra") == "allow":
+        return []
+    fields = message_type.model_fields
+    known = set(fields) | {f.alias for f in fields.values() if f.alias}
+    return [key for key in data if key not in known]
 
 
 class RuntimeCollector:
@@ -271,7 +293,8 @@ class AdminServer:
         app.router.add_get("/trace/{correlation}", self._trace)
         app.router.add_get("/requests", self._requests)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     keepalive_timeout=HTTP_IDLE_SECONDS, shutdown_timeout=HTTP_CLOSE_SECONDS)
+                                     keepalive_timeout=HTTP_IDLE_SECONDS, shutdown_timeout=HTTP_CLOSE_SECONDS,
+                                     logger=ServerLog("request(s)", self.runtime.clock.monotonic))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -439,19 +462,26 @@ class AdminServer:
         except ValueError as exc:
             return _error(400, str(exc))
         wanted = request.query.get("type")
-        types = message_types(self.runtime.cell(name), control=wanted is not None)
+        cell = self.runtime.cell(name)
+        accepts = [t.__name__ for t in message_types(cell)]
+        types = message_types(cell, control=wanted is not None)
         if wanted is not None:
             types = [t for t in types if t.__name__ == wanted]
             if not types:
-                return _error(400, f"{name} does not handle {wanted!r}",
-                              accepts=[t.__name__ for t in message_types(self.runtime.cell(name))])
+                return _error(400, f"{name} does not take {wanted!r} by inject; it takes "
+                                   f"{', '.join(accepts)}", accepts=accepts)
+        elif not types:  # a supervisor: it takes only control messages, each asked for by name
+            return _error(400, f"{name} takes no message by inject without ?type=; it takes "
+                               f"{', '.join(f'?type={a}' for a in accepts)}", accepts=accepts)
         problems = {}
         for message_type in types:
+            wrong = [f"{key}: Extra inputs are not permitted" for key in unknown_keys(message_type, data)]
             try:
                 message = message_type.model_validate(data)
             except ValidationError as exc:
-                problems[message_type.__name__] = [
-                    f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()]
+                wrong = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()] + wrong
+            if wrong:
+                problems[message_type.__name__] = wrong
                 continue
             if not self.accepting:
                 return _busy("stopping: the daemon takes no new work while it stops")
@@ -466,4 +496,5 @@ class AdminServer:
                 return _error(400, str(exc))
             return web.json_response({"type": message_type.__name__, "message_id": envelope.message_id,
                                       "correlation_id": envelope.correlation_id}, status=202)
-        return _error(422, f"the body fits none of the messages {name} handles", problems=problems)
+        return _error(422, f"the body fits none of the messages {name} handles", problems=problems,
+                      accepts=accepts)

@@ -245,18 +245,19 @@ def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -
     settings = Settings.load(args.config)
     url = (args.url or settings.admin.url).rstrip("/") + path
     token = args.token or (settings.admin.token.get_secret_value() if settings.admin.token else None)
-    request = urllib.request.Request(url, method=method,
-                                     data=None if body is None else json.dumps(body).encode())
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
+        request = urllib.request.Request(url, method=method,
+                                         data=None if body is None else json.dumps(body).encode())
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = response.read()
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode(errors="replace").split())  # one line, whoever answered
         raise AdminError(f"{method} {url}: HTTP {exc.code}: {detail[:500]}") from None
-    # ValueError: a URL that http.client refuses (a space in it); HTTPException: no HTTP answer.
+    # ValueError: a URL that urllib or http.client refuses (an unclosed "[", a space in it);
+    # HTTPException: no HTTP answer.
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise AdminError(f"cannot reach the admin endpoint at {url}: {exc}") from None
     try:
@@ -368,6 +369,10 @@ def inject(args: argparse.Namespace) -> int:
         body = json.loads(args.json)
     except json.JSONDecodeError as exc:
         print(f"autoresponse: the message is not JSON: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:  # lists or objects nested past what Python's parser takes
+        print("autoresponse: the message nests lists or objects too deeply to be read as JSON",
+              file=sys.stderr)
         return 2
     query = f"?{urllib.parse.urlencode({'type': args.type})}" if args.type else ""
     path = f"/inject/{urllib.parse.quote(args.actor, safe='')}{query}"

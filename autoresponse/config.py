@@ -207,6 +207,10 @@ class LLMSettings(BaseModel):
                 or any(c.isspace() for c in url)):
             raise PydanticCustomError("http_url", "should be an http:// or https:// URL with a host, "
                                                   "e.g. http://127.0.0.1:11434/v1")
+        if "?" in url or "#" in url:  # the API's path goes after it: ...?key=X/chat/completions
+            raise PydanticCustomError("http_url_query",
+                                      "should have no query or fragment (? or #): the API's path is added "
+                                      "to its end (a key goes in an api_key setting)")
         return url
 
 
@@ -730,9 +734,12 @@ def _is_secret(model: type[BaseModel], loc: Sequence[str | int]) -> bool:
 
 def _shown(value: Any, secret: bool) -> str | None:
     """The bad value as the operator may see it: None for secrets and for containers,
-    which might hold one; URL credentials replaced."""
+    which might hold one; URL credentials replaced, and a URL's query and fragment (where
+    a key may be) cut to ``?...``."""
     if secret or not isinstance(value, (str, int, float, bool, type(None))):
         return None
+    if isinstance(value, str) and "://" in value and re.search(r"[?#]", value):
+        value = re.split(r"[?#]", value, maxsplit=1)[0] + "?..."
     text = repr(value)
     for hidden in sorted(_secret_values(value), key=len, reverse=True):
         text = text.replace(hidden, "[secret]")

@@ -97,6 +97,45 @@ def test_inject_validates_against_the_actors_messages(make_app: MakeApp) -> None
     assert code == 400 and "UserRequest" in json.loads(body)["accepts"]
 
 
+@pytest.mark.parametrize(("actor", "query", "body"), [
+    ("root", "", {}),
+    ("root", "", {"text": "hello"}),
+    ("retry", "", {"text": "run uptime"}),
+    ("pipeline", "?type=Exit", {"name": "llm", "abnormal": True}),
+    ("root", "?type=StartChild", {}),
+    ("root", "?type=RestartDue", {"names": ["pipeline"]}),
+])
+def test_the_supervision_protocol_cannot_be_injected(make_app: MakeApp, actor: str, query: str,
+                                                     body: dict[str, Any]) -> None:
+    # Any object fit StartChild (its fields have defaults, extra keys were ignored) and
+    # stopped the root; a forged Exit left a running actor counted as down for good.
+    app = make_app(admin=ADMIN)
+    url = admin_url(app)
+    code, answer = call(f"{url}/inject/{actor}{query}", "POST", body)
+    assert code == 400, answer
+    assert json.loads(answer)["accepts"] == ["Crash"]
+    assert json.loads(answer)["error"].startswith(f"{actor} ")
+    assert app.runtime.wait_idle(timeout=10)
+    assert not app.failed.is_set()
+    code, health = call(f"{url}/healthz")
+    assert (code, json.loads(health)) == (200, {"status": "ok"})
+    ask(app, "run echo still-serving")
+    assert "still-serving" in console_text(app)
+
+
+def test_a_body_with_a_key_its_message_does_not_have_fits_no_message(make_app: MakeApp) -> None:
+    app = make_app(admin=ADMIN)
+    url = admin_url(app)
+    code, body = call(f"{url}/inject/interface.console", "POST", {"text": "run echo fits", "txt": "typo"})
+    assert code == 422, body
+    assert json.loads(body)["problems"]["ConsoleInput"] == ["txt: Extra inputs are not permitted"]
+    assert "ConsoleInput" in json.loads(body)["accepts"]
+    code, body = call(f"{url}/inject/llm?type=Crash", "POST", {"reason": "drill", "why": "typo"})
+    assert code == 422, body
+    assert app.runtime.wait_idle(timeout=10)
+    assert app.runtime.cell("llm").restarts == 0
+
+
 def test_metrics_parse_and_count_what_happened(make_app: MakeApp) -> None:
     app = make_app(admin=ADMIN)
     url = admin_url(app)
@@ -252,6 +291,81 @@ def test_a_client_that_hangs_up_mid_body_logs_no_error(make_app: MakeApp,
     wait_for(lambda: len([r for r in caplog.records if r.name in ("autoresponse.admin", "aiohttp.server")]) >= 3)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert call(f"{admin_url(app)}/healthz")[0] == 200
+
+
+#: Requests that are not HTTP: a byte no URL has, a TLS hello, a header too long.
+NOT_HTTP = [b"GET /\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 10_000 + b"\r\n\r\n"]
+
+
+def test_requests_that_are_not_http_are_one_warning_not_an_error_each(make_app: MakeApp,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # aiohttp logged each as an ERROR with a traceback: 500 of them in a second, from anyone.
+    caplog.set_level(logging.DEBUG)
+    app = make_app(admin=ADMIN)
+    for n in range(60):
+        with socket.create_connection(("127.0.0.1", _port(app)), timeout=30) as client:
+            client.sendall(NOT_HTTP[n % len(NOT_HTTP)])
+            assert client.recv(1024).split(b" ", 2)[1] == b"400"
+    assert call(f"{admin_url(app)}/healthz")[0] == 200
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    [line] = [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"]
+    assert line.startswith("answered 1 request(s) that are not HTTP with a 400 (the last: ")
+
+
+def test_calls_to_the_telegram_webhook_that_are_not_http_are_one_warning_not_an_error_each(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    # The other HTTP server a daemon may run, open to the internet behind its TLS proxy.
+    import asyncio
+
+    from conftest import free_port
+    from pydantic import SecretStr
+
+    from autoresponse.interfaces.telegram.webhook import WebhookServer
+
+    async def status(port: int, request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        line = await asyncio.wait_for(reader.readline(), 30)
+        writer.close()
+        return line.split(b" ", 2)[1]
+
+    async def serve() -> tuple[list[bytes], bytes]:
+        async def receive(update: Any) -> None:
+            pass
+
+        port = free_port()
+        server = WebhookServer(("127.0.0.1", port), "https://bot.example/hook", SecretStr("s3cret"),
+                               receive=receive, malformed=lambda raw, why: None)
+        await server.start()
+        try:
+            answers = [await status(port, NOT_HTTP[n % len(NOT_HTTP)]) for n in range(60)]
+            return answers, await status(port, b"POST /hook HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                               b"Content-Length: 0\r\n\r\n")
+        finally:
+            await server.close()
+
+    caplog.set_level(logging.DEBUG)
+    answers, unauthorized = asyncio.run(serve())
+    assert set(answers) == {b"400"} and unauthorized == b"401"  # it still serves
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    [line] = [r.getMessage() for r in caplog.records if r.name == "aiohttp.server"]
+    assert line.startswith("answered 1 Telegram webhook call(s) that are not HTTP with a 400 (the last: ")
+
+
+def test_an_error_in_a_handler_is_still_logged_in_full(make_app: MakeApp, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    async def broken(self: AdminServer, request: Any) -> Any:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(AdminServer, "_requests", broken)
+    app = make_app(admin=ADMIN)
+    assert call(f"{admin_url(app)}/requests")[0] == 500
+    [error] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.name == "aiohttp.server" and error.exc_info is not None
+    assert str(error.exc_info[1]) == "a bug in a handler"
 
 
 @pytest.mark.parametrize("correlation", ["ok%0Aautoresponse%3A%20forged", "a%0Db", "a%09b", "a%1B%5B31m",

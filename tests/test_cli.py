@@ -390,6 +390,20 @@ def test_inject_reads_a_message_with_bytes_that_are_no_utf_8_as_text(make_app: C
     wait_for(lambda: "`echo caf\ufffd` finished" in console_text(app))
 
 
+@pytest.mark.parametrize("message", ["[" * 1_000 + "]" * 1_000, "[" * 100_000], ids=["closed", "unclosed"])
+def test_inject_of_a_message_nested_past_the_parser_is_one_line(message: str) -> None:
+    line = one_line_error(autoresponse("inject", "interface.console", message,
+                                       "--url", f"http://127.0.0.1:{free_port()}"))
+    assert line == "autoresponse: the message nests lists or objects too deeply to be read as JSON"
+
+
+@pytest.mark.parametrize("command", [["status"], ["inject", "interface.console", "{}"]])
+def test_an_admin_url_that_does_not_parse_is_one_line(command: list[str]) -> None:
+    line = one_line_error(autoresponse(*command, "--url", "http://[::1"))
+    assert line.startswith("autoresponse: cannot reach the admin endpoint at http://[::1/")
+    assert line.endswith(": Invalid IPv6 URL")
+
+
 def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("[telegram]\ntoken = 123456789\n")
@@ -436,6 +450,7 @@ def test_journal_check_reads_the_path_from_the_config_file(tmp_path: Path) -> No
     ("AUTORESPONSE_LLM__TEMPERATURE", "nan", "is nan: should be a finite number"),
     ("AUTORESPONSE_EVENTS__RETRY_MIN", "nan", "should be greater than or equal to 0"),
     ("AUTORESPONSE_MEMORY__MAX_TOKENS", "0", "is '0': should be greater than or equal to 1"),
+    ("AUTORESPONSE_RETRY__POOL_SIZE", "65", "is '65': should be less than or equal to 64"),
 ])
 def test_a_number_no_one_can_mean_is_refused_before_the_start(variable: str, value: str, expected: str,
                                                               tmp_path: Path) -> None:
@@ -452,6 +467,18 @@ def test_an_llm_base_url_that_is_no_url_is_a_settings_error(command: str) -> Non
     line = one_line_error(autoresponse(command, env=env))
     assert line == ("autoresponse: AUTORESPONSE_LLM__BASE_URL is 'not a url': should be an http:// or "
                     "https:// URL with a host, e.g. http://127.0.0.1:11434/v1")
+
+
+def test_an_llm_base_url_with_a_query_is_refused_without_showing_it(tmp_path: Path) -> None:
+    env = environment(AUTORESPONSE_LLM__BASE_URL="http://127.0.0.1:1/v1?api-version=1&key=QUERYSECRET",
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()), AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    done = autoresponse("run", env=env)
+    line = one_line_error(done)
+    assert line == ("autoresponse: AUTORESPONSE_LLM__BASE_URL is 'http://127.0.0.1:1/v1?...': should have no "
+                    "query or fragment (? or #): the API's path is added to its end (a key goes in an "
+                    "api_key setting)")
+    assert "QUERYSECRET" not in done.stdout + done.stderr
+    assert not (tmp_path / "data" / "journal.sqlite3").exists()  # refused before anything started
 
 
 def test_an_llm_base_url_that_does_not_parse_never_shows_its_password() -> None:

@@ -341,6 +341,39 @@ def test_the_llm_base_url_must_be_an_http_url_with_a_host(monkeypatch: pytest.Mo
     assert "hunter22" not in message
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:11434/v1?key=hunter22",
+                                 "https://llm.example/openai?api-version=2024-06-01&api-key=hunter22",
+                                 "http://llm.example/v1#hunter22", "http://llm.example/v1?"])
+@pytest.mark.parametrize(("variable", "value"), [
+    ("AUTORESPONSE_LLM__BASE_URL", "{}"),
+    ("AUTORESPONSE_LLM__TRANSCRIBE_URL", "{}"),
+    ("AUTORESPONSE_LLM__FALLBACKS", '[{{"base_url": "{}"}}]'),
+], ids=["base_url", "transcribe_url", "fallbacks"])
+def test_an_llm_url_with_a_query_or_fragment_is_refused_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch, url: str, variable: str, value: str
+) -> None:
+    # The API's path went after the query ("/v1?key=X/chat/completions": no call reached the
+    # server), and the query, often a key, showed in the log, /status and config show.
+    monkeypatch.setenv(variable, value.format(url))
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    message = str(caught.value)
+    assert message.startswith(variable)
+    assert message.endswith("?...': should have no query or fragment (? or #): the API's path is added "
+                            "to its end (a key goes in an api_key setting)")
+    assert "hunter22" not in message and "api-version" not in message
+
+
+def test_the_retry_pool_size_has_a_maximum(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each retry actor is a thread started before the daemon serves: 100000 never finished.
+    monkeypatch.setenv("AUTORESPONSE_RETRY__POOL_SIZE", "64")
+    assert Settings.load().retry.pool_size == 64
+    monkeypatch.setenv("AUTORESPONSE_RETRY__POOL_SIZE", "100000")
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == "AUTORESPONSE_RETRY__POOL_SIZE is '100000': should be less than or equal to 64"
+
+
 def test_credentials_are_found_even_in_a_url_that_does_not_parse() -> None:
     # The Telegram base URL is not checked as a URL; its credentials are still secrets,
     # and finding them must not raise (urlsplit does, on an unclosed IPv6 bracket).

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,26 @@ def test_the_cli_reports_an_unreachable_or_refusing_endpoint(tmp_path: Path, fak
                                   "--token", "wrong"], capture_output=True, text=True, timeout=30)
         assert refused.returncode == 2 and "HTTP 401" in refused.stderr
         assert TOKEN not in refused.stderr
+
+
+def test_an_inject_to_a_supervisor_is_refused_and_the_daemon_serves_on(tmp_path: Path,
+                                                                       fake_llm: FakeLLMServer) -> None:
+    # `inject root '{}'` fit StartChild and stopped the whole daemon; a forged Exit left
+    # /healthz at 503 for good.
+    with daemon(tmp_path, fake_llm.base_url) as d:
+        for args in (("root", "{}"), ("root", '{"text": "hello"}'),
+                     ("pipeline", '{"name": "llm", "abnormal": true}', "--type", "Exit")):
+            done = d.cli("inject", *args)
+            assert done.returncode == 2, done.stdout
+            assert "HTTP 400" in done.stderr and "Crash" in done.stderr
+        time.sleep(1)  # what a refused inject would have set off
+        assert d.proc is not None and d.proc.poll() is None, d.log()
+        healthz = urllib.request.Request(f"{d.url}/healthz", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(healthz, timeout=10) as answer:  # a 503 raises
+            assert json.loads(answer.read()) == {"status": "ok"}
+        done = d.cli("inject", "interface.console", '{"text": "run echo still serving"}')
+        assert done.returncode == 0, done.stderr
+        assert d.stop() == 0
 
 
 def test_the_root_giving_up_stops_the_daemon_with_one_clear_line(tmp_path: Path, fake_llm: FakeLLMServer) -> None:

@@ -27,6 +27,8 @@ What a call gets:
   ``JSON_BODY_MAX_DEPTH``) is dead-lettered (``malformed``) and answered 200 too,
   or Telegram would resend the poison forever.
 - 404 for any other path, 405 for any other method.
+- 400 from aiohttp for a call that is not HTTP; such calls are one WARNING line at most
+  every ``MALFORMED_LOG_SECONDS`` (``actors.serverlog``: aiohttp logs each as an ERROR with a traceback).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pydantic import SecretStr
 from yarl import URL
 
 from autoresponse.actors.jsonbody import BodyReads, MalformedJson, read_json_body
+from autoresponse.actors.serverlog import ServerLog
 from autoresponse.actors.limits import HTTP_CLOSE_SECONDS, HTTP_IDLE_SECONDS
 from autoresponse.interfaces.telegram.settings import TELEGRAM_WEBHOOK_MAX_BODIES_READ, TELEGRAM_WEBHOOK_MAX_BYTES
 
@@ -101,7 +104,8 @@ class WebhookServer:
         # Not cancelled when Telegram hangs up: a call waiting for room is still journaled
         # once there is room, and Telegram's retry of it is then recognised, not run twice.
         runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=HTTP_IDLE_SECONDS,
-                               shutdown_timeout=CLOSE_SECONDS, handler_cancellation=False)
+                               shutdown_timeout=CLOSE_SECONDS, handler_cancellation=False,
+                               logger=ServerLog("Telegram webhook call(s)", self._monotonic))
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port)
