@@ -1,13 +1,16 @@
 """Streamed replies: a slow answer is shown as it grows, then becomes the final reply.
 
 Real time: the fake LLM streams in real time and the LLM client spaces its previews by the
-runtime's clock, real here too, but for the quick reply's test, whose clock stands still."""
+runtime's clock, real here too, but for the quick reply's test, whose clock stands still, and
+the tests of previews Telegram pushes back on, whose clock moves only as they move it."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from conftest import console_text, wait_for
@@ -17,10 +20,12 @@ from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.llm.engine import LLMError
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.llm.http import HttpEngine
-from autoresponse.actors.routes import interface
-from autoresponse.actors.streaming import preview_text
+from autoresponse.actors.routes import interface, sender
+from autoresponse.actors.streaming import preview_text, withdrawal
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.interfaces.telegram import utf16_len
+from autoresponse.interfaces.telegram.settings import TELEGRAM_PREVIEW_WITHDRAWN_TEXT
+from autoresponse.messages import OriginalContext, OutboundMessage
 from autoresponse.testing.fake_telegram import Call, FakeTelegramServer
 
 CHAT, ALLOWED = 42, 7
@@ -204,3 +209,98 @@ def test_a_streamed_reply_past_telegrams_limit_still_arrives_in_chunks(
     assert edits and {int(e.params["message_id"]) for e in edits} == {first.message_id}
     assert all(utf16_len(c.params["text"]) <= 4096 for c in [first, rest, *edits])
     assert edits[-1].params["text"] + " " + rest.params["text"] == long  # split at a space, nothing lost
+
+
+# ---------------------------------------------------------------- previews Telegram pushes back on
+
+
+@pytest.fixture
+def paced_telegram(manual_clock: ManualClock) -> Iterator[FakeTelegramServer]:
+    """The fake Bot API, timing its calls on the bot's clock: one that moves only when told."""
+    with FakeTelegramServer(clock=manual_clock) as server:
+        yield server
+
+
+@pytest.fixture
+def paced_bot(fake_llm: FakeLLMServer, paced_telegram: FakeTelegramServer,
+              make_app: Callable[..., Application]) -> Application:
+    return make_app(base_url=fake_llm.base_url, telegram=telegram_settings(paced_telegram),
+                    clock=paced_telegram.clock)
+
+
+def settle(app: Application, telegram: FakeTelegramServer, condition: Callable[[], Any]) -> None:
+    """Fire the bot's timers in turn (a chat's pacing, a flood wait) until ``condition()``
+    holds and nothing is in flight."""
+    clock = telegram.clock
+    assert isinstance(clock, ManualClock)
+    assert clock.advance_until(lambda: condition() and app.runtime.inflight.count() == 0, 15), "not settled"
+    assert app.runtime.wait_idle(timeout=10)
+
+
+def chat_shows(telegram: FakeTelegramServer) -> list[str]:
+    """What the user sees in the chat now: each message sent, as last edited, unless deleted."""
+    seen: dict[int, str] = {}
+    for call in [c for c in telegram.calls if c.ok and str(c.params.get("chat_id")) == str(CHAT)]:
+        if call.method == "sendMessage" and call.message_id is not None:
+            seen[call.message_id] = call.params["text"]
+        elif call.method == "editMessageText" and int(call.params["message_id"]) in seen:
+            seen[int(call.params["message_id"])] = call.params["text"]
+        elif call.method == "deleteMessage":
+            seen.pop(int(call.params["message_id"]), None)
+    return list(seen.values())
+
+
+REPLY_TO = OriginalContext(chat_id=CHAT, message_id=5, interface_name="telegram")
+
+
+def show_then_take_back(bot: Application, telegram: FakeTelegramServer) -> None:
+    """A half reply is shown; then it is taken back (the dispatcher rejected it), and the
+    corrected reply is sent."""
+    to = sender("telegram")
+    bot.runtime.send(to, OutboundMessage.reply(REPLY_TO, "Deleting all your fil", key="turn-1", preview=True))
+    settle(bot, telegram, lambda: telegram.sent(CHAT))
+    bot.runtime.send(to, withdrawal(REPLY_TO, "turn-1"))
+    bot.runtime.send(to, OutboundMessage.reply(REPLY_TO, "Corrected.", key="turn-2"))
+    settle(bot, telegram, lambda: len(telegram.sent(CHAT)) == 2)
+
+
+def test_a_taken_back_preview_whose_delete_meets_flood_control_is_deleted_after_the_wait(
+    paced_bot: Application, paced_telegram: FakeTelegramServer
+) -> None:
+    paced_telegram.fail_next("deleteMessage", 429, "Too Many Requests: retry after 5",
+                             parameters={"retry_after": 5})
+    show_then_take_back(paced_bot, paced_telegram)
+    deletes = paced_telegram.calls_to("deleteMessage")
+    assert [d.ok for d in deletes] == [False, True]
+    assert deletes[1].time - deletes[0].time >= 5  # Telegram's wait, on the bot's clock
+    assert chat_shows(paced_telegram) == ["Corrected."]
+
+
+@pytest.mark.parametrize(("status", "refusal", "parameters"), [
+    (400, "Bad Request: message can't be deleted for everyone", None),
+    (429, "Too Many Requests: retry after 3600", {"retry_after": 3600}),  # longer than the bot waits
+])
+def test_a_taken_back_preview_telegram_will_not_delete_says_it_was_withdrawn(
+    paced_bot: Application, paced_telegram: FakeTelegramServer, caplog: pytest.LogCaptureFixture,
+    status: int, refusal: str, parameters: dict[str, Any] | None,
+) -> None:
+    paced_telegram.fail_next("deleteMessage", status, refusal, parameters=parameters)
+    with caplog.at_level(logging.WARNING, "autoresponse.telegram"):
+        show_then_take_back(paced_bot, paced_telegram)
+    assert chat_shows(paced_telegram) == [TELEGRAM_PREVIEW_WITHDRAWN_TEXT, "Corrected."]
+    assert len([r for r in caplog.records if "withdrawn preview" in r.getMessage()]) == 1
+
+
+def test_a_preview_telegram_calls_too_long_is_not_shown_and_the_reply_arrives_once(
+    paced_bot: Application, paced_telegram: FakeTelegramServer
+) -> None:
+    to = sender("telegram")
+    paced_telegram.fail_next("sendMessage", 400, "Bad Request: message is too long")
+    paced_bot.runtime.send(to, OutboundMessage.reply(REPLY_TO, "Your disks are " + "x" * 300, key="turn-1",
+                                                     preview=True))
+    settle(paced_bot, paced_telegram, lambda: paced_telegram.calls_to("sendMessage"))
+    paced_bot.runtime.send(to, OutboundMessage.reply(REPLY_TO, "Your disks are fine.", key="turn-1"))
+    settle(paced_bot, paced_telegram, lambda: paced_telegram.sent(CHAT))
+    assert chat_shows(paced_telegram) == ["Your disks are fine."]
+    assert paced_bot.runtime.cell(sender("telegram")).restarts == 0
+    assert paced_bot.runtime.dead_letters.letters() == []

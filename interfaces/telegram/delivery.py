@@ -11,6 +11,8 @@ One ``TelegramDelivery`` per bot, used on the runtime's event loop:
 * ``BadRequest`` is never retried as it is: an unparsable reply is resent once
   as plain text, a too long one is split smaller (down to a floor); a reply whose
   preview message is gone is sent anew; anything else is final;
+* a preview taken back is deleted with the same waits and retries; one that cannot be
+  is edited to say it was withdrawn;
 * ``Forbidden`` marks the chat unreachable until its user writes again
   (``reachable``); ``ChatMigrated`` re-targets (a few times at most);
 * any other refusal (a revoked token, a conflict) or an unreadable answer makes
@@ -25,7 +27,7 @@ import logging
 import time
 import warnings
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiolimiter import AsyncLimiter
@@ -57,6 +59,7 @@ from autoresponse.interfaces.telegram.settings import (
     TELEGRAM_MAX_RETRY_AFTER_SECONDS,
     TELEGRAM_MAX_RETRY_AFTERS,
     TELEGRAM_MIN_CHUNK_UTF16,
+    TELEGRAM_PREVIEW_WITHDRAWN_TEXT,
     TELEGRAM_SEND_ATTEMPTS,
 )
 from autoresponse.messages import ChatId, OutboundMessage
@@ -69,6 +72,8 @@ SEND_BACKOFF = BackoffPolicy(min=0.5, max=8.0, jitter=0.1)
 _PREVIEWS_KEPT = 1_000
 #: Per-chat pacing state is dropped for chats idle this long.
 _IDLE_SECONDS = 120.0
+#: Telegram's words for a change to a sent message that there is nothing left to make.
+_NOTHING_TO_CHANGE = ("to delete not found", "to edit not found", "not modified")
 
 
 class _Shown:
@@ -172,9 +177,10 @@ class TelegramDelivery:
     async def preview(self, message: OutboundMessage) -> None:
         """Show a reply while the LLM is still writing it: the first preview sends a
         message, later ones edit it (paced as any send: one a second per chat), and one
-        with no text deletes it. Only the first chunk is shown; the final ``deliver``
-        sends the rest. Best effort: a preview that cannot be shown is dropped (the
-        final reply still goes out)."""
+        with no text takes it back (``_withdraw``). Only the first chunk is shown, never
+        split: one Telegram calls too long is not shown; the final ``deliver`` sends the
+        rest. Best effort: a preview that cannot be shown is dropped (the final reply
+        still goes out), and nothing that goes wrong with one crashes the sender."""
         if not message.key or str(message.chat_id) in self.unreachable or self.ledger.already_sent(message, 0):
             return  # a replayed turn whose reply went out before a restart shows nothing new
         text = (split_message(message.text) or [""])[0]
@@ -185,18 +191,42 @@ class TelegramDelivery:
             try:
                 if not text.strip():  # taken back
                     if shown is not None:
-                        del self._previews[message.key]
-                        await self.bot.delete_message(chat_id, shown.message_id)
+                        await self._withdraw(lane, message, message.key, shown)
                 elif shown is None:
-                    [sent] = await self._send(lane, message, text, message.reply_to_message_id)
+                    [sent] = await self._send(lane, message, text, message.reply_to_message_id, split=False)
                     self._previews[message.key] = _Shown(sent, text)
                     while len(self._previews) > _PREVIEWS_KEPT:
                         self._previews.popitem(last=False)
                 elif shown.text != text:
-                    [shown.message_id] = await self._send(lane, message, text, None, edit_of=shown.message_id)
+                    [shown.message_id] = await self._send(lane, message, text, None, edit_of=shown.message_id,
+                                                          split=False)
                     shown.text = text
             except (Undeliverable, TelegramError) as exc:
                 log.info("a preview was not shown (%s)", exc)
+            except Exception:  # unforeseen: a preview is best effort; the sender and its replies go on
+                log.exception("a preview to chat %s failed", chat_id)
+
+    async def _withdraw(self, lane: _ChatLane, message: OutboundMessage, key: str, shown: _Shown) -> None:
+        """Take a preview back: delete it; if Telegram will not (a flood wait past what this
+        bot waits, the network down, a message too old), edit it to say it was withdrawn,
+        so that no half reply stays as if it were the answer. It is forgotten once either
+        is done; kept while neither is (a final reply of its key still replaces it)."""
+        message_id = shown.message_id
+        try:
+            await self._change_sent(lane, message, "deleteMessage",
+                                    lambda chat_id: self.bot.delete_message(chat_id, message_id))
+        except Undeliverable as exc:
+            try:
+                await self._change_sent(lane, message, "editMessageText", lambda chat_id: self._send_message(
+                    chat_id, TELEGRAM_PREVIEW_WITHDRAWN_TEXT, None, None, None, edit_of=message_id))
+            except Undeliverable as last:
+                log.warning("a withdrawn preview in chat %s could not be deleted (%s) nor marked "
+                            "withdrawn (%s)", message.chat_id, exc, last)
+                return
+            log.warning("a withdrawn preview in chat %s could not be deleted (%s): it says %r instead",
+                        message.chat_id, exc, TELEGRAM_PREVIEW_WITHDRAWN_TEXT)
+        if self._previews.get(key) is shown:
+            del self._previews[key]
 
     async def _send_message(self, chat_id: ChatId, text: str, parse_mode: str | None, reply_to: Any,
                             thread_id: Any, edit_of: int | None = None,
@@ -239,29 +269,81 @@ class TelegramDelivery:
             self._overall = AsyncLimiter(self.overall_per_second, 1)
         await self._overall.acquire()
 
+    def _connections(self) -> asyncio.Semaphore:
+        """Held for each Bot API call: a bounded number of connections, as Telegram allows."""
+        if self._in_flight is None:
+            self._in_flight = asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
+        return self._in_flight
+
+    async def _flood_wait(self, exc: RetryAfter, waits: int) -> None:
+        """Wait out Telegram's flood control, the ``waits``-th time for one call; raises
+        Undeliverable for a wait too long, or one too many."""
+        wait = _seconds(exc)
+        if wait > self.max_retry_after:
+            raise Undeliverable("flood control", f"Telegram asked to wait {wait:g}s, more than "
+                                f"the {self.max_retry_after:g}s this bot waits") from None
+        if waits > TELEGRAM_MAX_RETRY_AFTERS:
+            raise Undeliverable("flood control", str(exc)) from None
+        await self._sleep(wait)
+
+    async def _network_wait(self, exc: NetworkError, failures: int) -> None:
+        """Back off after the ``failures``-th network error of one call; raises Undeliverable
+        after the last attempt."""
+        if failures >= TELEGRAM_SEND_ATTEMPTS:
+            raise Undeliverable("network", str(exc)) from None
+        await self._sleep(SEND_BACKOFF.delay(failures))
+
+    async def _change_sent(self, lane: _ChatLane, message: OutboundMessage, method: str,
+                           change: Callable[[ChatId], Awaitable[object]]) -> None:
+        """Make ``change`` (``method``) to a message already sent to ``message``'s chat,
+        paced, with the flood waits and network retries of a send. A message already gone
+        (its user deleted it), or already saying this, needs no change. Raises Undeliverable."""
+        failures = retry_afters = 0
+        while True:
+            chat_id = self.migrated.get(str(message.chat_id), message.chat_id)
+            await self._pace(lane, message.context.is_group)
+            try:
+                async with self._connections():
+                    await change(chat_id)
+                return
+            except RetryAfter as exc:
+                retry_afters += 1
+                await self._flood_wait(exc, retry_afters)
+            except Forbidden as exc:
+                self.unreachable.add(str(chat_id))
+                raise Undeliverable("chat unreachable", str(exc)) from None
+            except BadRequest as exc:
+                problem = str(exc).lower()
+                if any(done in problem for done in _NOTHING_TO_CHANGE):
+                    return  # gone already, or saying this already
+                raise Undeliverable("bad request", str(exc)) from None
+            except NetworkError as exc:  # TimedOut included; BadRequest is caught above
+                failures += 1
+                await self._network_wait(exc, failures)
+            except TelegramError as exc:  # a revoked token, a migrated group: no retry helps
+                raise Undeliverable("refused", refusal(method, exc) or f"Telegram refuses {method}: "
+                                    f"{exc.message}") from None
+            finally:
+                lane.last = self._clock()
+                lane.recent.append(lane.last)
+
     async def _send(self, lane: _ChatLane, message: OutboundMessage, text: str,
-                    reply_to: Any, *, edit_of: int | None = None) -> list[int]:
+                    reply_to: Any, *, edit_of: int | None = None, split: bool = True) -> list[int]:
+        """Send ``text`` (or edit it into ``edit_of``); the ids of the messages it became:
+        one, or (``split``) several if Telegram calls it too long. Raises Undeliverable."""
         parse_mode = self.parse_mode
         failures = retry_afters = 0
         targets = {str(self.migrated.get(str(message.chat_id), message.chat_id))}  # chats tried
         while True:
             chat_id = self.migrated.get(str(message.chat_id), message.chat_id)
             await self._pace(lane, message.context.is_group)
-            if self._in_flight is None:
-                self._in_flight = asyncio.Semaphore(TELEGRAM_MAX_CONCURRENT_SENDS)
             try:
-                async with self._in_flight:  # a bounded number of connections, as Telegram allows
+                async with self._connections():
                     return [await self._send_message(chat_id, text, parse_mode, reply_to, message.thread_id,
                                                      edit_of, markup_of(message))]
             except RetryAfter as exc:
                 retry_afters += 1
-                wait = _seconds(exc)
-                if wait > self.max_retry_after:
-                    raise Undeliverable("flood control", f"Telegram asked to wait {wait:g}s, more than "
-                                        f"the {self.max_retry_after:g}s this bot waits") from None
-                if retry_afters > TELEGRAM_MAX_RETRY_AFTERS:
-                    raise Undeliverable("flood control", str(exc)) from None
-                await self._sleep(wait)
+                await self._flood_wait(exc, retry_afters)
             except ChatMigrated as exc:
                 if str(exc.new_chat_id) in targets or len(targets) > TELEGRAM_MAX_MIGRATIONS:
                     raise Undeliverable("chat migrated", f"chat {message.chat_id} migrates again, to "
@@ -280,7 +362,7 @@ class TelegramDelivery:
                 elif edit_of is not None and ("to edit not found" in problem or "can't be edited" in problem):
                     # Its user deleted the message (a preview): what it was to say goes out anew.
                     edit_of, reply_to = None, message.reply_to_message_id
-                elif "too long" in problem and edit_of is None:
+                elif "too long" in problem and edit_of is None and split:
                     half = utf16_len(text) // 2
                     if half < TELEGRAM_MIN_CHUNK_UTF16:  # that short is no message too long
                         raise Undeliverable("bad request", f"Telegram calls a message of {utf16_len(text)} "
@@ -293,9 +375,7 @@ class TelegramDelivery:
                     raise Undeliverable("bad request", str(exc)) from None
             except NetworkError as exc:  # TimedOut included; BadRequest is caught above
                 failures += 1
-                if failures >= TELEGRAM_SEND_ATTEMPTS:
-                    raise Undeliverable("network", str(exc)) from None
-                await self._sleep(SEND_BACKOFF.delay(failures))
+                await self._network_wait(exc, failures)
             except TelegramError as exc:  # a revoked token, a conflict: no retry helps
                 method = "sendMessage" if edit_of is None else "editMessageText"
                 raise Undeliverable("refused", refusal(method, exc) or f"Telegram refuses {method}: "

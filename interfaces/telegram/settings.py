@@ -43,6 +43,9 @@ TELEGRAM_MIN_CHUNK_UTF16 = 64
 #: Chat migrations (a group upgraded to a supergroup) followed for one message: a group
 #: migrates once; more is a loop.
 TELEGRAM_MAX_MIGRATIONS = 2
+#: What a withdrawn preview (a half reply taken back) is edited to say when Telegram will
+#: not delete it: no half reply stays in the chat as if it were the answer.
+TELEGRAM_PREVIEW_WITHDRAWN_TEXT = "(withdrawn: this reply was not sent)"
 #: Largest webhook call body read; a larger one is answered 413 unread. A real update is a
 #: few kilobytes (one quoting a 4096-unit message with its entities stays under 100 KB).
 TELEGRAM_WEBHOOK_MAX_BYTES = 1024 * 1024
