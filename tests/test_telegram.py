@@ -18,6 +18,7 @@ from conftest import system_messages, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.approvals import NOTHING_TO_CANCEL
+from autoresponse.actors.conversation import CANCELLED
 from autoresponse.actors.failures import FAILURE_NOTICE
 from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.kernel import ManualClock
@@ -26,7 +27,7 @@ from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import executor, sender
 from autoresponse.interfaces.telegram import REFUSAL, utf16_len
 from autoresponse.testing.fake_telegram import FakeTelegramServer
-from autoresponse.messages import OriginalContext, OutboundMessage
+from autoresponse.messages import OriginalContext, OutboundMessage, UserRequest
 
 ALLOWED = 7
 CHAT = 42
@@ -549,3 +550,82 @@ def test_a_chat_that_keeps_migrating_is_followed_a_few_times_then_dead_lettered(
     [letter] = until(fake_telegram, lambda: bot.runtime.dead_letters.letters())
     assert letter.reason == "chat migrated" and "not followed" in letter.detail
     assert len(fake_telegram.calls_to("sendMessage")) <= 3
+
+
+def test_in_a_group_an_album_mentioning_the_bot_on_its_last_item_is_answered_whole(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    """The items before the one whose caption mentions the bot were dropped: the LLM saw one
+    file of three. They are held for the album's gather window and come along; an
+    album that never mentions the bot is held as long, then dropped without a word."""
+    group = -303
+    fake_llm.script(actions({"type": "message_telegram_bot", "payload": {"text": "Compared."}}))
+    chatter = dict(media_group_id="other-album", chat_id=group, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_document(b"not for the bot", file_name="x.txt", **chatter)
+    album = dict(media_group_id="docs-1", chat_id=group, user_id=ALLOWED, chat_type="group")
+    fake_telegram.push_document(b"first file body", file_name="a.txt", **album)
+    fake_telegram.push_document(b"second file body", file_name="b.txt", **album)
+    members = [c.name for c in bot.runtime.cells if c.name.startswith("conversations.")]
+    probes = [bot.runtime.probe(name) for name in members]
+    try:
+        last = fake_telegram.push_document(b"third file body", file_name="c.txt",
+                                           caption="@synth_bot compare these", **album)
+        # The album's last item reaches the chat's conversation before its gathering window is let close.
+        wait_for(lambda: any(r.text == "compare these" for p in probes for r in p.bodies(UserRequest)))
+        [sent] = until(fake_telegram, lambda: fake_telegram.sent(group), timeout=30)
+        settle(bot, fake_telegram)
+    finally:
+        for probe in probes:
+            probe.close()
+    assert sent.params["text"] == "Compared." and reply_to(sent) == last["message_id"]
+    [asked] = fake_llm.requests  # one turn: the album, not the chatter
+    turn = json.dumps(asked.messages[-1]["content"])
+    assert [name for name in ("a.txt", "b.txt", "c.txt", "x.txt") if name in turn] == ["a.txt", "b.txt", "c.txt"]
+    assert bot.runtime.dead_letters.letters() == []
+
+
+def test_an_update_without_a_usable_update_id_is_one_dead_letter_and_polling_backs_off(
+    bot: Application, fake_telegram: FakeTelegramServer
+) -> None:
+    """Such an update cannot be acknowledged, so the Bot API sends it again on every call:
+    polling spun on it, thousands of dead letters and warnings a second, a core busy. Now
+    a poll that acknowledged nothing is a failed one: backed off, and after a few the
+    interface shows as failing, saying why; the update is one dead letter. (Nothing can
+    move the Bot API past it: the updates behind it still come, with it, between waits.)"""
+    def letters() -> list[Any]:
+        return [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed update"]
+
+    fake_telegram.push_update({"update_id": "x", "message": {"message_id": 1}})
+    cell = bot.runtime.cell("interface.telegram")
+    until(fake_telegram, lambda: len(fake_telegram.calls_to("getUpdates")) >= 3)  # it came back twice
+    time.sleep(0.5)  # real time, in which a spinning poller would call again and again
+    assert len(letters()) == 1
+    assert len(fake_telegram.calls_to("getUpdates")) < 20  # each waits its backoff on the clock
+    failing = wait_for(lambda: cell.failing)  # three failed polls in a row
+    assert "without a usable update_id" in failing.reason
+    [letter] = letters()
+    assert letter.detail == "it has no update_id" and '"x"' in letter.record["body"]["raw"]
+    fake_telegram.push_text("run echo after the unreadable", chat_id=CHAT, user_id=ALLOWED)
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=60)
+    assert "after the unreadable" in json.dumps(sent.params)
+    assert len(letters()) == 1 and cell.restarts == 0
+
+
+def test_in_a_group_another_bots_cancel_does_not_cancel_ours_even_as_a_reply_to_it(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application]
+) -> None:
+    """A reply to our bot is addressed to it, and /cancel@OtherBot read as our /cancel: it
+    called off our running request. A command naming another bot is that bot's."""
+    group = -304
+    fake_llm.script(FakeResponse(hang=True))
+    make_app(base_url=fake_llm.base_url, llm={"read_timeout": 60, "stream": False}, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [ALLOWED],
+        "poll_timeout": 1}, clock=fake_telegram.clock)
+    fake_telegram.push_text("@synth_bot a long question", chat_id=group, user_id=ALLOWED, chat_type="group")
+    wait_for(lambda: len(fake_llm.requests) == 1)
+    fake_telegram.push_text("/cancel@OtherBot", chat_id=group, user_id=ALLOWED, chat_type="group",
+                            reply_to_bot=True)
+    ours = fake_telegram.push_text("/cancel@Synth_Bot", chat_id=group, user_id=ALLOWED, chat_type="group",
+                                   reply_to_bot=True)
+    [sent] = wait_for(lambda: fake_telegram.sent(group))
+    assert (sent.params["text"], reply_to(sent)) == (CANCELLED, ours["message_id"])

@@ -9,8 +9,14 @@ are decided here.
 
 Updates are fetched as raw JSON and parsed one by one, so one malformed update
 is logged, dead-lettered with its raw form and acknowledged, and the updates
-behind it flow on. Polling asks for no more updates than the intake has room
-for, and waits while it has none.
+behind it flow on. An update without a usable ``update_id`` cannot be acknowledged,
+so Telegram sends it again: it is dead-lettered once, and a poll that acknowledged
+nothing is a failed poll, backed off like any other. Polling asks for no more
+updates than the intake has room for, and waits while it has none.
+
+In a group, an album's items come one by one, and the one that mentions the bot
+may come last: the items before it are held for the album's gather window
+(``ALBUM_GATHER_SECONDS``) and taken in with it, or dropped when the window closes.
 
 With ``webhook_url`` set, the incarnation owns a webhook server instead
 (``webhook.py``): Telegram posts each update, and gets its 200 once the update is
@@ -20,18 +26,20 @@ journaled, through the same ``_receive`` as a polled one.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 from telegram import Bot, Message, MessageEntity, Update
 from telegram.error import TelegramError
 
-from autoresponse.actors.kernel import TypedActor, handles
+from autoresponse.actors.kernel import IoTask, TypedActor, handles
 from autoresponse.actors.kernel.backoff import Backoff, BackoffPolicy
 from autoresponse.actors.approvals import APPROVALS, FORGED
+from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
 from autoresponse.actors.inbound import accept_input, dead_letter_malformed, take_request, turn_context
 from autoresponse.actors.polling import PollHealth, polling
 from autoresponse.interfaces.telegram import INTERFACE_NAME
@@ -53,6 +61,12 @@ log = logging.getLogger("autoresponse.telegram")
 POLL_BACKOFF = BackoffPolicy(min=0.5, max=30.0, jitter=0.1)
 #: Albums addressed to the bot in groups, remembered so their uncaptioned items are too.
 ALBUMS_REMEMBERED = 256
+#: Group album items not (yet) addressed to the bot, held for their album's gather window
+#: in case a later item mentions it; past this many the oldest is dropped.
+ALBUM_ITEMS_HELD = 100
+#: Updates without a usable update_id, remembered so that one Telegram sends again and
+#: again is dead-lettered once.
+UNREADABLE_REMEMBERED = 64
 #: A webhook secret shorter than this is easy to guess; the daemon says so at start.
 WEBHOOK_SECRET_ADVISED = 16
 
@@ -81,6 +95,33 @@ class TelegramText(BaseModel):
     media_group: str | None = None
 
 
+class AlbumWindowDue(BaseModel):
+    """The gather window of a group album whose held items never addressed the bot is up (a
+    timer of the interface); ``first`` names the item that opened it, so a late timer
+    closes no newer window of the same album."""
+
+    model_config = ConfigDict(frozen=True)
+
+    media_group: str
+    first: str
+
+
+class AlbumWindowClose(BaseModel):
+    """Drop an album's held items, after whatever was already queued (sent to the
+    interface's own mailbox, behind the album's items still to come)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    media_group: str
+    first: str
+
+
+class _AlbumWindow(NamedTuple):
+    """The gather window of an album whose items are held: the item that opened it, its timer."""
+
+    first: str
+    timer: IoTask | None
+
 
 def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | None) -> list[str]:
     """The entities of ``message`` that name exactly this bot: ``@username`` (not
@@ -94,6 +135,12 @@ def _mentions_of_bot(message: Message, bot_username: str | None, bot_id: int | N
         elif entity.type == MessageEntity.TEXT_MENTION and entity.user is not None and entity.user.id == bot_id:
             found.append(text)
     return found
+
+
+def _names_another_bot(command: str, bot_username: str | None) -> bool:
+    """``command`` (``/cmd@name``) names a bot, and not this one."""
+    _, at, name = command.partition("@")
+    return bool(at) and name.lower() != (bot_username or "").lower()
 
 
 def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *,
@@ -110,11 +157,15 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
     mentions = _mentions_of_bot(message, bot_username, bot_id)
     # A command addressed to this bot in a group (/cancel@synth_bot) is meant for it too;
     # it stays in the text, where the conversation reads the command.
+    commands = message.parse_entities([MessageEntity.BOT_COMMAND])
     commanded = bool(bot_username) and any(
-        text.lower().endswith(f"@{bot_username}".lower())
-        for text in message.parse_entities([MessageEntity.BOT_COMMAND]).values())
+        text.lower().endswith(f"@{bot_username}".lower()) for text in commands.values())
     replied = (message.reply_to_message is not None and message.reply_to_message.from_user is not None
                and message.reply_to_message.from_user.id == bot_id)
+    # A message that opens with another bot's command (/cancel@other_bot) is for that bot,
+    # even as a reply to ours: taken, our conversation would read it as our /cancel.
+    elsewhere = any(entity.offset == 0 and _names_another_bot(text, bot_username)
+                    for entity, text in commands.items())
     return TelegramText(
         update_id=update.update_id,
         chat_id=message.chat.id,
@@ -125,7 +176,7 @@ def parse_update(update: Update, bot_username: str | None, bot_id: int | None, *
         user_name=(user.username or user.full_name) if user else None,
         chat_title=message.chat.title or message.chat.username,
         text=message.text if message.text is not None else message.caption or "",
-        addressed=bool(mentions) or replied or commanded,
+        addressed=(bool(mentions) or replied or commanded) and not elsewhere,
         mentions=tuple(mentions),
         attachments=attachments,
         media_group=message.media_group_id,
@@ -191,6 +242,13 @@ class TelegramInterface(TypedActor):
         self._bot: Bot = delivery.bot  # the platform initializes and shuts it down
         self._username: str | None = None
         self._webhook: WebhookServer | None = None
+        self._albums_addressed: OrderedDict[str, None] = OrderedDict()
+        #: Group album items not addressed to the bot (yet), held, oldest first: message id → envelope.
+        self._album_items: OrderedDict[str, Envelope] = OrderedDict()
+        #: The albums whose items are held: media group → its gather window.
+        self._album_windows: dict[str, _AlbumWindow] = {}
+        #: Updates without a usable update_id dead-lettered lately (their JSON), oldest first.
+        self._unreadable: OrderedDict[str, None] = OrderedDict()
 
     def setup(self) -> None:
         self._username = self._bot.username
@@ -301,12 +359,23 @@ class TelegramInterface(TypedActor):
                     log.warning("getUpdates failed (%s); retrying in %.1fs", exc, delay)
                     await self.runtime.clock.sleep(delay)
                     continue
-                failures.reset()
-                health.worked()
+                before = offset
                 for item in raw[:TELEGRAM_MAX_UPDATES]:
                     update_id = await self._receive(item)
                     if update_id is not None:
                         offset = max(offset or 0, update_id + 1)
+                if raw and offset == before:
+                    # Nothing acknowledged (no usable update_id): Telegram answers the same at
+                    # once, so polling on would spin; it backs off, and shows as failing.
+                    delay = failures.next_delay()
+                    health.failed(f"getUpdates keeps returning {len(raw)} update(s) without a usable "
+                                  "update_id: they cannot be acknowledged, so Telegram sends them again")
+                    log.warning("getUpdates returned %d update(s) that cannot be acknowledged; polling "
+                                "again in %.1fs", len(raw), delay)
+                    await self.runtime.clock.sleep(delay)
+                    continue
+                failures.reset()
+                health.worked()
                 if shared is not None and offset is not None and raw:
                     await shared.save(str(offset))
 
@@ -331,7 +400,8 @@ class TelegramInterface(TypedActor):
         its update_id, or None when it has none (it cannot be acknowledged by id)."""
         update_id = item.get("update_id") if isinstance(item, dict) else None
         if not isinstance(update_id, int) or isinstance(update_id, bool):
-            self._malformed(item, "it has no update_id")
+            if self._first_time_unreadable(item):  # unacknowledged, it comes back: one dead letter
+                self._malformed(item, "it has no update_id")
             return None
         await self._take(item, update_id)
         return update_id
@@ -354,11 +424,31 @@ class TelegramInterface(TypedActor):
     def _malformed(self, item: Any, why: str) -> None:
         dead_letter_malformed(self, item, "malformed update", why)
 
+    def _first_time_unreadable(self, item: Any) -> bool:
+        """Whether ``item`` (an update without a usable update_id) was not seen lately."""
+        try:
+            key = json.dumps(item, sort_keys=True)
+        except (TypeError, ValueError, RecursionError):  # not remembered: dead-lettered each time
+            return True
+        seen = key in self._unreadable
+        self._unreadable[key] = None
+        self._unreadable.move_to_end(key)
+        while len(self._unreadable) > UNREADABLE_REMEMBERED:
+            self._unreadable.popitem(last=False)
+        return not seen
+
     @handles
     def on_text(self, text: TelegramText, env: Envelope) -> None:
         context = text_context(text)
         if context.is_group and not self._addressed(text):
+            if text.media_group is not None:  # a later item of its album may mention the bot
+                self._hold_album_item(text.media_group, env)
             return  # group chatter not meant for the bot
+        if context.is_group and text.media_group is not None:
+            self._take_held_items(text.media_group)  # the album's items before this one come first
+        self._take_text(text, context, env)
+
+    def _take_text(self, text: TelegramText, context: OriginalContext, env: Envelope) -> None:
         self.delivery.reachable(text.chat_id)  # whoever blocked us writes again: they unblocked us
         request = text.text
         for mention in text.mentions:
@@ -370,7 +460,7 @@ class TelegramInterface(TypedActor):
     def _addressed(self, text: TelegramText) -> bool:
         """Meant for the bot (in a group): it mentions or answers the bot, or belongs to an
         album whose captioned item did (the others have no caption)."""
-        albums: OrderedDict[str, None] = self.__dict__.setdefault("_albums_addressed", OrderedDict())
+        albums = self._albums_addressed
         if text.media_group is None:
             return text.addressed
         if text.addressed:
@@ -378,6 +468,47 @@ class TelegramInterface(TypedActor):
             while len(albums) > ALBUMS_REMEMBERED:
                 albums.popitem(last=False)
         return text.media_group in albums
+
+    def _hold_album_item(self, media_group: str, env: Envelope) -> None:
+        """Hold an album's item that does not address the bot for the album's gather window."""
+        if media_group not in self._album_windows:
+            timer = self.schedule(ALBUM_GATHER_SECONDS, AlbumWindowDue(media_group=media_group,
+                                                                       first=env.message_id), cause=env)
+            self._album_windows[media_group] = _AlbumWindow(env.message_id, timer)
+        self.hold(env)
+        self._album_items[env.message_id] = env
+        while len(self._album_items) > ALBUM_ITEMS_HELD:
+            _, dropped = self._album_items.popitem(last=False)
+            self.release(dropped)
+
+    def _held_of(self, media_group: str) -> list[Envelope]:
+        """Take the held items of ``media_group`` out, in the order they came; its window closes."""
+        window = self._album_windows.pop(media_group, None)
+        if window is not None:
+            self.cancel(window.timer)
+        found = [env for env in self._album_items.values() if env.body.media_group == media_group]
+        for env in found:
+            del self._album_items[env.message_id]
+        return found
+
+    def _take_held_items(self, media_group: str) -> None:
+        """The album addresses the bot after all: its held items are taken in."""
+        for env in self._held_of(media_group):
+            self._take_text(env.body, text_context(env.body), env)
+            self.release(env)
+
+    @handles
+    def on_album_window_due(self, due: AlbumWindowDue, env: Envelope) -> None:
+        # A timer comes ahead of queued work: the album's items already queued go first.
+        self.send(self.name, AlbumWindowClose(media_group=due.media_group, first=due.first), cause=env)
+
+    @handles
+    def on_album_window_close(self, close: AlbumWindowClose, env: Envelope) -> None:
+        window = self._album_windows.get(close.media_group)
+        if window is None or window.first != close.first:
+            return  # taken in, or a newer window of the album is open
+        for held in self._held_of(close.media_group):
+            self.release(held)  # it was not for the bot: dropped without a word
 
     # ---------------------------------------------------------------- approvals' buttons
 
