@@ -240,18 +240,16 @@ def test_a_burst_that_arrives_during_a_turn_is_answered_together(
     assert "bot    ↳#4 │" in printed  # threaded to the last of the three
 
 
-def test_a_silent_event_sends_nothing_and_is_handled(
-    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path
-) -> None:
+def due_reminder(tmp_path: Path, description: str) -> tuple[Path, Callable[[], str]]:
+    """A reminder of Ada's in the console, due 5 s ago, stored where the app will look (the
+    data directory returned), and how to read its state from the store."""
     data = tmp_path / "data"
     store = EventStore(data / "events.sqlite3")
     owner = OriginalContext(chat_id="console", message_id=3, interface_name="console", user_name="ada",
-                            original_command="remind me")
+                            original_command=f"remind me: {description}")
     date, at = due_in(-5)
-    event = store.add(EventPayload(date=date, time=at, description="nothing to say"), owner)
+    event = store.add(EventPayload(date=date, time=at, description=description), owner)
     store.close()
-    fake_llm.script(FakeResponse(content='{"actions": []}'))
-    app = make_app(base_url=fake_llm.base_url, data_dir=data, events={"check_seconds": 0.1})
 
     def state() -> str:
         events = EventStore(data / "events.sqlite3")
@@ -259,7 +257,15 @@ def test_a_silent_event_sends_nothing_and_is_handled(
             return events.get(event.id).state  # type: ignore[union-attr]
         finally:
             events.close()
+    return data, state
 
+
+def test_a_silent_event_sends_nothing_and_is_handled(
+    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    data, state = due_reminder(tmp_path, "nothing to say")
+    fake_llm.script(FakeResponse(content='{"actions": []}'))
+    app = make_app(base_url=fake_llm.base_url, data_dir=data, events={"check_seconds": 0.1})
     wait_for(lambda: state() == "delivered")
     assert "bot " not in console_text(app) and "note" not in console_text(app)
     [message] = system_messages(fake_llm, "event")
@@ -276,23 +282,9 @@ def test_a_reminder_answered_with_nothing_is_asked_again_never_marked_delivered_
 ) -> None:
     """Only a whole ``{"actions": []}`` is a reminder's silence: an empty answer, or a
     reasoning model's cut off at its token limit, marked the reminder delivered unsent."""
-    data = tmp_path / "data"
-    store = EventStore(data / "events.sqlite3")
-    owner = OriginalContext(chat_id="console", message_id=3, interface_name="console", user_name="ada",
-                            original_command="remind me to stretch")
-    date, at = due_in(-5)
-    event = store.add(EventPayload(date=date, time=at, description="stretch"), owner)
-    store.close()
+    data, state = due_reminder(tmp_path, "stretch")
     fake_llm.script(nothing, actions(say("Time to stretch, Ada.")))
     app = make_app(base_url=fake_llm.base_url, data_dir=data, events={"check_seconds": 0.1})
-
-    def state() -> str:
-        events = EventStore(data / "events.sqlite3")
-        try:
-            return events.get(event.id).state  # type: ignore[union-attr]
-        finally:
-            events.close()
-
     wait_for(lambda: state() == "delivered")
     assert "Time to stretch, Ada." in console_text(app)
     first, reask = fake_llm.requests
