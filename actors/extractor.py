@@ -390,32 +390,71 @@ def _raw_actions(values: list[Any]) -> list[Any]:
         elif value == {}:
             footnotes.append(value)
         else:
-            raws.append(_written_call(value))
+            raws.append(value)
             meant = True
     return raws if meant else footnotes
 
 
-def _written_call(value: Any) -> Any:
-    """A tool call written out in the text as an action: where a server's tool parser
-    misses a model's format, the model's ``<tool_call>{"name": ..., "arguments": {...}}``
-    (Hermes, Qwen; Llama's ``"parameters"``) comes as words, and would be refused for
-    lacking a ``type``. Any other value as it is.
+#: How a model writes out tool calls where a server's tool parser missed its format: in
+#: ``<tool_call>`` tags (Hermes, Qwen; the last one's end tag may be missing), or after
+#: Mistral's ``[TOOL_CALLS]``.
+_TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_MISTRAL_CALLS = "[TOOL_CALLS]"
 
-    >>> _written_call({"name": "terminal", "arguments": '{"command": "df -h"}'})
-    {'type': 'terminal', 'payload': {'command': 'df -h'}}
+
+def _written_calls(text: str) -> list[Any] | None:
+    """The actions of a reply that is nothing but tool calls written out in words: each
+    ``<tool_call>`` block, Mistral's ``[TOOL_CALLS] [...]``, or the whole reply one
+    ``{"name": ..., "arguments": {...}}`` (Llama's ``"parameters"``); None for any other
+    reply. Only the whole reply is read so: a call quoted inside a message, or beside
+    other words, is the message's text, never a command.
+
+    >>> _written_calls('<tool_call>{"name": "terminal", "arguments": {"command": "df -h"}}</tool_call>')
+    [{'type': 'terminal', 'payload': {'command': 'df -h'}}]
+    >>> _written_calls('Like this: {"name": "terminal", "arguments": {"command": "df -h"}}') is None
+    True
     """
-    if not isinstance(value, dict) or "type" in value or not isinstance(value.get("name"), str):
-        return value
+    stripped = text.strip()
+    if stripped.startswith("<tool_call>"):
+        blocks = list(_TOOL_CALL_TAG.finditer(stripped))
+        if _TOOL_CALL_TAG.sub("", stripped).strip():  # words beside the calls
+            return None
+        written = [_json_or_none(block.group(1)) for block in blocks]
+    elif stripped.startswith(_MISTRAL_CALLS):
+        listed = _json_or_none(stripped[len(_MISTRAL_CALLS):])
+        written = listed if isinstance(listed, list) else [None]
+    else:
+        whole = _json_or_none(stripped)
+        written = whole if isinstance(whole, list) else [whole]
+    calls = [_written_call(value) for value in written]
+    return calls if calls and all(call is not None for call in calls) else None
+
+
+def _json_or_none(text: str) -> Any:
+    """``text`` as JSON nested within MAX_JSON_DEPTH, or None."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if _within_depth(value) else None
+
+
+def _written_call(value: Any) -> dict[str, Any] | None:
+    """``{"name": ..., "arguments": ...}`` (the arguments an object, or JSON text of one, as
+    the tools protocol sends them; OpenAI's ``{"type": "function", "function": {...}}`` and
+    Llama's ``"type": "function"`` beside them too) as the action it names; None for
+    anything else."""
+    if isinstance(value, dict) and value.get("type") == "function":
+        inner = value.get("function")
+        value = inner if isinstance(inner, dict) and len(value) == 2 else {
+            key: item for key, item in value.items() if key != "type"}
+    if not isinstance(value, dict) or len(value) != 2 or not isinstance(value.get("name"), str):
+        return None
     arguments = value.get("arguments", value.get("parameters"))
-    if isinstance(arguments, str) and len(value) == 2:  # as the tools protocol sends them: JSON text
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError):
-            return value
-        if not _within_depth(arguments):
-            return value
-    if not isinstance(arguments, dict) or len(value) != 2:  # a name and its arguments, nothing else
-        return value
+    if isinstance(arguments, str):
+        arguments = _json_or_none(arguments) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+        return None
     return {"type": value["name"], "payload": arguments}
 
 
@@ -443,6 +482,11 @@ def extract_actions(text: str, allowed: Collection[str], *,
         ))
     if _ECHO_KEY.search(text):
         return Extraction((), (_ECHO_ERROR,))
+    written = _written_calls(text)
+    if written is not None:  # tool calls the model wrote out, as the server did not take them
+        if _may_carry_system_message(text) and _carries_system_message(written):
+            return Extraction((), (_ECHO_ERROR,))
+        return _checked([(raw, None, "") for raw in written], allowed, [], max_actions, may_stay_silent)
     found = _json_values(text)
     if not found.values:
         if found.too_deep:

@@ -956,7 +956,9 @@ def test_earlier_tool_calls_shown_as_json_in_text_carry_their_payload_as_an_obje
     '<tool_call>\n{"name": "terminal", "arguments": {"command": "echo WRITTEN-OUT"}}\n</tool_call>',
     '{"name": "terminal", "parameters": {"command": "echo WRITTEN-OUT"}}',
     '<tool_call>{"name": "terminal", "arguments": "{\\"command\\": \\"echo WRITTEN-OUT\\"}"}</tool_call>',
-], ids=["hermes", "llama", "arguments-as-text"])
+    '[TOOL_CALLS] [{"name": "terminal", "arguments": {"command": "echo WRITTEN-OUT"}}]',
+    '{"type": "function", "function": {"name": "terminal", "arguments": "{\\"command\\": \\"echo WRITTEN-OUT\\"}"}}',
+], ids=["hermes", "llama", "arguments-as-text", "mistral", "openai-shape"])
 def test_a_tool_call_the_model_wrote_out_in_words_is_carried_out(
     make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, written: str
 ) -> None:
@@ -969,3 +971,23 @@ def test_a_tool_call_the_model_wrote_out_in_words_is_carried_out(
         assert [r.action.payload.command for r in ran.bodies(ActionRequest)] == ["echo WRITTEN-OUT"]
     assert [(m.text, m.notice) for m in sent] == [("It printed WRITTEN-OUT.", False)]
     assert "WRITTEN-OUT" in system_message(fake_llm.requests[1])["outputs"][0]["output"]
+
+
+@pytest.mark.parametrize("quoted", [
+    '{"type": "message_console", "payload": {"text": "The model sends {"name": "terminal", '
+    '"arguments": {"command": "echo QUOTED"}} to the server."}}',
+    'A call looks like {"name": "terminal", "arguments": {"command": "echo QUOTED"}}\n'
+    '{"actions": [{"type": "message_console", "payload": {"text": "That is the format."}}]}',
+], ids=["inside-a-message", "beside-an-action"])
+def test_a_tool_call_quoted_in_words_is_never_carried_out(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, quoted: str
+) -> None:
+    """Only a reply that is nothing but written-out calls is read as calls: one quoted in a
+    message (its quotes unescaped, as models write them) or beside other words ran its
+    command, and the explanation never reached the user."""
+    fake_llm.script(FakeResponse(content=quoted), actions(say("It looks like a name and its arguments.")))
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, retry=FAST, allowed=["echo"])
+    with app.runtime.probe(executor("terminal")) as ran:
+        sent = replies(app, "what does a tool call look like?", manual_clock)
+        assert ran.envelopes == []
+    assert "It looks like a name and its arguments." in [m.text for m in sent]
