@@ -192,6 +192,21 @@ def test_a_reply_whose_host_never_ends_is_cut_in_bounded_time_and_never_too_heav
     assert "".join(posts) == hostile and all(weighted_length(p) <= 280 for p in posts)
     assert weighted_length("日本語" * 400 + "example.com") >= 2411
     assert weighted_length("https://" + "a-" * 200 + ".com/path") >= 417
+    # Thirteen sites in a paragraph with no space: the weight of each domain's link sits on
+    # its dot, never on a piece of no text (the reply began with an empty post X refused).
+    sites = "、".join(["github.com", "gitlab.com", "qiita.com", "zenn.dev", "note.com", "hatena.ne.jp", "pypi.org",
+                      "npmjs.com", "docker.com", "python.org", "rust-lang.org", "go.dev", "nodejs.org"])
+    listed = "開発でよく使うサイトをまとめました。" + sites + "などです。" + "ドキュメントの充実度は重要です。" * 8
+    posts = split_post(listed)
+    assert all(p.strip() for p in posts) and "".join(posts) == listed
+    assert all(weighted_length(p) <= 280 for p in posts)
+
+
+def test_a_bracketed_part_after_punctuation_is_no_part_of_the_link() -> None:
+    """twitter-text ends a path before "!(…)" or ".(…)": counted as one link of 23, a post
+    X weighed at 299 went out and was refused (twitter-text 3.1.0's figures)."""
+    assert weighted_length("example.com/!(a)") == 27
+    assert weighted_length("https://example.com/2.4.(LTS-build)") == 23 + len(".(LTS-build)")
 
 
 def test_a_link_ends_where_x_ends_it_and_no_post_is_too_heavy_for_x(

@@ -56,8 +56,11 @@ _SUBDOMAIN = f"(?:(?:{_DOMAIN_CHAR}(?:[_-]|{_DOMAIN_CHAR})*)?{_DOMAIN_CHAR}\\.)"
 _DOMAIN_NAME = f"(?:(?:{_DOMAIN_CHAR}(?:-|{_DOMAIN_CHAR})*)?{_DOMAIN_CHAR}\\.)"
 _PATH_CHAR = f"[a-zA-Z{_CYRILLIC}0-9!*';:=+,.$/%#\\[\\]\\-\u2013_~@|&{_LATIN_ACCENTS}]"
 _PARENS = f"\\((?:{_PATH_CHAR}+|(?:{_PATH_CHAR}*\\({_PATH_CHAR}+\\){_PATH_CHAR}*))\\)"
-_PATH_END = f"(?:[+\\-a-zA-Z{_CYRILLIC}0-9=_#/{_LATIN_ACCENTS}]|{_PARENS})"
-_PATH = f"(?:(?:{_PATH_CHAR}*(?:{_PARENS}{_PATH_CHAR}*)*{_PATH_END})|(?:@{_PATH_CHAR}+/))"
+_PATH_END = f"[+\\-a-zA-Z{_CYRILLIC}0-9=_#/{_LATIN_ACCENTS}]"
+# twitter-text puts its path's last character ("[...]|balanced parens") into the pattern
+# ungrouped, so a path is "chars (parens chars)* end-char" or else parens alone: after
+# "!" or "." a bracketed part is no part of the link ("a.com/!(a)" links "a.com/" only).
+_PATH = f"(?:(?:{_PATH_CHAR}*(?:{_PARENS}{_PATH_CHAR}*)*{_PATH_END}|{_PARENS})|(?:@{_PATH_CHAR}+/))"
 _QUERY_CHAR = r"[a-zA-Z0-9!?*'@();:&=+$/%#\[\]\-_.,~|]"
 _QUERY_END = r"[a-zA-Z0-9\-_&=#/]"
 #: Words, and the spaces between them (what X takes for spaces).
@@ -115,17 +118,17 @@ def _valid_url(url: str, protocol: str, domain: str) -> bool:
     return _utf16_length(protocol) + _utf16_length(url) <= _MAX_URL_LENGTH
 
 
-def _links(text: str) -> tuple[dict[int, int], list[int]]:
+def _links(text: str) -> tuple[dict[int, int], set[int]]:
     """Where X sees links in ``text``: by the start of each, how many UTF-16 code units
     of it twitter-text passes over as one link (``parseTweet``); and where a run of host
     characters too long to search (``_MAX_HOST_RUN``) has a top-level domain end, each
     counted as a link besides the characters around it."""
     links: dict[int, int] = {}
-    unsearched: list[int] = []
+    unsearched: set[int] = set()
     position = 0  # where twitter-text looks on from (its ``lastIndex``)
     for host_run in _HOST_RUN.finditer(text):
         if host_run.end() - host_run.start() > _MAX_HOST_RUN:
-            unsearched.extend(end.start() for end in _TLD_END.finditer(text, host_run.start(), host_run.end()))
+            unsearched.update(end.start() for end in _TLD_END.finditer(text, host_run.start(), host_run.end()))
             position = host_run.end()
             continue
         # A link's host lies in one run of host characters and ends in a known TLD; in
@@ -185,7 +188,7 @@ def units(text: str) -> list[tuple[str, int]]:
     """``text`` as the pieces X weighs (a link, an emoji sequence, a character), with weights."""
     links, unsearched = _links(text)
     emoji = {match.start(): match.end() for match in _EMOJI.finditer(text)}
-    found: list[tuple[str, int]] = [("", X_URL_WEIGHT) for _ in unsearched]  # never lower than X
+    found: list[tuple[str, int]] = []
     at = 0
     while at < len(text):
         if at in links:  # a link first, then an emoji, then a character: parseTweet's order
@@ -199,8 +202,8 @@ def units(text: str) -> list[tuple[str, int]]:
         elif at in emoji:
             found.append((text[at:emoji[at]], 2))
             at = emoji[at]
-        else:
-            found.append((text[at], _char_weight(text[at])))
+        else:  # a dot a top-level domain of an unsearched run begins at weighs a link more
+            found.append((text[at], _char_weight(text[at]) + (X_URL_WEIGHT if at in unsearched else 0)))
             at += 1
     return found
 
