@@ -3,6 +3,7 @@ chats by name, merged bursts, topics, silent turns."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -449,10 +450,13 @@ def test_the_console_shows_control_characters_from_the_model_and_never_obeys_the
 ) -> None:
     """An escape sequence in a reply cleared the operator's screen, or could rewrite a line
     above it; a bidi override reordered what they read."""
-    fake_llm.script(actions(say("done\x00 \x1b[2J\x1b]52;c;cm0gLXJm\x07 \u202eok\r\nnext line")))
+    answer = actions(say("done\x00 \x1b[2J\x1b]52;c;cm0gLXJm\x07 \u202eok\r\nnext line"))
+    # Streamed slowly enough to be shown as it is written (a preview a second).
+    fake_llm.script(dataclasses.replace(answer, piece=6, every=0.2) if stream else answer)
     app = make_app(base_url=fake_llm.base_url, llm={"stream": stream})
     ask(app, "tidy up")
     shown = console_text(app)
     assert not any(c in shown for c in "\x00\x1b\x07\r\u202e")
     assert "done\\x00 \\x1b[2J\\x1b]52;c;cm0gLXJm\\x07 \\u202eok" in shown
     assert shown.rstrip("\n").rsplit("\n", 1)[-1].endswith("│ next line")  # a line end stays one
+    assert "\\x0d" not in shown  # CRLF is a line end, streamed or whole

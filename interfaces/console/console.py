@@ -64,6 +64,9 @@ class Console:
         """Print ``text`` as it grows: what is new since the last call for ``key``, and the
         line's end once ``final``. Anything else printed meanwhile ends the line first."""
         head, pad = self._gutter(who, tag)
+        text = text.replace("\r\n", "\n")
+        if not final and text.endswith("\r"):  # maybe half a line end: shown with the rest
+            text = text[:-1]
         with self._lock:
             if self._streaming is not None and self._streaming[0] != key:
                 self._end_stream()
