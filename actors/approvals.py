@@ -9,7 +9,11 @@ action to its executor: it hands it here (``ApprovalRequest``). The desk
   requesting user, may decide) and in the private chat of each of ``APPROVERS``;
 * takes the answers (``ApprovalAnswer``, from a Telegram callback query or a line typed
   at the console): an answer for an approval it does not know (a forged or tampered
-  id) or from someone who may not decide is refused, logged, and changes nothing;
+  id) or from someone who may not decide is refused, logged, and changes nothing; the
+  one who asked may decide only while their platform still allows them to cause actions
+  (a restart may have taken them off its ``allowed_users``); an approval whose action
+  the executor would now refuse (a restart took its program off the allowlist) is, when
+  approved, settled as refused: it can no longer run;
 * journals the decision, tells the one who answered (``ApprovalVerdict``), and hands it
   to the chat's conversation as a turn (``ApprovalOutcome``): the action runs, or the
   LLM is told, in an error system message, that it was denied, to tell the user;
@@ -31,7 +35,7 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +50,7 @@ from autoresponse.actors.prompts import build_delivery_request, full_json_instru
 from autoresponse.actors.routes import CONVERSATIONS, delivery_actions, sender
 from autoresponse.messages import (
     ActionRequest,
+    BaseAction,
     Envelope,
     LLMRequest,
     OriginalContext,
@@ -78,7 +83,10 @@ DENIED_INSTRUCTION = (
 DENIED_POLICY = ("Nothing was carried out. Answer with one message action that tells the user the "
                  "command was denied and did not run.")
 
-NOT_AN_APPROVER = "Sorry, you may not decide this: only the one who asked, or an approver, may."
+NOT_AN_APPROVER = ("Sorry, you may not decide this: only an approver, or the one who asked while they may "
+                   "still use me, may.")
+#: Said when an approval is approved but its action would now be refused (told the reason).
+CANNOT_RUN = "{command} can no longer run: {reason}."
 FORGED = "Sorry, this is no approval I know of."
 NOTHING_PENDING = "Nothing is waiting for your approval here."
 CANCELLED_PENDING = "Cancelled: {command} will not run."
@@ -112,7 +120,7 @@ class Approval:
     correlation: str
     request: ActionRequest
     expires: float  # the runtime clock's time()
-    state: str = "pending"  # pending | approved | denied | expired | cancelled
+    state: str = "pending"  # pending | approved | denied | expired | cancelled | refused
     decided_by: str | None = None
     #: The correlation of the answer (or the timer, or the cancel) that decided it.
     decision: str | None = None
@@ -184,12 +192,20 @@ class ApprovalDesk(TypedActor):
     """Journals, offers, decides and expires the approvals of risky actions."""
 
     def __init__(self, journal: ApprovalJournal, *, approvers: Iterable[str | int] = (),
-                 timeout: float = APPROVAL_TIMEOUT_SECONDS) -> None:
+                 timeout: float = APPROVAL_TIMEOUT_SECONDS,
+                 requesters: Mapping[str, Collection[str]] | None = None,
+                 preflight: Mapping[str, Callable[[BaseAction], str]] | None = None) -> None:
         super().__init__()
         self.journal = journal
         #: User ids who may decide any approval ("123", or "telegram:123" for one platform).
         self.approvers = tuple(str(a).strip() for a in approvers if str(a).strip())
         self.timeout = timeout
+        #: By interface, who may cause actions there now (its ``allowed_users``, as text): the
+        #: one who asked decides only while among them. None: not checked.
+        self.requesters = None if requesters is None else {
+            name: frozenset(user.lower() for user in users) for name, users in requesters.items()}
+        #: By action type, what its executor would refuse in an action now ("" when nothing).
+        self.preflight = dict(preflight or {})
         self._pending: dict[str, Approval] = {}
         self._decided: OrderedDict[str, Approval] = OrderedDict()
         self._timers: dict[str, IoTask | None] = {}
@@ -297,6 +313,9 @@ class ApprovalDesk(TypedActor):
             self._verdict(answer, f"Too late: {approval.command} was already {approval.state}.", env,
                           accepted=False, settled=True)
             return
+        if answer.approve and (problem := self._refusal(approval)):
+            self._refuse(approval, problem, answer, env)
+            return
         state = "approved" if answer.approve else "denied"
         self._settle(approval, state, by=name, decision=env.correlation_id)
         log.info("%s was %s by %s (user %s)", approval.command, state, name, who.user_id)
@@ -320,8 +339,8 @@ class ApprovalDesk(TypedActor):
         return found
 
     def _may_decide(self, approval: Approval, who: OriginalContext) -> bool:
-        """The one who asked (on a platform without user ids: whoever answers in its chat),
-        or an approver, on the request's platform."""
+        """The one who asked, while their platform still allows them (on a platform without
+        user ids: whoever answers in its chat), or an approver, on the request's platform."""
         ctx = approval.request.context
         if who.interface_name != ctx.interface_name:
             return False
@@ -329,13 +348,37 @@ class ApprovalDesk(TypedActor):
             return who.user_id is None and str(who.chat_id) == str(ctx.chat_id)
         if who.user_id is None:
             return False
-        if str(who.user_id) == str(ctx.user_id):
+        if str(who.user_id) == str(ctx.user_id) and self._still_allowed(ctx):
             return True
         for entry in self.approvers:
             platform, _, user = entry.rpartition(":")
             if user == str(who.user_id) and (not platform or canonical_interface(platform) == who.interface_name):
                 return True
         return False
+
+    def _still_allowed(self, ctx: OriginalContext) -> bool:
+        """Whether the one who asked may still cause actions on their platform: among its
+        ``allowed_users`` as the daemon runs now (a restart may have taken them off)."""
+        if self.requesters is None:
+            return True
+        return str(ctx.user_id).lower() in self.requesters.get(ctx.interface_name, frozenset())  # Reddit's names
+
+    def _refusal(self, approval: Approval) -> str:
+        """What the executor would now refuse in the action (its program taken off the
+        allowlist by a restart), as the dispatcher's preflight says; "" when nothing."""
+        preflight = self.preflight.get(approval.request.action.type)
+        return preflight(approval.request.action) if preflight is not None else ""
+
+    def _refuse(self, approval: Approval, problem: str, answer: ApprovalAnswer, env: Envelope) -> None:
+        """Approved, but it can no longer run: settled as refused, and nothing runs. The one
+        who answered hears why, and the request's chat too when they answered elsewhere."""
+        self._settle(approval, "refused", by="", decision=env.correlation_id)
+        log.warning("%s was approved but can no longer run: %s", approval.command, problem)
+        said = CANNOT_RUN.format(command=approval.command, reason=problem)
+        self._verdict(answer, said, env, accepted=False, settled=True)
+        ctx = approval.request.context
+        if str(answer.context.chat_id) != str(ctx.chat_id):
+            self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, said, notice=True), cause=env)
 
     def _verdict(self, answer: ApprovalAnswer, text: str, env: Envelope, *, accepted: bool,
                  settled: bool = False) -> None:

@@ -209,10 +209,10 @@ class Application:
         pipeline: list[Spec] = [spec for m in self.mounts.values() for spec in m.pipeline_specs]
         pipeline += [ChildSpec(name, cls, args) for name, (cls, args) in self.extra_actors.items()]
         autonomous = tuple(s.runtime.autonomous_actions)
+        preflight = {t: f for m in self.mounts.values() for t, f in m.preflights.items()}
         pipeline += [
             ChildSpec(DISPATCHER, ActionDispatcher, (s.runtime.max_actions, self.memory, s.llm.prose),
-                      {"approval": self.gated_actions(),
-                       "preflight": {t: f for m in self.mounts.values() for t, f in m.preflights.items()}}),
+                      {"approval": self.gated_actions(), "preflight": preflight}),
             ChildSpec(LLM, LLMClient, (self.engine, s.llm.max_in_flight, autonomous, self.usage),
                       {"media": MediaReader.from_settings(s.llm, {i: d for m in self.mounts.values()
                                                                   for i, d in m.downloaders.items()})}),
@@ -221,7 +221,8 @@ class Application:
         ]
         if self.gated_actions():  # the approvals desk: those actions wait for a decision there
             pipeline.append(ChildSpec(APPROVALS, ApprovalDesk, (self.journal,),
-                                      {"approvers": s.approvers, "timeout": s.approval_timeout}))
+                                      {"approvers": s.approvers, "timeout": s.approval_timeout,
+                                       "requesters": self.requesters(), "preflight": preflight}))
         retry = self._supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
                                  pool_size=s.retry.pool_size)
         conversations = self._supervisor(
@@ -339,6 +340,12 @@ class Application:
                 self._closers.extend(mount.closers)
             for input_type, origin in mount.origins.items():
                 self.notices.origin(input_type, origin)
+
+    def requesters(self) -> dict[str, list[str]]:
+        """By interface, who may cause actions there (its platform's ``allowed_users``, as
+        text): the one who asked for an approval decides it only while among them."""
+        return {platform.interface: [str(user) for user in getattr(mount.settings, "allowed_users", ())]
+                for platform in platforms() if (mount := self.mounts.get(platform.name)) is not None}
 
     def gated_actions(self) -> tuple[str, ...]:
         """The command actions that run only once approved: those of each mounted platform

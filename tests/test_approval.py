@@ -20,7 +20,7 @@ import pytest
 from conftest import console_text, system_messages, wait_for
 
 from autoresponse import Application, Settings
-from autoresponse.actors.approvals import FORGED, NOT_AN_APPROVER
+from autoresponse.actors.approvals import CANNOT_RUN, FORGED, NOT_AN_APPROVER
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.retry import GIVE_UP_NOTICE, OUTCOME_NOTICES
 from autoresponse.app import StartError
@@ -63,13 +63,13 @@ def ask_approval(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def start_bot(ask_approval: None, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
-              make_app: Callable[..., Application]) -> Callable[[], Application]:
+              make_app: Callable[..., Application]) -> Callable[..., Application]:
     """A bot whose terminal asks for approval; called again, the same bot after a restart
-    (the same data directory, so the same journal)."""
-    def start() -> Application:
-        return make_app(base_url=fake_llm.base_url, allowed=("echo",), telegram={
+    (the same data directory, so the same journal), maybe with other users or commands."""
+    def start(allowed_users: tuple[int, ...] = (OWNER,), allowed: tuple[str, ...] = ("echo",)) -> Application:
+        return make_app(base_url=fake_llm.base_url, allowed=allowed, telegram={
             "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
-            "allowed_users": [OWNER], "poll_timeout": 1,
+            "allowed_users": list(allowed_users), "poll_timeout": 1,
         }, clock=fake_telegram.clock)
     return start
 
@@ -237,6 +237,59 @@ def test_a_restart_while_waiting_still_waits_then_approve_works(
     assert outputs(fake_llm) == ["after-restart\n"]
     assert len(prompts(fake_telegram)) == 1  # the request was not asked again, nor offered twice
     assert not any("in time" in t for t in texts(fake_telegram))
+
+
+def test_a_requester_no_longer_allowed_after_a_restart_may_not_approve(
+    start_bot: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    """The operator took the requester off ``allowed_users`` and restarted: their own
+    pending command is no longer theirs to approve; an approver still may."""
+    fake_llm.script(run("echo revoked"), say("It printed revoked."))
+    first = start_bot()
+    prompt = ask_for(fake_telegram, "print revoked")
+    [to_approver] = wait_for(lambda: prompts(fake_telegram, APPROVER))
+    assert first.runtime.wait_idle(timeout=10)
+    first.stop()
+
+    start_bot(allowed_users=(OWNER + 1,))  # the same journal; the requester revoked
+    fake_telegram.press(prompt, "Approve", user_id=OWNER)
+    [answer] = wait_for(lambda: answers(fake_telegram))
+    assert (answer["text"], answer["show_alert"]) == (NOT_AN_APPROVER, True)
+    assert fake_telegram.calls_to("editMessageReplyMarkup") == []  # still waiting
+    assert outputs(fake_llm) == [] and len(fake_llm.requests) == 1  # nothing ran
+
+    fake_telegram.press(to_approver, "Approve", user_id=APPROVER)  # an approver keeps their right
+    wait_for(lambda: len(answers(fake_telegram)) == 2)
+    assert answers(fake_telegram)[1]["text"] == "Approved: running `echo revoked`."
+    until(fake_telegram, lambda: "It printed revoked." in texts(fake_telegram))
+    assert outputs(fake_llm) == ["revoked\n"]
+
+
+def test_an_approval_of_a_command_taken_off_the_allowlist_cannot_run(
+    start_bot: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
+) -> None:
+    """A restart took the command's program off the allowlist: approving it says it can no
+    longer run (not "Approved: running"), settles it, and nothing runs."""
+    fake_llm.script(run("echo unlisted"), say("never said"))
+    first = start_bot(allowed=("echo", "uptime"))
+    prompt = ask_for(fake_telegram, "print unlisted")
+    [to_approver] = wait_for(lambda: prompts(fake_telegram, APPROVER))
+    assert first.runtime.wait_idle(timeout=10)
+    first.stop()
+
+    start_bot(allowed=("uptime",))  # echo removed
+    fake_telegram.press(to_approver, "Approve", user_id=APPROVER)
+    [answer] = wait_for(lambda: answers(fake_telegram))
+    said = CANNOT_RUN.format(command="`echo unlisted`",
+                             reason="terminal: 'echo' is not on the allowlist (allowed: uptime)")
+    assert (answer["text"], answer["show_alert"]) == (said, True)
+    [edit] = wait_for(lambda: fake_telegram.calls_to("editMessageReplyMarkup"))  # settled: the buttons go
+    assert edit.params["message_id"] == to_approver.message_id
+    until(fake_telegram, lambda: said in texts(fake_telegram))  # the requester's chat hears it too
+    fake_telegram.press(prompt, "Approve", user_id=OWNER)
+    wait_for(lambda: len(answers(fake_telegram)) == 2)
+    assert answers(fake_telegram)[1]["text"] == "Too late: `echo unlisted` was already refused."
+    assert outputs(fake_llm) == [] and len(fake_llm.requests) == 1  # nothing ran, the LLM was not asked again
 
 
 def test_the_console_prompts_and_takes_a_typed_answer(fake_llm: FakeLLMServer, tmp_path: Path,
