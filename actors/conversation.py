@@ -12,10 +12,13 @@ conversation:
   (people split one thought over several quick messages); but only the messages of
   one user, all allowed or all a stranger's: in a shared chat (an X thread, a group)
   someone else's message is a turn of its own, so nobody's words run with another's
-  rights;
+  rights; and only up to ``MAX_MESSAGE_CHARS`` of text together (the longest message
+  there is): the rest of a long burst is the next turn's, in order;
 * gives each turn the chat's memory (``memory.ConversationStore``): its recent
   messages, replies and action records, and remembers the new message, and each
-  reply once its sender confirms it;
+  reply once its sender confirms it. Memory is an aid: when the store fails (a damaged
+  file, a full disk, a text SQLite cannot encode) that is logged, and the turn goes on
+  without it;
 * gathers the messages of one group (a Telegram album: ten photos sent at once) for
   ``ALBUM_GATHER_SECONDS`` and answers them as one turn, with whatever else came meanwhile;
 * takes a user's ``/forget`` as a turn of its own, in the chat's order: it clears
@@ -27,8 +30,9 @@ conversation:
 * takes a user's ``/cancel`` (or "stop" in a private chat) at once, ahead of the chat's
   queued turns: the turn under way is cancelled (its journal item closes as cancelled, its
   LLM call is aborted, its command killed; see ``cancellation``), the queued turns are
-  dropped, pending approvals are called off, and the user gets a one-line confirmation,
-  or "nothing to cancel". An allowed user cancels all of it; a stranger only their own
+  dropped (a queued ``/forget`` is not: it runs next, with its usual reply), pending
+  approvals are called off, and the user gets a one-line confirmation, or "nothing to
+  cancel". An allowed user cancels all of it; a stranger only their own
   (the turn under way if it is theirs, their queued messages and approvals);
 * says nothing to a stranger's ``/cancel`` or ``/forget`` it does not take: like any
   notice to an autonomous turn (``failures``), it would be a public reply to whoever typed it;
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -51,10 +56,11 @@ from autoresponse.actors.approvals import APPROVALS, NOTHING_TO_CANCEL, denied_r
 from autoresponse.actors.cancellation import abort, cancel_request
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
-from autoresponse.actors.memory import ConversationStore
+from autoresponse.actors.memory import ConversationStore, StoreUnreadable
 from autoresponse.actors.routes import LLM, route_of, sender
 from autoresponse.messages.approval import ApprovalOutcome, CancelApprovals, CancelWork
 from autoresponse.messages import (
+    MAX_MESSAGE_CHARS,
     Envelope,
     OriginalContext,
     OutboundMessage,
@@ -66,6 +72,7 @@ from autoresponse.messages import (
 log = logging.getLogger("autoresponse.conversation")
 
 FORGOTTEN = "Done: I have forgotten our conversation."
+NOT_FORGOTTEN = "Sorry, I could not clear my memory of our conversation; please try /forget again later."
 #: ``/forget``, also as a Telegram group command addressed to a bot (``/forget@synth_bot``).
 _FORGET = re.compile(r"^/forget(@\w+)?$", re.IGNORECASE)
 CANCELLED = "Cancelled: I stopped working on your request."
@@ -149,6 +156,25 @@ def by_speaker(held: list[Envelope]) -> list[Envelope]:
     for env in held:
         groups.setdefault(speaker(env.body), []).append(env)
     return [env for group in groups.values() for env in group]
+
+
+#: How the chat's memory fails (a damaged file, a full disk, a lone surrogate SQLite cannot
+#: encode): the turn goes on without it (a turn without memory beats no answer, and a
+#: crash would restart the actor, losing every chat's queue).
+_MEMORY_ERRORS = (sqlite3.Error, StoreUnreadable, UnicodeError)
+
+
+def _memory_failed(chat: str, what: str, error: Exception) -> None:
+    """Log a failure of the memory with its chat, never the text."""
+    why = getattr(error, "reason", error)  # a UnicodeError's message would quote the text
+    log.warning("conversation memory failed %s for chat %s (%s: %s); going on without it",
+                what, chat, type(error).__name__, why)
+
+
+def cancels(request: UserRequest, body: Any) -> bool:
+    """Whether ``request`` (a /cancel) drops a queued item: one it may call off, but never a
+    /forget (the user asked for it; it is no work to stop)."""
+    return not (isinstance(body, UserRequest) and is_forget(body)) and may_cancel(request, user_of(body))
 
 
 def may_cancel(request: UserRequest, owner: str | None) -> bool:
@@ -255,8 +281,13 @@ class ConversationActor(TypedActor):
         turn = [waiting.popleft()]
         if not alone(turn[0].body):
             # One speaker a turn: merged, a stranger's words would run as an allowed user's.
+            # Merged no longer than one message may be: a burst is never one huge request.
             who = speaker(turn[0].body)
+            chars = len(turn[0].body.text)
             while waiting and not alone(waiting[0].body) and speaker(waiting[0].body) == who:
+                chars += 1 + len(waiting[0].body.text)  # and the line break that joins it
+                if chars > MAX_MESSAGE_CHARS:
+                    break
                 turn.append(waiting.popleft())
         if not waiting:
             del self._waiting[chat]
@@ -266,8 +297,12 @@ class ConversationActor(TypedActor):
 
     @handles
     def on_reply_delivered(self, delivered: ReplyDelivered, env: Envelope) -> None:
+        chat = delivered.context.chat_key
         if self.store is not None:
-            self.store.append(delivered.context.chat_key, "assistant", delivered.text, kind="reply")
+            try:
+                self.store.append(chat, "assistant", delivered.text, kind="reply")
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "remembering a reply", error)
 
     def _start(self, chat: str, envelopes: list[Envelope]) -> None:
         """Start the chat's next turn: a /forget, a decided approval, or the requests in ``envelopes``."""
@@ -283,13 +318,28 @@ class ConversationActor(TypedActor):
         request = merged([e.body for e in envelopes])
         cause = envelopes[-1]
         if self.store is not None:
-            self.store.seen(request.context)
-            turns = self.store.recent(chat)
+            try:
+                self.store.seen(request.context)
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "noting the chat", error)
+            turns = self._recent(chat)
             said = " ".join(filter(None, (request.text, attachments_label(request.attachments))))
-            self.store.append(chat, "user", said)
+            try:
+                self.store.append(chat, "user", said)
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "remembering a message", error)
             request = request.model_copy(update={"turns": tuple(turns)})
         self._turn(chat, cause)
         self.send(LLM, request, cause=cause)
+
+    def _recent(self, chat: str) -> list[Any]:
+        """The chat's recent turns; none when the memory cannot be read."""
+        if self.store is not None:
+            try:
+                return self.store.recent(chat)
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "reading the memory", error)
+        return []
 
     def _turn(self, chat: str, env: Envelope) -> None:
         """``env``'s correlation is the chat's turn under way until it has finished."""
@@ -298,13 +348,19 @@ class ConversationActor(TypedActor):
                                    TurnEnded(chat=chat, correlation=env.correlation_id))
 
     def _forget(self, chat: str, env: Envelope) -> None:
-        """Clear the chat's memory; its answer is a turn, so what comes after waits for it."""
+        """Clear the chat's memory (if the store fails, the user hears it was not cleared); its
+        answer is a turn, so what comes after waits for it."""
         request: UserRequest = env.body
+        answer = FORGOTTEN if self.store is None else NOT_FORGOTTEN
         if self.store is not None:
-            self.store.forget(chat)
+            try:
+                self.store.forget(chat)
+                answer = FORGOTTEN
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "forgetting", error)
         self._turn(chat, env)
         self.send(sender(request.context.interface_name),
-                  OutboundMessage.reply(request.context, FORGOTTEN, notice=True), cause=env)
+                  OutboundMessage.reply(request.context, answer, notice=True), cause=env)
 
     @handles
     def on_outcome(self, outcome: ApprovalOutcome, env: Envelope) -> None:
@@ -322,7 +378,7 @@ class ConversationActor(TypedActor):
         if outcome.approved:
             self.send(route_of(outcome.request.action), outcome.request, cause=env)
             return
-        turns = self.store.recent(chat) if self.store is not None else []
+        turns = self._recent(chat)
         request = denied_request(self.runtime, outcome, turns)
         if request is not None:
             self.send(LLM, request, cause=env)
@@ -354,9 +410,16 @@ class ConversationActor(TypedActor):
             abort(self.runtime, CancelWork(chat=chat, correlations=tuple(dict.fromkeys(cancelled))))
         for held in dropped:
             self.release(held)
+        self._confirm(request, bool(cancelled), env)
         if running is not None:
-            self._next_turn(chat)  # what others queued (not this user's to cancel) goes on
-        if self.runtime.has(APPROVALS):  # the chat's pending approvals (a stranger's: theirs) are called off too
+            # What others queued (not this user's to cancel), and a /forget, go on: after
+            # the confirmation, which answers what came first.
+            self._next_turn(chat)
+
+    def _confirm(self, request: UserRequest, cancelled: bool, env: Envelope) -> None:
+        """Call off the chat's pending approvals too (a stranger's: theirs), and tell the user."""
+        ctx = request.context
+        if self.runtime.has(APPROVALS):
             self.send(APPROVALS, CancelApprovals(context=ctx, confirm=not cancelled), cause=env)
             if not cancelled:
                 return  # the desk answers: it knows whether an approval was pending
@@ -368,10 +431,11 @@ class ConversationActor(TypedActor):
             self._say(ctx, NOTHING_TO_CANCEL, env)
 
     def _drop_waiting(self, chat: str, request: UserRequest) -> list[Envelope]:
-        """Take what ``request``'s user may cancel out of the chat's queue; the rest stays, in order."""
+        """Take what ``request``'s user may cancel out of the chat's queue; the rest (a /forget
+        among it) stays, in order."""
         waiting = self._waiting.pop(chat, deque())
-        dropped = [e for e in waiting if may_cancel(request, user_of(e.body))]
-        kept = deque(e for e in waiting if not may_cancel(request, user_of(e.body)))
+        dropped = [e for e in waiting if cancels(request, e.body)]
+        kept = deque(e for e in waiting if not cancels(request, e.body))
         if kept:
             self._waiting[chat] = kept
         return dropped
@@ -382,8 +446,8 @@ class ConversationActor(TypedActor):
         group = self._gathering.pop(chat, None)
         if group is None:
             return []
-        dropped = [e for e in group.held if may_cancel(request, user_of(e.body))]
-        kept = [e for e in group.held if not may_cancel(request, user_of(e.body))]
+        dropped = [e for e in group.held if cancels(request, e.body)]
+        kept = [e for e in group.held if not cancels(request, e.body)]
         if kept:
             self._gathering[chat] = group._replace(held=kept)
         return dropped

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from conftest import Gate, ask, console_text, system_message, system_messages, w
 
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import ManualClock
-from autoresponse.actors.conversation import FORGOTTEN
+from autoresponse.actors.conversation import CANCELLED, FORGOTTEN
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.actors.prompts import SUGGESTED_RESPONSE_FORMAT
@@ -25,7 +27,7 @@ from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.events import EventStore, due_in
 from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.testing.fake_telegram import FakeTelegramServer
-from autoresponse.messages import OriginalContext, OutboundMessage, UserRequest, parse_action
+from autoresponse.messages import MAX_MESSAGE_CHARS, OriginalContext, OutboundMessage, UserRequest, parse_action
 
 MakeApp = Callable[..., Application]
 
@@ -241,6 +243,23 @@ def test_a_burst_that_arrives_during_a_turn_is_answered_together(
     assert "bot    ↳#4 │" in printed  # threaded to the last of the three
 
 
+def test_a_burst_longer_than_one_message_is_answered_over_several_turns_each_message_once(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(delay=1.5, content=json.dumps({"actions": [say("first answer")]})))
+    app = make_app(base_url=fake_llm.base_url)
+    first = app.runtime.send("interface.console", ConsoleInput(text="slow one"))
+    time.sleep(0.3)
+    burst = [f"part {n} " + "x" * (MAX_MESSAGE_CHARS // 4) for n in range(10)]  # 2.5 messages' worth
+    for text in burst:
+        app.runtime.send("interface.console", ConsoleInput(text=text))
+    assert first is not None and app.runtime.wait_idle(timeout=30)
+    asked = [t.messages[-1]["content"] for t in chat_turns(fake_llm)][1:]
+    assert len(asked) > 1 and all(len(text) <= MAX_MESSAGE_CHARS for text in asked)
+    assert [part for text in asked for part in text.split("\n")] == burst  # each once, in order
+    assert app.runtime.dead_letters.letters() == []
+
+
 def due_reminder(tmp_path: Path, description: str) -> tuple[Path, Callable[[], str]]:
     """A reminder of Ada's in the console, due 5 s ago, stored where the app will look (the
     data directory returned), and how to read its state from the store."""
@@ -315,6 +334,69 @@ def test_forget_clears_the_chats_memory(make_app: MakeApp, fake_llm: FakeLLMServ
     ask(app, "what is my name?")
     last = chat_turns(fake_llm)[-1].messages
     assert [m["role"] for m in last] == ["system", "user"]  # nothing remembered before it
+
+
+def test_a_forget_queued_before_a_cancel_still_clears_the_memory(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions(say("noted")), FakeResponse(hang=True))
+    app = make_app(base_url=fake_llm.base_url, llm={"read_timeout": 60, "stream": False})
+    assert app.memory is not None
+    ask(app, "my password is hunter2")
+    with app.runtime.probe(sender("console")) as out:
+        running = app.runtime.send("interface.console", ConsoleInput(text="tell me a long story"))
+        wait_for(lambda: len(fake_llm.requests) == 2)
+        app.runtime.send("interface.console", ConsoleInput(text="/forget"))  # it waits for the story
+        app.runtime.send("interface.console", ConsoleInput(text="/cancel"))
+        assert running is not None and app.runtime.wait_idle(running.correlation_id, timeout=10)
+        wait_for(lambda: len(out.bodies(OutboundMessage)) == 2)
+        assert app.runtime.wait_idle(timeout=10)
+        replies = sorted(m.text for m in out.bodies(OutboundMessage))
+    assert replies == sorted([CANCELLED, FORGOTTEN])
+    assert app.memory.history("console:console:") == []  # the password is gone
+
+
+def fail_the_memory(path: Path, how: str) -> None:
+    """Make the memory's SQLite file fail: every write refused as if the disk were full,
+    or its chat index damaged (every read and write of a chat's memory fails)."""
+    ConversationStore(path).close()
+    db = sqlite3.connect(path)
+    try:
+        if how == "full":
+            for table in ("memory", "chats"):
+                db.execute(f"CREATE TRIGGER full_{table} BEFORE INSERT ON {table} "
+                           "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+            db.commit()
+            return
+        [(page,)] = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'memory_chat'")
+        [(page_size,)] = db.execute("PRAGMA page_size")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        db.close()
+    with path.open("r+b") as file:
+        file.seek((page - 1) * page_size)
+        file.write(b"\xff" * page_size)
+
+
+@pytest.mark.parametrize("how", ["full", "damaged"])
+def test_a_failing_memory_store_leaves_the_chat_without_memory_not_without_answers(
+    make_app: MakeApp, fake_llm: FakeLLMServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    fail_the_memory(tmp_path / "data" / "memory.sqlite3", how)
+    fake_llm.script(actions(say("Hi Ada.")), actions(say("Still here.")))
+    app = make_app(base_url=fake_llm.base_url)
+    with caplog.at_level(logging.WARNING, logger="autoresponse.conversation"):
+        ask(app, "hello, I am Ada")
+        ask(app, "are you there?")
+    printed = console_text(app)
+    assert "Hi Ada." in printed and "Still here." in printed
+    assert "went wrong" not in printed
+    assert app.runtime.dead_letters.letters() == []
+    conversations = [c for c in app.runtime.cells if c.name.startswith(CONVERSATIONS)]
+    assert conversations and all(c.restarts == 0 for c in conversations)  # no chat's queue was lost
+    logged = [r.getMessage() for r in caplog.records if r.name == "autoresponse.conversation"]
+    assert logged and all("console:console:" in line for line in logged)
+    assert not any("Ada" in line or "are you there" in line for line in logged)  # no message text
 
 
 def test_memory_stays_within_its_budget_dropping_the_oldest_first(tmp_path: Path) -> None:
