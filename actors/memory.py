@@ -4,9 +4,11 @@ One SQLite file in the data directory, keyed by the chat (interface, chat id,
 thread): the user's messages, the replies confirmed delivered, and a compact
 record of each action (the command, its exit status and the first lines of its
 output, never whole megabytes). Each chat is bounded by a token budget; the
-oldest entries are dropped first. Tokens are counted approximately: four
-characters to a token, plus four for each message's framing, which is close to
-what OpenAI-style tokenizers give for English and errs long for code.
+oldest entries are dropped first, and one entry longer than the whole budget is
+cut to fit it. Tokens are counted approximately: four characters to a token,
+plus four for each message's framing, which is close to what OpenAI-style
+tokenizers give for English and errs long for code. What is older than the
+retention is never read back, and goes when the store is compacted.
 
 >>> from tempfile import TemporaryDirectory
 >>> folder = TemporaryDirectory()
@@ -26,7 +28,8 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,9 +70,24 @@ Role = Literal["user", "assistant"]
 Kind = Literal["message", "reply", "action"]
 
 
+#: The tokens of a message's framing (its role, its separators), counted with each entry.
+_FRAMING_TOKENS = 4
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters to a token, plus the message's framing."""
-    return 4 + (len(text) + 3) // 4
+    return _FRAMING_TOKENS + (len(text) + 3) // 4
+
+
+def within_budget(text: str, budget: int) -> str:
+    """``text``, cut so that it and its framing fit ``budget`` tokens."""
+    return text[: max(0, budget - _FRAMING_TOKENS) * 4]
+
+
+def storable(text: str) -> str:
+    """``text`` as SQLite can store it: a lone surrogate (a broken emoji from a chat's
+    JSON) cannot be encoded as UTF-8, so it becomes '?' instead of failing the write."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class Entry(BaseModel):
@@ -142,6 +160,17 @@ class StoreUnreadable(Exception):
         self.path = path
 
 
+@contextmanager
+def readable(what: str, path: Path) -> Iterator[None]:
+    """StoreUnreadable naming ``what`` and its file for a sqlite3.DatabaseError (such as
+    "database disk image is malformed": a damaged page shows only once a statement reads
+    it, not at the open), as ``open_store`` does for the file's first page."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        raise StoreUnreadable(what, path, exc) from None
+
+
 def open_store(path: Path, what: str, setup: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
     """The SQLite file of a thread-safe store (the memory, the reminders), in WAL mode and
     set up by ``setup``; StoreUnreadable naming ``what`` and the file if it is no database."""
@@ -166,7 +195,13 @@ def _set_up_memory(db: sqlite3.Connection) -> None:
 
 
 class ConversationStore:
-    """Thread-safe; each write commits before it returns (they are small and few)."""
+    """Thread-safe; each write commits before it returns (they are small and few).
+
+    Its times are the wall clock's (``time.time()``): they are kept across restarts.
+    A file damaged past its first page is StoreUnreadable once ``compact``,
+    ``chats_with_memory`` or ``history`` reads the damage."""
+
+    WHAT = "conversation memory"
 
     def __init__(self, path: Path, *, max_tokens: int = MEMORY_MAX_TOKENS,
                  retention_seconds: float = MEMORY_RETENTION_SECONDS) -> None:
@@ -174,7 +209,7 @@ class ConversationStore:
         self.max_tokens = max_tokens
         self.retention_seconds = retention_seconds
         self._lock = threading.Lock()
-        self._db = open_store(path, "conversation memory", _set_up_memory)
+        self._db = open_store(path, self.WHAT, _set_up_memory)
 
     def close(self) -> None:
         with self._lock:
@@ -183,22 +218,26 @@ class ConversationStore:
     # ---------------------------------------------------------------- memory
 
     def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
-        """Remember one message; the chat's oldest entries go once it is over its budget."""
-        content = content[: self.max_tokens * 4]  # no single entry may exceed the whole budget
+        """Remember one message (cut to fit the whole budget, were it longer); the chat's
+        oldest entries go once it is over its budget."""
+        content = storable(within_budget(content, self.max_tokens))
         tokens = estimate_tokens(content)
         with self._lock:
-            self._db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
-                             "VALUES (?, ?, ?, ?, ?, ?)", (chat, role, kind, content, tokens, time.time()))
-            self._trim(chat)
+            newest = self._db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
+                                      "VALUES (?, ?, ?, ?, ?, ?)",
+                                      (chat, role, kind, content, tokens, time.time())).lastrowid
+            self._trim(chat, newest)
 
-    def _trim(self, chat: str) -> None:
+    def _trim(self, chat: str, newest: int | None) -> None:
+        """Drop the chat's oldest entries beyond its budget, never ``newest`` (the one just
+        remembered: a budget below the framing alone would otherwise take it too)."""
         total, cutoff = 0, None
         for row_id, tokens in self._db.execute(
                 # CAST: a damaged row counts as nothing, and goes with the older ones
                 "SELECT id, CAST(tokens AS INTEGER) FROM memory WHERE chat = ? ORDER BY id DESC", (chat,)):
             total += tokens
             if total > self.max_tokens:
-                cutoff = row_id
+                cutoff = row_id if row_id != newest else row_id - 1
                 break
         if cutoff is not None:
             self._db.execute("DELETE FROM memory WHERE chat = ? AND id <= ?", (chat, cutoff))
@@ -209,11 +248,22 @@ class ConversationStore:
         return [Turn(role=e.role, content=e.content) for e in self.history(chat, budget)]
 
     def history(self, chat: str, budget: int | None = None) -> list[Entry]:
+        """The newest entries within the retention that fit ``budget`` tokens, oldest first:
+        a daemon that runs for months compacts only at its start, yet an entry past the
+        retention is never read back."""
         limit = self.max_tokens if budget is None else budget
-        with self._lock:
-            rows = self._db.execute("SELECT id, chat, role, kind, content, tokens, time FROM memory "
-                                    "WHERE chat = ? ORDER BY id DESC", (chat,)).fetchall()
+        try:  # not ``readable``: on every turn's path, a plain try costs nothing
+            with self._lock:
+                rows = self._db.execute("SELECT id, chat, role, kind, content, tokens, time FROM memory "
+                                        "WHERE chat = ? AND time >= ? ORDER BY id DESC",
+                                        (chat, self._retained_since(time.time()))).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(self.WHAT, self.path, exc) from None
         return newest_within((dict(zip(_ENTRY_COLUMNS, row)) for row in rows), limit, chat)
+
+    def _retained_since(self, now: float) -> float:
+        """The time of the oldest entry still within the retention at ``now``."""
+        return now - self.retention_seconds
 
     def forget(self, chat: str) -> int:
         """Forget a chat's memory (a user's ``/forget``); how many entries went."""
@@ -222,16 +272,17 @@ class ConversationStore:
 
     def compact(self, now: float | None = None) -> int:
         """Forget what is older than the retention; how many entries went."""
-        before = (now or time.time()) - self.retention_seconds
-        with self._lock:
+        before = self._retained_since(time.time() if now is None else now)
+        with self._lock, readable(self.WHAT, self.path):
             gone = self._db.execute("DELETE FROM memory WHERE time < ?", (before,)).rowcount
             self._db.execute("DELETE FROM chats WHERE seen < ?", (before,))
         return gone
 
     def chats_with_memory(self) -> list[tuple[str, int]]:
-        """Every chat key with memory, and its number of entries."""
-        with self._lock:
-            return self._db.execute("SELECT chat, COUNT(*) FROM memory GROUP BY chat ORDER BY chat").fetchall()
+        """Every chat key with memory within the retention, and its number of entries."""
+        with self._lock, readable(self.WHAT, self.path):
+            return self._db.execute("SELECT chat, COUNT(*) FROM memory WHERE time >= ? "
+                                    "GROUP BY chat ORDER BY chat", (self._retained_since(time.time()),)).fetchall()
 
     # ---------------------------------------------------------------- known chats
 
@@ -243,7 +294,8 @@ class ConversationStore:
                 "INSERT INTO chats (interface, chat_id, title, username, seen) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (interface, chat_id) DO UPDATE SET title = COALESCE(excluded.title, title), "
                 "username = COALESCE(excluded.username, username), seen = excluded.seen",
-                (context.interface_name, str(context.chat_id), context.chat_title, username, time.time()))
+                (context.interface_name, str(context.chat_id), _storable_or_none(context.chat_title),
+                 _storable_or_none(username), time.time()))
 
     def find_chats(self, interface: str, name: str) -> list[KnownChat]:
         """Chats of ``interface`` whose title or username is ``name`` (case folded, a leading
@@ -253,6 +305,10 @@ class ConversationStore:
                                     (interface,)).fetchall()
         return matching_chats([KnownChat(interface=r[0], chat_id=r[1], title=r[2], username=r[3])
                                for r in rows], name)
+
+
+def _storable_or_none(text: str | None) -> str | None:
+    return None if text is None else storable(text)
 
 
 def matching_chats(known: list[KnownChat], name: str) -> list[KnownChat]:

@@ -625,14 +625,15 @@ def history(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"no conversation memory at {path}")
         return 0
-    try:
-        store = ConversationStore(path, max_tokens=settings.memory.max_tokens)
+    try:  # unreadable at the open, or damaged past its first page (read by _show_history)
+        store = ConversationStore(path, max_tokens=settings.memory.max_tokens,
+                                  retention_seconds=settings.memory.retention_seconds)
+        try:
+            return _show_history(args, store, str(path))
+        finally:
+            store.close()
     except StoreUnreadable as exc:
         raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
-    try:
-        return _show_history(args, store, str(path))
-    finally:
-        store.close()
 
 
 def _shared_history(args: argparse.Namespace, settings: Settings) -> int:
