@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -138,6 +139,7 @@ def take_request(actor: TypedActor, text: str, context: OriginalContext, env: En
     chat's conversation, or answer a stranger by ``policy``, within its bounds: each
     stranger gets at most one refusal, or ``stranger_turns`` turns, a ``stranger_window``
     (see ``StrangerGate``). Past them nothing is sent; the input closes as any other."""
+    text, context = _encodable(text), _encodable_context(context)
     turn = turn_context(context, allowed=allowed, policy=policy)
     admission: Admission = "answer" if allowed else _admit(actor, context, policy, media_group)
     if turn is not None and admission == "answer":
@@ -148,6 +150,30 @@ def take_request(actor: TypedActor, text: str, context: OriginalContext, env: En
     if admission == "answer":  # a refusal: the window's one (``silent`` answers none)
         actor.send(sender(context.interface_name),
                    OutboundMessage.reply(context, policy.refusal, notice=True), cause=env)
+
+
+#: A UTF-16 surrogate alone (JSON's "\ud800" decodes to one): no UTF-8 holds it, so every
+#: hop that encodes the text (a key's digest, the LLM's request, the memory) would fail on it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _encodable(text: str) -> str:
+    """``text`` with each lone surrogate read as U+FFFD, as an undecodable byte is.
+
+    >>> _encodable("a" + chr(0xD800) + "b") == "a" + chr(0xFFFD) + "b"
+    True
+    """
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _encodable_context(context: OriginalContext) -> OriginalContext:
+    """``context`` with its names and command text made encodable (a sender's name is the
+    platform's too)."""
+    fields = {"user_name": context.user_name, "chat_title": context.chat_title,
+              "original_command": context.original_command}
+    changed = {name: _encodable(value) for name, value in fields.items()
+               if value is not None and _SURROGATE.search(value)}
+    return context.model_copy(update=changed) if changed else context
 
 
 def _admit(actor: TypedActor, context: OriginalContext, policy: StrangerSettings,
@@ -196,16 +222,45 @@ async def accept_input(actor: TypedActor, item: BaseModel, correlation_id: str) 
     runtime is full; True once it is (acknowledge it upstream then). One correlation
     per input: seen again after a crash, it is recognised.
 
-    An input that cannot be stored (not valid Unicode) is malformed: a dead letter
-    with the reason, and False; acknowledge it too, or it comes back forever.
+    An input that holds a lone surrogate (which no UTF-8 holds: JSON's "\ud800") is
+    stored with it read as U+FFFD. One that still cannot be stored is malformed: a dead
+    letter with the reason, and False; acknowledge it too, or it comes back forever.
     """
     try:
         await actor.runtime.intake.accept_async(actor.name, item, correlation_id)
     except Unstorable as exc:
+        readable = _encodable_model(item)
+        if readable is not None:  # only now, on the rare failure: no cost for every input
+            return await accept_input(actor, readable, correlation_id)
         log.warning("a malformed input to %s was skipped (%s)", actor.name, exc)
         actor.runtime.dead_letters.post(Envelope.new(item), "malformed input", actor=actor.name, detail=str(exc))
         return False
     return True
+
+
+def _encodable_model(item: BaseModel) -> BaseModel | None:
+    """``item`` with every lone surrogate in its text read as U+FFFD; None when it holds
+    none (or is not rebuilt from its fields)."""
+    changed = False
+
+    def clean(value: Any) -> Any:
+        nonlocal changed
+        if isinstance(value, str) and _SURROGATE.search(value):
+            changed = True
+            return _encodable(value)
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(clean(item) for item in value)
+        return value
+
+    data = clean(item.model_dump())
+    if not changed:
+        return None
+    try:
+        return type(item).model_validate(data)
+    except ValueError:
+        return None
 
 
 def dead_letter_malformed(actor: TypedActor, raw: Any, reason: str, why: str) -> None:

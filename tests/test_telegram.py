@@ -344,18 +344,20 @@ def test_an_unreadable_answer_to_getupdates_is_a_failed_poll_and_polling_goes_on
     assert bot.runtime.cell("interface.telegram").restarts == 0  # backed off and polled again, not crashed
 
 
-def test_an_update_with_text_that_is_not_unicode_is_dead_lettered_and_acknowledged(
-    bot: Application, fake_telegram: FakeTelegramServer
+def test_an_update_with_text_that_is_not_unicode_is_answered_and_acknowledged(
+    bot: Application, fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer
 ) -> None:
-    # A lone surrogate (a JSON "\ud800" escape) cannot be journaled: once it stopped polling.
-    bad = fake_telegram.push_update({"message": {"message_id": 9, "date": 0, "text": "run echo \ud800",
+    # A lone surrogate (a JSON "\ud800" escape) cannot be journaled as it is: once it stopped
+    # polling, then it was a dead letter; it is read as U+FFFD, and the update answered.
+    fake_llm.script(*[actions({"type": "message_telegram_bot", "payload": {"text": f"Answer {n}."}})
+                      for n in (1, 2)])
+    bad = fake_telegram.push_update({"message": {"message_id": 9, "date": 0, "text": "hello \ud800",
                                                  "chat": {"id": CHAT, "type": "private"},
                                                  "from": {"id": ALLOWED, "is_bot": False, "first_name": "A\udfff"}}})
-    fake_telegram.push_text("run echo after the surrogate", chat_id=CHAT, user_id=ALLOWED)
-    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT), timeout=20)
-    assert "after the surrogate" in json.dumps(sent.params)
-    [letter] = [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed input"]
-    assert "cannot be stored" in letter.detail and letter.actor == "interface.telegram"
+    fake_telegram.push_text("and after the surrogate", chat_id=CHAT, user_id=ALLOWED)
+    sent = until(fake_telegram, lambda: len(fake_telegram.sent(CHAT)) == 2 and fake_telegram.sent(CHAT), timeout=20)
+    assert sorted(s.params["text"] for s in sent) == ["Answer 1.", "Answer 2."]
+    assert [d for d in bot.runtime.dead_letters.letters() if d.reason == "malformed input"] == []
     until(fake_telegram, lambda: any(int(c.params.get("offset") or 0) > bad for c in fake_telegram.calls_to("getUpdates")))
     assert bot.runtime.cell("interface.telegram").restarts == 0
     settle(bot, fake_telegram, timeout=10)
@@ -629,3 +631,21 @@ def test_in_a_group_another_bots_cancel_does_not_cancel_ours_even_as_a_reply_to_
                                    reply_to_bot=True)
     [sent] = wait_for(lambda: fake_telegram.sent(group))
     assert (sent.params["text"], reply_to(sent)) == (CANCELLED, ours["message_id"])
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_a_text_with_a_lone_surrogate_is_answered_with_it_read_as_a_replacement_character(
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, make_app: Callable[..., Application],
+    journal: bool,
+) -> None:
+    """JSON's "\\ud800" decodes to a character no UTF-8 holds: every hop that encoded the
+    text failed on it (a crash three times, a dead letter, "something went wrong")."""
+    make_app(base_url=fake_llm.base_url, journal={"enabled": journal}, clock=fake_telegram.clock, telegram={
+        "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url, "allowed_users": [ALLOWED],
+        "poll_timeout": 1})
+    fake_llm.script(actions({"type": "message_telegram_bot", "payload": {"text": "Hello to you."}}))
+    fake_telegram.push_text("hello \ud800 there", chat_id=CHAT, user_id=ALLOWED,
+                            first_name="Ada \udc00")
+    [sent] = until(fake_telegram, lambda: fake_telegram.sent(CHAT))
+    assert sent.params["text"] == "Hello to you."
+    assert fake_llm.requests[0].messages[-1]["content"] == "hello \ufffd there"
