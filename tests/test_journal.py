@@ -22,10 +22,10 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, console_text
+from conftest import Daemon, console_text, environment, free_port
 
 from autoresponse import Application
-from autoresponse.actors.journal import JournalInUse, SqliteJournal
+from autoresponse.actors.journal import JournalInUse, JournalStorageFailed, SqliteJournal
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
@@ -170,7 +170,8 @@ def test_a_batch_of_many_writes_of_each_kind_ends_as_they_would_one_by_one(tmp_p
 
 def test_compaction_forgets_everything_old_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compaction deletes a chunk at a time (so the write-ahead log never holds a whole
-    interval's deletions at once), until nothing old is left; what is open stays."""
+    interval's deletions at once), until nothing old is left; what is open stays, and so do
+    the send keys of what is open."""
     monkeypatch.setattr(journal_module, "_COMPACT_CHUNK", 7)
     journal = SqliteJournal(tmp_path / "j.sqlite3")
     try:
@@ -182,7 +183,8 @@ def test_compaction_forgets_everything_old_in_chunks(tmp_path: Path, monkeypatch
         journal.mark_sent("flush").result(5)
         assert journal.compact(older_than=time.time() + 1) == 45
         assert sorted(i.correlation for i in journal.unfinished()) == ["c0", "c10", "c20", "c30", "c40"]
-        assert not any(journal.was_sent(f"c{n}:chat#0") for n in range(50))
+        # An open item's send keys stay: resumed, it must not send again what it sent.
+        assert [n for n in range(50) if journal.was_sent(f"c{n}:chat#0")] == [0, 10, 20, 30, 40]
     finally:
         journal.close()
 
@@ -768,3 +770,166 @@ def test_an_unreadable_open_item_is_closed_and_the_rest_resumes(tmp_path: Path, 
     with sqlite3.connect(path) as db:
         states = dict(db.execute("SELECT correlation, state FROM items"))
     assert states == {"broken": "dead", "fine": "done"}
+
+
+def test_the_chunks_an_open_item_sent_are_not_sent_again_after_its_retention(tmp_path: Path) -> None:
+    """A long reply is stopped between its chunks (a kill), and the daemon starts again
+    after the journal's retention has passed: its start compacts the journal, then resumes
+    the item, and each chunk reaches the user once. Compaction forgets old send keys, but
+    not an open item's."""
+    path = tmp_path / "j.sqlite3"
+    delivered: list[str] = []
+    keys = [f"c1:user:0:0123456789ab:0#{chunk}" for chunk in range(3)]
+
+    def deliver(journal: SqliteJournal, stop_after: int | None = None) -> None:
+        for key in keys:  # a sender's way: skip what was sent, record what it sends
+            if not journal.was_sent(key, "c1"):
+                delivered.append(key)
+                journal.mark_sent(key, "c1").result(5)
+            if len(delivered) == stop_after:
+                return
+
+    journal = SqliteJournal(path)
+    try:
+        assert journal.accept(Envelope.new(request(1), correlation_id="c1"), actor="llm").result(5)
+        assert journal.accept(Envelope.new(request(2), correlation_id="c2"), actor="llm").result(5)
+        journal.mark_sent("c2:user:0:0123456789ab:0#0").result(5)
+        journal.finish("c2")
+        journal.mark_sent("gone:user:0:0123456789ab:0#0").result(5)  # no item of its own
+        deliver(journal, stop_after=1)  # then killed
+    finally:
+        journal.close()
+    later = SqliteJournal(path)
+    try:
+        later.compact(older_than=time.time() + 1)  # the retention has passed
+        assert [item.correlation for item in later.unfinished()] == ["c1"]
+        deliver(later)  # resumed
+        assert not later.was_sent("c2:user:0:0123456789ab:0#0") and not later.was_sent("gone:user:0:0123456789ab:0#0")
+    finally:
+        later.close()
+    assert delivered == keys
+
+
+def test_work_resumes_in_the_order_it_was_accepted_whatever_the_clock_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall clock steps back an hour (NTP) between two messages of one chat, and the
+    daemon is killed: after the restart they are answered in the order they came."""
+    clock = [time.time()]
+    monkeypatch.setattr(journal_module, "time", type("Clock", (), {
+        "time": staticmethod(lambda: clock[0]), "monotonic": staticmethod(time.monotonic)}))
+    journal = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        assert journal.accept(Envelope.new(request(1), correlation_id="first"), actor="llm").result(5)
+        clock[0] -= 3600
+        assert journal.accept(Envelope.new(request(2), correlation_id="second"), actor="llm").result(5)
+    finally:
+        journal.close()
+    again = SqliteJournal(tmp_path / "j.sqlite3")
+    try:
+        assert [item.correlation for item in again.unfinished()] == ["first", "second"]
+    finally:
+        again.close()
+
+
+def _start_on(data: Path, *, file_size_limit: int | None = None) -> subprocess.CompletedProcess[str]:
+    """``autoresponse run`` on the data directory ``data``, to see it refuse to start; with
+    ``file_size_limit``, no file may grow past that many bytes (a disk that is full)."""
+    def limited() -> None:
+        if file_size_limit is not None:
+            import resource
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    env = environment(AUTORESPONSE_DATA_DIR=str(data), AUTORESPONSE_ADMIN__PORT=str(free_port()),
+                      AUTORESPONSE_EVENTS__ENABLED="false")
+    return subprocess.run([sys.executable, "-m", "autoresponse", "run"], env=env, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, preexec_fn=limited)
+
+
+def _accepted(path: Path, count: int, padding: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    journal = SqliteJournal(path)
+    try:
+        for n in range(count):
+            envelope = Envelope.new(UserRequest(text=f"hello {n} " + "p" * padding, context=CTX),
+                                    correlation_id=f"req-{n}")
+            assert journal.accept(envelope, actor="llm").result(5)
+    finally:
+        journal.close()
+
+
+def test_a_full_disk_at_start_is_no_corrupt_journal(tmp_path: Path) -> None:
+    """The disk is full as the daemon starts: it says so in one line and that the journal
+    was left intact, and the work it holds waits for the next start; the advice to move a
+    corrupt journal aside (abandoning all of it) is not given."""
+    path = tmp_path / "data" / "journal.sqlite3"
+    _accepted(path, 3)
+    started = _start_on(path.parent, file_size_limit=16)  # the lock file's process id fits
+    assert started.returncode == 1, started.stderr
+    assert "cannot start: the journal" in started.stderr and "SQLITE_IOERR" in started.stderr
+    assert "the journal was left intact" in started.stderr
+    assert "move it aside" not in started.stderr and "Traceback" not in started.stderr
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM items WHERE state = 'open'").fetchone() == (3,)
+
+
+def test_a_journal_that_cannot_be_opened_is_no_corrupt_one(tmp_path: Path) -> None:
+    """A journal's path that is no file (a directory, made by mistake): the error names
+    SQLite's cause, and is not the corrupt journal's."""
+    path = tmp_path / "j.sqlite3"
+    path.mkdir()
+    with pytest.raises(JournalStorageFailed, match="SQLITE_CANTOPEN.*left intact"):
+        SqliteJournal(path)
+    assert path.is_dir() and not any(path.iterdir())
+
+
+def test_a_garbage_page_in_the_journal_stops_the_start_with_the_clear_message(tmp_path: Path) -> None:
+    """A page of the journal overwritten with garbage while the daemon was stopped: the
+    start stops with the corrupt journal's one line (how to check it, how to move it
+    aside), not a traceback."""
+    path = tmp_path / "data" / "journal.sqlite3"
+    _accepted(path, 300, padding=300)
+    pages = path.stat().st_size // 4096
+    with open(path, "r+b") as file:
+        file.seek(4096 * (pages // 2))
+        file.write(random.Random(0).randbytes(4096))
+    started = _start_on(path.parent)
+    assert started.returncode == 2, started.stderr
+    assert f"the journal {path} cannot be read" in started.stderr and "move it aside" in started.stderr
+    assert "Traceback" not in started.stderr
+
+
+_BRIEFLY_FULL = """
+import os, resource, signal, sys, time
+from pathlib import Path
+from autoresponse.actors.journal import SqliteJournal
+from autoresponse.messages import Envelope, OriginalContext, UserRequest
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+journal = SqliteJournal(Path(sys.argv[1]))
+context = OriginalContext(chat_id=1, message_id=1, interface_name="telegram")
+journal.accept(Envelope.new(UserRequest(text="hi", context=context), correlation_id="c1"), actor="llm").result(5)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))  # the disk is full
+journal.mark_sent("c1:user:0:0123456789ab:0#0", "c1")
+journal.finish("c1")
+time.sleep(0.5)  # their commits fail meanwhile
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
+deadline = time.monotonic() + 20
+while journal.unfinished() and time.monotonic() < deadline:
+    time.sleep(0.05)
+os._exit(0)  # killed: no close to commit what is queued
+"""
+
+
+def test_a_finish_the_disk_failed_is_written_once_there_is_room_again(tmp_path: Path) -> None:
+    """The disk is full for a moment as a reply is delivered: the commit of its finish and
+    of its sent key fails, and they are tried again until there is room. A kill after that
+    finds the item done: the next start does not answer it again."""
+    path = tmp_path / "j.sqlite3"
+    done = subprocess.run([sys.executable, "-c", _BRIEFLY_FULL, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "journal write failed" in done.stderr  # the disk was full indeed
+    journal = SqliteJournal(path)
+    try:
+        assert journal.unfinished() == [] and journal.was_sent("c1:user:0:0123456789ab:0#0")
+    finally:
+        journal.close()

@@ -19,6 +19,7 @@ from autoresponse.actors.journal.journal import (
     DeliveryJournal,
     JournalCorrupt,
     JournalInUse,
+    JournalStorageFailed,
     LedgerUnavailable,
     JournalItem,
     SendLedger,
@@ -26,5 +27,5 @@ from autoresponse.actors.journal.journal import (
     check_journal,
 )
 
-__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "LedgerUnavailable", "SendLedger", "SqliteJournal",
+__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "JournalStorageFailed", "LedgerUnavailable", "SendLedger", "SqliteJournal",
            "check_journal"]

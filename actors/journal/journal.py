@@ -20,7 +20,8 @@ killed at any moment (not a power cut). A commit starts once its first write is
 due: an accept at once, or ``GROUP_COMMIT_SECONDS`` after it was queued when accepts
 come closer together than that (the next ones share its commit); a write nothing
 waits on to go on (``finish``, ``mark_sent``) ``LAZY_WRITE_SECONDS`` after (the
-next accept's commit takes it along).
+next accept's commit takes it along), and again, later, when the database failed it
+(a full disk), until it commits or the journal closes.
 """
 
 from __future__ import annotations
@@ -105,6 +106,29 @@ class JournalCorrupt(Exception):
     """The journal file exists but is not a readable journal. It is never replaced silently."""
 
 
+class JournalStorageFailed(ValueError):
+    """The disk or the file system failed the journal (full, an I/O error, a file that cannot
+    be opened): the journal itself is intact, and was left as it is. A ValueError, as the
+    CLI shows a start's ValueError as one line (``cannot start: ...``)."""
+
+
+#: SQLite's primary result codes that mean the file is not a readable journal (SQLITE_CORRUPT,
+#: SQLITE_NOTADB); every other error (SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN...) is the
+#: storage's, and moving the journal aside for it would abandon every accepted request.
+_CORRUPT_CODES = frozenset({11, 26})
+
+
+def _failure(exc: sqlite3.Error, path: Path, doing: str) -> JournalCorrupt | JournalStorageFailed:
+    """What ``exc``, met while ``doing``, means to whoever starts on the journal at ``path``."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _CORRUPT_CODES:
+        return JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is")
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    return JournalStorageFailed(f"the journal {path} cannot be used ({doing}): {name}: {exc}; the disk or the "
+                                "file system failed it (full, an I/O error, a file that cannot be opened), it is "
+                                "not corrupt, and the journal was left intact: fix the cause and start again")
+
+
 class LedgerUnavailable(Exception):
     """The journal could not say whether a reply was sent already (the NATS server away,
     say): the reply waits for its sender to try again, rather than go out twice or not at all."""
@@ -139,7 +163,8 @@ def _hold(lock_path: Path) -> IO[str] | None:
 
 
 def check_journal(path: Path) -> list[str]:
-    """SQLite's own integrity check of the journal at ``path``: the problems found, or []."""
+    """SQLite's own integrity check of the journal at ``path``: the problems found, or []
+    (the storage's own failure, a full disk or an I/O error, is said to be no corruption)."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -147,7 +172,8 @@ def check_journal(path: Path) -> list[str]:
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
-        return [str(exc)]
+        failure = _failure(exc, path, "checking it")
+        return [str(failure) if isinstance(failure, JournalStorageFailed) else str(exc)]
     problems = [row[0] for row in rows]
     return [] if problems == ["ok"] else problems
 
@@ -160,6 +186,11 @@ def read_stored(text: Any, what: str) -> Any:
     except (ValueError, TypeError, RecursionError):
         log.warning("the journal's %s is unreadable, and left out", what)
         return None
+
+
+def _names_one_of(key: str, correlations: set[str]) -> bool:
+    """Whether the send ``key`` was made by a turn of one of ``correlations``."""
+    return bool(correlations) and any(key[:at] in correlations for at, char in enumerate(key) if char == ":")
 
 
 def _text(value: Any) -> str:
@@ -231,6 +262,8 @@ _MANY_ROWS: dict[str, tuple[str, str]] = {
               "trace = COALESCE(v.column3, items.trace) FROM (VALUES {rows}) AS v "
               "WHERE items.correlation = v.column4", "(?, ?, ?, ?)"),
 }
+#: The writes nothing waits on to go on: tried again when the database fails them (``_retried``).
+_LAZY = (_FINISH, _MARK_SENT)
 #: The SQLite that first joins a table in an UPDATE (the multi-row finish).
 _UPDATE_FROM = (3, 33, 0)
 #: Rows per multi-row statement; each size is a statement SQLite prepares once and keeps.
@@ -258,6 +291,12 @@ GROUP_COMMIT_SECONDS = 0.001
 #: commit to carry it; at a steady load the next accept's comes first. What a kill can
 #: lose: a sent key this recent, so its chunk may be sent again when the item resumes.
 LAZY_WRITE_SECONDS = 0.005
+#: A write nothing waits on (``finish``, ``mark_sent``) that the database failed (a full disk,
+#: an I/O error) is tried again after this long, then twice as long each time up to
+#: ``WRITE_RETRY_MAX_SECONDS``, until it commits or the journal closes: dropped, its item
+#: would stay open and be answered again at the next start.
+WRITE_RETRY_FIRST_SECONDS = 0.05
+WRITE_RETRY_MAX_SECONDS = 5.0
 #: Correlations looked up at once when a batch's accepts are checked for ones already known.
 _LOOKUP_CHUNK = 500
 #: Rows ``compact`` deletes per transaction. One DELETE of a whole compaction interval's rows
@@ -303,6 +342,9 @@ class SqliteJournal:
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                        timeout=BUSY_TIMEOUT_MS / 1000, cached_statements=_CACHED_STATEMENTS)
+        except sqlite3.Error as exc:
+            self._release()
+            raise _failure(exc, path, "opening it") from None
         except BaseException:
             self._release()
             raise
@@ -321,7 +363,7 @@ class SqliteJournal:
         except sqlite3.DatabaseError as exc:
             self._db.close()
             self._release()
-            raise JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is") from None
+            raise _failure(exc, path, "opening it") from None
         self._db_lock = threading.Lock()
         self._checkpointer = WalCheckpointer(path)
         # A second connection answers ``was_sent``, on every delivery: under WAL it reads the
@@ -342,6 +384,7 @@ class SqliteJournal:
         self.group_commit_seconds = group_commit_seconds
         self.lazy_write_seconds = lazy_write_seconds
         self._due = math.inf  # when the next commit starts (``time.monotonic``)
+        self._retry_wait = 0.0  # how long failed lazy writes wait to be tried again (0: none failed)
         self._last_eager = -math.inf  # when the last write that was not lazy came
         self._writer_sleeps_until: float | None = None  # the writer waits for that, or nothing
         self._cond = threading.Condition()
@@ -441,6 +484,7 @@ class SqliteJournal:
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
                 log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
                 outcomes = self._one_by_one(batch)
+            batch, outcomes = self._retried(batch, outcomes)
             self._settled(batch, outcomes)
             for (_, _, done, _), (did, error) in zip(batch, outcomes, strict=True):
                 _tell(done, did, error)
@@ -448,8 +492,8 @@ class SqliteJournal:
                 self._compacted = time.monotonic()
                 try:
                     now = time.time()
-                    self.compact(now - self.retention_seconds,
-                                 dead_letters_older_than=now - DEAD_LETTER_RETENTION_SECONDS)
+                    self._compact(now - self.retention_seconds, now - DEAD_LETTER_RETENTION_SECONDS,
+                                  DEAD_LETTERS_KEPT)
                     # The write-ahead log is copied back and reused from its start, at the size
                     # it has (at most journal_size_limit): truncating it only had it grow again,
                     # and the file's size swing by a WAL's worth at every compaction. RESTART,
@@ -466,6 +510,32 @@ class SqliteJournal:
                             self._db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
+
+    def _retried(self, batch: list[_Op], outcomes: list[tuple[bool, BaseException | None]]
+                 ) -> tuple[list[_Op], list[tuple[bool, BaseException | None]]]:
+        """Queue again the lazy writes of ``batch`` the database failed (an OperationalError:
+        full, an I/O error, busy; not a write it refuses as such), ahead of what came since,
+        after a wait that doubles up to its limit; the rest, and their outcomes, are returned
+        for their waiters. A key queued again stays sent (in ``_marking``). Once the journal
+        is closed nothing is queued again: its last batch was their last try."""
+        failed = {n for n, (op, (_, error)) in enumerate(zip(batch, outcomes, strict=True))
+                  if op[0] in _LAZY and isinstance(error, sqlite3.OperationalError)}
+        again = [batch[n] for n in sorted(failed)]
+        if not again:
+            if all(error is None for _, error in outcomes):
+                self._retry_wait = 0.0
+            return batch, outcomes
+        with self._cond:
+            if self._closed:
+                log.error("journal closed with %d writes its database failed; their items resume", len(again))
+                return batch, outcomes
+            self._retry_wait = min(max(2 * self._retry_wait, WRITE_RETRY_FIRST_SECONDS), WRITE_RETRY_MAX_SECONDS)
+            log.warning("journal: %d writes the database failed are tried again in %.2f s",
+                        len(again), self._retry_wait)
+            self._pending[:0] = again
+            self._due = min(self._due, time.monotonic() + self._retry_wait)
+        kept = [n for n in range(len(batch)) if n not in failed]
+        return [batch[n] for n in kept], [outcomes[n] for n in kept]
 
     def _apply(self, batch: list[_Op]) -> list[bool]:
         """Write ``batch`` inside the open transaction; whether each op changed a row.
@@ -619,10 +689,16 @@ class SqliteJournal:
             return self._reader.execute("SELECT 1 FROM sent WHERE key = ?", (key,)).fetchone() is not None
 
     def unfinished(self) -> list[JournalItem]:
-        with self._db_lock:
-            rows = self._db.execute(
-                "SELECT correlation, actor, type, payload FROM items WHERE state = 'open' ORDER BY created"
-            ).fetchall()
+        """The open items, in the order they were accepted (rowid: ``created`` is the wall
+        clock's, which may step back between two accepts); JournalCorrupt or
+        JournalStorageFailed when they cannot be read (at a start: what to resume)."""
+        try:
+            with self._db_lock:
+                rows = self._db.execute(
+                    "SELECT correlation, actor, type, payload FROM items WHERE state = 'open' ORDER BY rowid"
+                ).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise _failure(exc, self.path, "reading the work to resume") from None
         return [JournalItem(correlation=_text(r[0]), actor=_text(r[1]), type=_text(r[2]), payload=_text(r[3]))
                 for r in rows]
 
@@ -670,13 +746,21 @@ class SqliteJournal:
     def compact(self, older_than: float, *, dead_letters_older_than: float | None = None,
                 keep_dead_letters: int = DEAD_LETTERS_KEPT) -> int:
         """Forget finished items and send keys older than ``older_than`` (a time.time()),
+        but not the keys of an item still open (resumed, it must not send them again),
         dead letters older than ``dead_letters_older_than`` (default: the same), and all
-        but the newest ``keep_dead_letters`` dead letters. Returns the items forgotten."""
+        but the newest ``keep_dead_letters`` dead letters. Returns the items forgotten;
+        JournalCorrupt or JournalStorageFailed when the journal cannot be compacted (at a
+        start, before anything resumes)."""
+        try:
+            return self._compact(older_than, dead_letters_older_than, keep_dead_letters)
+        except sqlite3.DatabaseError as exc:
+            raise _failure(exc, self.path, "compacting it") from None
+
+    def _compact(self, older_than: float, dead_letters_older_than: float | None, keep_dead_letters: int) -> int:
         letters_before = older_than if dead_letters_older_than is None else dead_letters_older_than
         forgotten = 0
         for table, where, args in (
             ("items", "state != 'open' AND finished < ?", (older_than,)),
-            ("sent", "time < ?", (older_than,)),
             ("traces", "time < ?", (older_than,)),
             ("approvals", "state != 'pending' AND decided < ?", (older_than,)),
             ("dead_letters", "time < ? OR id <= (SELECT MAX(id) FROM dead_letters) - ?",
@@ -694,7 +778,28 @@ class SqliteJournal:
                     forgotten += deleted
                 if deleted < _COMPACT_CHUNK:
                     break
+        self._compact_sent(older_than)
         return forgotten
+
+    def _compact_sent(self, older_than: float) -> None:
+        """Forget the send keys older than ``older_than`` but those of open items: a key names
+        the correlation whose turn made it, then ``:`` (``dispatcher.turn_key``), and a
+        correlation may hold a ``:`` of its own (a client's), so each prefix before one is
+        looked up. Items accepted from now on are not in ``open``: their keys are newer."""
+        with self._db_lock:
+            open_items = {row[0] for row in self._db.execute("SELECT correlation FROM items WHERE state = 'open'")}
+        after = 0  # the rowid the last chunk ended at
+        while True:
+            with self._db_lock:
+                rows = self._db.execute("SELECT rowid, key FROM sent WHERE rowid > ? AND time < ? ORDER BY rowid "
+                                        "LIMIT ?", (after, older_than, _COMPACT_CHUNK)).fetchall()
+                forget = [rowid for rowid, key in rows if not _names_one_of(_text(key), open_items)]
+                if forget:
+                    self._db.execute(f"DELETE FROM sent WHERE rowid IN ({', '.join('?' * len(forget))})", forget)
+            self._checkpointer.written()
+            if len(rows) < _COMPACT_CHUNK:
+                return
+            after = rows[-1][0]
 
     # ---------------------------------------------------------------- approvals
 
