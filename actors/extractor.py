@@ -414,6 +414,8 @@ def _written_calls(text: str) -> list[Any] | None:
     >>> _written_calls('Like this: {"name": "terminal", "arguments": {"command": "df -h"}}') is None
     True
     """
+    if '"name"' not in text:  # no call is written without it: every other reply pays one look
+        return None
     stripped = text.strip()
     if stripped.startswith("<tool_call>"):
         blocks = list(_TOOL_CALL_TAG.finditer(stripped))

@@ -481,10 +481,11 @@ class SqliteJournal:
                     self._db.execute("COMMIT")
                 self.commits += 1
                 self._checkpointer.written()
+                self._retry_wait = 0.0
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
                 log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
                 outcomes = self._one_by_one(batch)
-            batch, outcomes = self._retried(batch, outcomes)
+                batch, outcomes = self._retried(batch, outcomes)  # only here: no cost for a batch that commits
             self._settled(batch, outcomes)
             for (_, _, done, _), (did, error) in zip(batch, outcomes, strict=True):
                 _tell(done, did, error)
