@@ -450,3 +450,123 @@ def test_a_cancel_on_a_shared_journal_is_explained_to_its_user_and_a_stranger_he
             assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, timeout=10)
         wait_for(lambda: out.bodies(OutboundMessage))
         assert [(m.reply_to_message_id, m.text) for m in out.bodies(OutboundMessage)] == [(8, CANCEL_UNAVAILABLE)]
+
+
+def test_one_long_message_is_remembered_cut_to_fit_the_shared_memory(nats_server: NatsServer) -> None:
+    """A message longer than the whole budget does not wipe the chat's shared memory, itself
+    included: it is kept, cut to fit with its framing; a budget below the framing alone
+    still keeps the newest entry."""
+    journal = JetStreamJournal(nats_server.url, node="one")
+    try:
+        store = SharedConversationStore(journal, max_tokens=200)
+        store.append("telegram:1:", "user", "earlier: my server is web-3")
+        store.append("telegram:1:", "user", "L" * 20_000)
+        assert [t.content for t in store.recent("telegram:1:")] == ["L" * ((200 - 4) * 4)]
+        tiny = SharedConversationStore(journal, max_tokens=2)
+        tiny.append("telegram:2:", "user", "first")
+        tiny.append("telegram:2:", "user", "second")
+        assert dict(tiny.chats_with_memory())["telegram:2:"] == 1
+    finally:
+        journal.close()
+
+
+def test_shared_memory_past_its_retention_is_never_read_back(
+        nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat written to all along (so the bucket's TTL never forgets it) keeps no entry
+    past the retention: a month on, what was said then is in no prompt, nor counted."""
+    from autoresponse.actors.journal import shared_memory
+
+    clock = [time.time()]
+    monkeypatch.setattr(shared_memory, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
+    journal = JetStreamJournal(nats_server.url, node="one")
+    try:
+        store = SharedConversationStore(journal, retention_seconds=30 * 24 * 3600)
+        store.append("telegram:1:", "user", "my password is hunter2")
+        clock[0] += 20 * 24 * 3600
+        store.append("telegram:1:", "user", "and my server is web-3")
+        clock[0] += 11 * 24 * 3600  # the password is 31 days old, the server 11
+        assert [t.content for t in store.recent("telegram:1:")] == ["and my server is web-3"]
+        assert store.chats_with_memory() == [("telegram:1:", 1)]
+        store.append("telegram:1:", "user", "what did I tell you?")
+        assert [e.content for e in store.history("telegram:1:")] == ["and my server is web-3",
+                                                                     "what did I tell you?"]
+        assert store.chats_with_memory() == [("telegram:1:", 2)]
+        stored = journal.run(journal.bucket("autoresponse_memory").get(kv_key("telegram:1:")))
+        assert b"hunter2" not in stored.value  # the write dropped it
+    finally:
+        journal.close()
+
+
+def _limit_send_keys(journal: JetStreamJournal, max_msgs: int) -> None:
+    """Let the server keep at most ``max_msgs`` send keys (-1: no limit): past it, it refuses
+    new ones, as when JetStream's store is full."""
+    import dataclasses
+
+    async def limit() -> None:
+        info = await journal._js.stream_info("KV_autoresponse_sent")
+        await journal._js.update_stream(dataclasses.replace(info.config, max_msgs=max_msgs))
+    journal.run(limit())
+
+
+def test_a_send_key_the_server_refused_is_written_once_it_has_room(
+        nats_server: NatsServer, caplog: pytest.LogCaptureFixture) -> None:
+    """JetStream's store is full for a moment as a reply's chunk goes out: its send key is
+    tried again until the server takes it, so the daemon that runs the item next (this one
+    died before finishing it) does not send that chunk again."""
+    one = JetStreamJournal(nats_server.url, node="one")
+    two = JetStreamJournal(nats_server.url, node="two")
+    key = "c1:user:0:0123456789ab:0#0"
+    try:
+        one.mark_sent("an-earlier-reply#0").result(5)
+        _limit_send_keys(one, 1)  # full
+        confirmed = one.mark_sent(key, "c1")
+        wait_for(lambda: "was not written" in caplog.text or confirmed.done(), timeout=20)
+        assert one.was_sent(key)  # here it is sent, and the sender goes on
+        _limit_send_keys(one, -1)  # room again
+        assert confirmed.result(30) is True
+        assert two.was_sent(key)  # the next to run c1 skips the chunk
+    finally:
+        one.close()
+        two.close()
+
+
+def test_the_chunks_an_open_item_sent_are_not_sent_again_after_the_retention(nats_server: NatsServer) -> None:
+    """A long reply is stopped between its chunks (its daemon stops), and the item is taken
+    up again only after the journal's retention has passed (a long downtime): each chunk
+    reaches the user once. Send keys expire with the retention, but not an open item's;
+    once it is finished, they go with the retention as any."""
+    keys = [f"c1:user:0:0123456789ab:0#{chunk}" for chunk in range(3)]
+    delivered: list[str] = []
+
+    def run_on(journal: JetStreamJournal, stop_after: int | None = None) -> None:
+        taken: list[str] = []
+        journal.start_feed(lambda item: taken.append(item.correlation) or True, lambda: 10)
+        wait_for(lambda: taken == ["c1"], timeout=30)
+        for key in keys:  # a sender's way: skip what was sent, record what it sends
+            if not journal.was_sent(key, "c1"):
+                delivered.append(key)
+                journal.mark_sent(key, "c1").result(5)
+            if len(delivered) == stop_after:
+                return
+
+    first = JetStreamJournal(nats_server.url, node="one", retention_seconds=1.0)  # its buckets' TTL
+    try:
+        assert first.accept(Envelope.new(request(1, "hello"), correlation_id="c1"), actor="llm").result(5)
+        run_on(first, stop_after=1)
+        first.mark_sent("gone:user:0:0123456789ab:0#0").result(5)  # of no item
+    finally:
+        first.close()  # the item goes back to the stream
+    later = JetStreamJournal(nats_server.url, node="two")
+    try:
+        wait_for(lambda: not later.was_sent("gone:user:0:0123456789ab:0#0"), timeout=30)  # the retention passed
+        run_on(later)
+        assert delivered == keys
+        later.finish("c1")
+
+        def open_items_keys() -> int:
+            info = later.run(later._js.stream_info("KV_autoresponse_sent_open", subjects_filter=">"))
+            return len(info.state.subjects or {})
+        wait_for(lambda: open_items_keys() == 0, timeout=30)  # finished: nothing kept for ever
+        wait_for(lambda: not any(later.was_sent(key) for key in keys), timeout=30)
+    finally:
+        later.close()

@@ -15,7 +15,9 @@ Same protocol as ``SqliteJournal``, plus what a cluster needs (``Coordination``)
   waits with the worker that took it. The stream is the lock, so there is no lock to
   leak, and none to fence when a worker dies (its items simply come back);
 * send keys and traces live in key-value buckets (any worker may finish any
-  item); dead letters in their own stream;
+  item), for the retention; the send keys of an item that is not finished also in a
+  bucket without one, until it is (resumed after a long downtime, it must not send
+  again what it sent); dead letters in their own stream;
 * leases (``lease``) let exactly one daemon poll a platform account, and small
   state (``load``/``save``: the Telegram offset) is shared.
 
@@ -41,10 +43,17 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from autoresponse.actors.journal.journal import JournalItem, Unreadable, Written, read_stored
+from autoresponse.actors.journal.journal import (
+    WRITE_RETRY_FIRST_SECONDS,
+    WRITE_RETRY_MAX_SECONDS,
+    JournalItem,
+    Unreadable,
+    Written,
+    read_stored,
+)
 from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTERS_KEPT,
@@ -70,6 +79,8 @@ WORK_SUBJECT = "autoresponse.work"
 DEAD_SUBJECT = "autoresponse.dead"
 WORKERS = "workers"
 SENT_BUCKET = "autoresponse_sent"
+#: The send keys of the items not finished yet, by item: kept until it is finished.
+OPEN_SENT_BUCKET = "autoresponse_sent_open"
 TRACES_BUCKET = "autoresponse_traces"
 LEASES_BUCKET = "autoresponse_leases"
 STATE_BUCKET = "autoresponse_state"
@@ -276,6 +287,10 @@ class JetStreamJournal:
         self._unreadable: Unreadable | None = None  # told of a message on the stream that is no item
         self._leases_held: set[Lease] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Send keys asked to be marked and not yet on the server: sent, though no other
+        #: daemon can read them yet (``was_sent`` here says so).
+        self._marking: set[str] = set()
+        self._retrying: set[asyncio.Task[Any]] = set()  # writes the server failed, tried again
         self._closed = False
         self._redelivered = 0
         self._loop = asyncio.new_event_loop()
@@ -339,6 +354,7 @@ class JetStreamJournal:
                 config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, ack_wait=self.ack_wait,
                                           max_deliver=NATS_MAX_DELIVERIES, max_ack_pending=-1))
             self._sent = await self._bucket(SENT_BUCKET, self.retention_seconds)
+            self._open_sent = await self._bucket(OPEN_SENT_BUCKET, None)
             self._traces = await self._bucket(TRACES_BUCKET, self.retention_seconds)
             self._leases = await self._bucket(LEASES_BUCKET, self.lease_seconds)
             self._state = await self._bucket(STATE_BUCKET, None)
@@ -512,9 +528,18 @@ class JetStreamJournal:
     def _ack(self, correlation: str) -> None:
         msg = self._held.pop(correlation, None)
         if msg is not None:
-            task = self._loop.create_task(msg.ack())
+            task = self._loop.create_task(self._finished(msg, correlation))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _finished(self, msg: Any, correlation: str) -> None:
+        """Ack ``msg``, whose item ended here, and forget the send keys kept for it while it
+        was open: those with the retention answer for it from now on."""
+        await msg.ack()
+        await self._until_written(
+            lambda: self._js.purge_stream(f"KV_{OPEN_SENT_BUCKET}",
+                                          subject=f"$KV.{OPEN_SENT_BUCKET}.{kv_key(correlation)}.>"),
+            f"forgetting the open send keys of {correlation}")
 
     def unfinished(self) -> list[JournalItem]:
         """Nothing to resume by hand: unacked items come back to some worker by themselves."""
@@ -522,22 +547,82 @@ class JetStreamJournal:
 
     def was_sent(self, key: str, correlation: str | None = None) -> bool:
         """Asked of the cluster every time: any daemon may have sent it (a work item moves to
-        another daemon when its own dies), so ``correlation`` tells nothing here."""
+        another daemon when its own dies); in the retention's bucket, and in the open item's
+        keys when ``correlation`` runs here (sent before a downtime longer than the
+        retention). A key this daemon marked that the server has not taken yet is sent."""
         from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-        async def get() -> bool:
+        if key in self._marking:
+            return True
+        open_key = self._open_send_key(key, correlation)
+
+        async def has(bucket: Any, name: str) -> bool:
             try:
-                await self._sent.get(kv_key(key))
+                await bucket.get(name)
             except (KeyNotFoundError, KeyDeletedError):
                 return False
             return True
+
+        async def get() -> bool:
+            asked = [has(self._sent, kv_key(key))]
+            if open_key is not None:
+                asked.append(has(self._open_sent, open_key))
+            return any(await asyncio.gather(*asked))
         return self.run(get())
 
     def mark_sent(self, key: str, correlation: str | None = None) -> concurrent.futures.Future[bool]:
-        async def put() -> bool:
-            await self._sent.put(kv_key(key), b"1")
+        """Record the send ``key`` for the cluster, for the retention, and also until its
+        item is finished when that item (``correlation``) runs here; resolves once the
+        server has it. A write the server fails is tried again (``_until_written``) until
+        it lands or the journal closes: dropped, the chunk would go out again from whoever
+        runs its item next."""
+        open_key = self._open_send_key(key, correlation)
+        self._marking.add(key)
+        return self._submit(self._mark(key, open_key))
+
+    async def _mark(self, key: str, open_key: str | None) -> bool:
+        async def put() -> None:
+            puts = [self._sent.put(kv_key(key), b"1")]
+            if open_key is not None:
+                puts.append(self._open_sent.put(open_key, b"1"))
+            await asyncio.gather(*puts)
+        try:
+            await self._until_written(put, f"the send key {key}")
             return True
-        return self._submit(put())
+        finally:
+            self._marking.discard(key)
+
+    def _open_send_key(self, key: str, correlation: str | None) -> str | None:
+        """Where ``key`` is kept while its item, ``correlation`` running here, is open (None:
+        no item of that name runs here): under the item's name, for ``_finished`` to forget."""
+        if correlation is None or correlation not in self._held:
+            return None
+        return f"{kv_key(correlation)}.{kv_key(key)}"
+
+    async def _until_written(self, write: Callable[[], Awaitable[Any]], what: str) -> None:
+        """``write``, again while the server fails it (its store full, JetStream away): after
+        ``WRITE_RETRY_FIRST_SECONDS``, then twice as long each time up to
+        ``WRITE_RETRY_MAX_SECONDS``, until it lands or the journal closes."""
+        from nats.errors import Error as NatsError
+
+        wait, task = 0.0, asyncio.current_task()
+        try:
+            while True:
+                try:
+                    await write()
+                    return
+                except NatsError as exc:
+                    if self._closed:
+                        raise
+                    if not wait:
+                        log.warning("journal: %s was not written (%r); it is tried again until it is", what, exc)
+                    if task is not None:
+                        self._retrying.add(task)  # ``close`` ends its tries
+                    wait = min(max(2 * wait, WRITE_RETRY_FIRST_SECONDS), WRITE_RETRY_MAX_SECONDS)
+                    await asyncio.sleep(wait)
+        finally:
+            if task is not None:
+                self._retrying.discard(task)
 
     # ---------------------------------------------------------------- traces, dead letters
 
@@ -656,7 +741,10 @@ class JetStreamJournal:
         self._closed = True
 
         async def shut() -> None:
-            for task in list(self._tasks):
+            if self._retrying:
+                log.error("journal closed with %d writes the server failed (a send key's chunk may go out "
+                          "again when its item runs)", len(self._retrying))
+            for task in [*self._tasks, *self._retrying]:
                 task.cancel()
             for msg in [*self._held.values(), *(msg for _, msg in self._waiting.values())]:
                 try:

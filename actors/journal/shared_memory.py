@@ -3,9 +3,10 @@
 The same interface as ``ConversationStore`` (SQLite, one daemon). A chat's memory is
 one value, its entries in order, bounded by the token budget like the SQLite store's;
 writes are compare-and-set on the value's revision, so two daemons appending to one
-chat at once both land (the loser reads again and retries). Entries expire with the
-bucket's TTL, counted from the chat's last write (the SQLite store counts from each
-entry's). Known chats (to find one by name) are one value per chat.
+chat at once both land (the loser reads again and retries). One entry longer than the
+whole budget is cut to fit it. An entry older than the retention is never read back, and
+goes at the chat's next write; a chat not written for the retention goes whole with the
+bucket's TTL. Known chats (to find one by name) are one value per chat.
 
 With a ``JetStreamJournal`` (on a NATS server, so these are not run)::
 
@@ -31,6 +32,7 @@ from autoresponse.actors.memory import (
     estimate_tokens,
     matching_chats,
     newest_within,
+    within_budget,
 )
 from autoresponse.messages import OriginalContext, Turn
 
@@ -41,8 +43,19 @@ MEMORY_BUCKET = "autoresponse_memory"
 CHATS_BUCKET = "autoresponse_chats"
 
 
+def _expired(raw: Any, since: float) -> bool:
+    """Whether the stored entry ``raw`` was written before ``since`` (a damaged one is
+    not: ``newest_within`` leaves it out, saying so)."""
+    written = raw.get("time") if isinstance(raw, dict) else None
+    return isinstance(written, (int, float)) and written < since
+
+
 class SharedConversationStore:
-    """Thread-safe (every call runs on the journal's loop thread)."""
+    """Thread-safe (every call runs on the journal's loop thread).
+
+    Its times are the wall clock's (``time.time()``), as the SQLite store's: the bucket's
+    TTL forgets only a chat nobody wrote for the retention, and an active chat's value
+    holds its old entries until a write drops them, so reads leave them out too."""
 
     def __init__(self, journal: JetStreamJournal, *, max_tokens: int = MEMORY_MAX_TOKENS,
                  retention_seconds: float = MEMORY_RETENTION_SECONDS) -> None:
@@ -67,34 +80,46 @@ class SharedConversationStore:
         return json.loads(entry.value or b"{}") or {"chat": chat, "entries": []}, entry.revision
 
     def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
-        """Remember one message; the chat's oldest entries go once it is over its budget."""
-        content = content[: self.max_tokens * 4]
+        """Remember one message (cut to fit the whole budget, were it longer); the chat's
+        oldest entries go once it is over its budget, and those past the retention."""
+        content = within_budget(content, self.max_tokens)
         self._journal.run(self._append(chat, role, kind, content))
 
     async def _append(self, chat: str, role: Role, kind: Kind, content: str) -> None:
         def add(data: bytes | None) -> bytes:
             value = json.loads(data) if data else {"chat": chat, "entries": []}
-            entries = value["entries"]
-            entries.append({"id": (entries[-1]["id"] + 1) if entries else 1, "role": role, "kind": kind,
-                            "content": content, "tokens": estimate_tokens(content), "time": time.time()})
-            total, keep = 0, len(entries)
-            for index in range(len(entries) - 1, -1, -1):
-                total += entries[index]["tokens"]
-                if total > self.max_tokens:
-                    keep = len(entries) - 1 - index
-                    break
-            value["entries"] = entries[len(entries) - keep:]
+            entries, now = value["entries"], time.time()
+            newest = {"id": (entries[-1]["id"] + 1) if entries else 1, "role": role, "kind": kind,
+                      "content": content, "tokens": estimate_tokens(content), "time": now}
+            since = self._retained_since(now)
+            value["entries"] = self._trimmed([*(raw for raw in entries if not _expired(raw, since)), newest])
             return json.dumps(value).encode()
         await compare_and_set(self._memory, kv_key(chat), add)
+
+    def _trimmed(self, entries: list[Any]) -> list[Any]:
+        """The newest of ``entries`` that fit the budget, and always the newest one (just
+        remembered: a budget below the framing alone would otherwise take it too)."""
+        total = 0
+        for index in range(len(entries) - 1, -1, -1):
+            total += entries[index]["tokens"]
+            if total > self.max_tokens:
+                return entries[min(index + 1, len(entries) - 1):]
+        return entries
+
+    def _retained_since(self, now: float) -> float:
+        """The time of the oldest entry still within the retention at ``now``."""
+        return now - self.retention_seconds
 
     def recent(self, chat: str, budget: int | None = None) -> list[Turn]:
         return [Turn(role=e.role, content=e.content) for e in self.history(chat, budget)]
 
     def history(self, chat: str, budget: int | None = None) -> list[Entry]:
+        """The newest entries within the retention that fit ``budget`` tokens, oldest first."""
         limit = self.max_tokens if budget is None else budget
         value, _ = self._journal.run(self._read(chat))
+        since = self._retained_since(time.time())
         return newest_within(({**raw, "chat": chat} if isinstance(raw, dict) else raw
-                              for raw in reversed(value["entries"])), limit, chat)
+                              for raw in reversed(value["entries"]) if not _expired(raw, since)), limit, chat)
 
     def forget(self, chat: str) -> int:
         """Forget a chat's memory (a user's ``/forget``); how many entries went."""
@@ -106,16 +131,18 @@ class SharedConversationStore:
         return self._journal.run(forget())
 
     def compact(self, now: float | None = None) -> int:
-        """Nothing to do: the bucket's TTL forgets a chat not written for the retention."""
+        """Nothing to do: the bucket's TTL forgets a chat not written for the retention, a
+        chat's next write its entries past the retention (never read back meanwhile)."""
         return 0
 
     def chats_with_memory(self) -> list[tuple[str, int]]:
+        """Every chat key with memory within the retention, and its number of entries."""
         async def listing() -> list[tuple[str, int]]:
-            out = []
+            out, since = [], self._retained_since(time.time())
             for _, data in await self._journal.entries(self._memory, MEMORY_BUCKET):
                 value = json.loads(data or b"{}")
-                if value.get("entries"):
-                    out.append((value["chat"], len(value["entries"])))
+                if kept := [raw for raw in value.get("entries") or [] if not _expired(raw, since)]:
+                    out.append((value["chat"], len(kept)))
             return sorted(out)
         return self._journal.run(listing(), timeout=60)
 
