@@ -52,6 +52,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from autoresponse.actors.journal import JournalFailing
 from autoresponse.actors.kernel import Cell, IntakeFull, NotReplayable, Runtime, Unstorable
 from autoresponse.actors.llm.usage import UsageMeter
 from autoresponse.actors.jsonbody import BodyReads, read_json_body
@@ -490,7 +491,7 @@ class AdminServer:
             try:
                 envelope = await asyncio.wrap_future(
                     self.runtime.accept(name, message, correlation_id=correlation))
-            except IntakeFull as exc:  # backpressure: the client waits and retries, nothing is dropped
+            except (IntakeFull, JournalFailing) as exc:  # the client waits and retries, nothing is dropped
                 return _busy(str(exc), exc.retry_after)
             except Unstorable as exc:
                 return _error(400, str(exc))

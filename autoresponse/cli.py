@@ -57,7 +57,7 @@ from rich.tree import Tree
 
 from autoresponse import __version__
 from autoresponse.actors.kernel import run_on_one_core, tune_heap_for_serving
-from autoresponse.actors.journal import JournalCorrupt, check_journal
+from autoresponse.actors.journal import JournalCorrupt, JournalStorageFailed, check_journal
 from autoresponse.actors.memory import ConversationStore, StoreUnreadable
 from autoresponse.actors.routes import interface, sender
 from autoresponse.admin import unsafe_bind
@@ -685,11 +685,18 @@ def journal(args: argparse.Namespace) -> int:
 
     Exit 0 when it is fine (or there is none yet), 1 with the problems otherwise.
     """
-    path = Settings.load(args.config).journal_path
+    settings = Settings.load(args.config)
+    path = settings.journal_path
     if not path.exists():
         print(f"no journal at {path}")
         return 0
-    problems = check_journal(path)
+    if path.is_dir():
+        settings.check_data_dir()  # the ConfigError ``run`` gives: it is a directory
+    try:
+        problems = check_journal(path)
+    except JournalStorageFailed as exc:  # not corrupt: no advice to move it aside
+        print(exc)
+        return 1
     if not problems:
         print(f"ok: {path}")
         return 0

@@ -14,6 +14,10 @@ from autoresponse.actors.kernel import Runtime, pinned_core
 from autoresponse.messages import Failure
 
 
+#: The name the journal is failing under (``Status.failing``): no actor has it.
+JOURNAL = "journal"
+
+
 class FailingStatus(BaseModel):
     """Why an actor reports that the world outside it fails it, and since when."""
 
@@ -56,7 +60,8 @@ class Status(BaseModel):
     #: Actors that are not running (crashed and restarting, stopped, or dead threads).
     down: list[str] = Field(default_factory=list)
     #: Actors that report their outside world failing them (a platform refusing them, a
-    #: lease they cannot renew), with why and since when; running or not (``down``).
+    #: lease they cannot renew), with why and since when; running or not (``down``). Also
+    #: ``journal`` while its database fails its writes: no new work is taken then.
     failing: dict[str, FailingStatus] = Field(default_factory=dict)
     dead_letters: dict[str, int] = Field(description="counts by reason")
     dead_letters_total: int
@@ -100,6 +105,9 @@ def snapshot(runtime: Runtime, *, details: bool = True) -> Status:
 
     failing = {c.name: FailingStatus(reason=f.reason, since=f.since)
                for c in cells if (f := c.failing) is not None}
+    journal = runtime.journal
+    if journal is not None and (journal_failing := journal.failing) is not None:  # its disk full, say
+        failing[JOURNAL] = FailingStatus(reason=journal_failing[0], since=journal_failing[1])
 
     def node(name: str) -> ActorStatus:
         cell = runtime.cell(name)

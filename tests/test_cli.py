@@ -431,6 +431,28 @@ def test_journal_check(tmp_path: Path) -> None:
     assert journal.read_bytes() == JUNK
 
 
+def test_journal_check_of_a_journal_the_storage_fails_never_says_move_it_aside(tmp_path: Path) -> None:
+    """The check cannot read the journal for a reason of the storage's (here: a directory
+    where its write-ahead log should be; a full disk, an I/O error alike): it says so, and
+    does not advise moving it aside, which would abandon every request it holds. A journal
+    that is a directory is named so, as ``run`` names it."""
+    from autoresponse.actors.journal import SqliteJournal
+
+    journal = tmp_path / "data" / "journal.sqlite3"
+    env = environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    SqliteJournal(journal).close()
+    Path(f"{journal}-wal").mkdir()
+    done = autoresponse("journal", "check", env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith(f"the journal {journal} cannot be used (checking it): SQLITE_"), done.stdout
+    assert "it is not corrupt" in done.stdout and "aside" not in done.stdout
+
+    elsewhere = tmp_path / "elsewhere" / "journal.sqlite3"
+    elsewhere.mkdir(parents=True)
+    done = autoresponse("journal", "check", env=environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "elsewhere")))
+    assert one_line_error(done) == f"autoresponse: the journal {elsewhere} cannot be used: it is a directory"
+
+
 def test_journal_check_reads_the_path_from_the_config_file(tmp_path: Path) -> None:
     journal = tmp_path / "elsewhere" / "j.sqlite3"
     config = tmp_path / "c.toml"

@@ -424,3 +424,54 @@ def test_an_open_circuit_fails_health_though_a_fallback_stands_in_until_a_probe_
     ask(app, "hello at last", clock=manual_clock)
     assert failing() is None
     assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+
+
+def test_a_journal_that_cannot_write_fails_health_and_takes_no_work_until_it_writes_again(
+    fake_llm: FakeLLMServer, make_app: MakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """The journal's database fails its writes (here another process holds its write lock,
+    as a full disk fails them): /healthz says so and why, an inject is told 503 and to come
+    back, a Telegram update waits unacknowledged; the log says it once, with no traceback.
+    Once it writes again, health comes back and the update is answered, once."""
+    import logging
+    import sqlite3
+
+    from autoresponse.actors.journal import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_MS", 100)  # how long a write waits for the lock
+    caplog.set_level(logging.INFO)
+    with FakeTelegramServer() as telegram:
+        app = make_app(base_url=fake_llm.base_url, admin=ADMIN, telegram={
+            "token": TOKEN, "base_url": telegram.base_url, "allowed_users": [7], "poll_timeout": 1})
+        assert app.admin is not None
+        url = app.admin.url
+        wait_for(lambda: [c for c in telegram.calls_to("getUpdates") if c.ok])
+        holder = sqlite3.connect(tmp_path / "data" / "journal.sqlite3", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            telegram.push_text("hello", chat_id=7, user_id=7, message_id=1)
+            wait_for(lambda: snapshot(app.runtime).failing.get("journal"))
+            code, health = get_json(f"{url}/healthz")
+            assert (code, health["status"], list(health["failing"])) == (503, "failing", ["journal"]), health
+            assert health["reason"].endswith("its writes fail: database is locked")
+            for _ in range(3):
+                request = urllib.request.Request(f"{url}/inject/interface.console", method="POST",
+                                                 data=json.dumps({"text": "hello"}).encode())
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(request, timeout=10)
+                assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "2"
+                assert json.loads(refused.value.read())["error"] == (
+                    "the journal cannot store new work now (database is locked); try again in 2s")
+            assert telegram.sent() == [] and snapshot(app.runtime).down == []  # waiting, not crashed
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        wait_for(lambda: telegram.sent(7), timeout=30)  # the update was tried again, and taken
+        assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
+        app.stop()
+        assert [c.params["reply_parameters"]["message_id"] for c in telegram.sent(7)] == [1]
+    journal_logs = [r for r in caplog.records if r.name == "autoresponse.actors.journal"]
+    assert [r.levelname for r in journal_logs if r.levelno >= logging.WARNING] == ["WARNING", "ERROR", "WARNING"]
+    assert "writes again" in journal_logs[-1].getMessage()
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback, from anyone

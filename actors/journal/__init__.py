@@ -18,6 +18,7 @@ False
 from autoresponse.actors.journal.journal import (
     DeliveryJournal,
     JournalCorrupt,
+    JournalFailing,
     JournalInUse,
     JournalStorageFailed,
     LedgerUnavailable,
@@ -27,5 +28,5 @@ from autoresponse.actors.journal.journal import (
     check_journal,
 )
 
-__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalInUse", "JournalItem", "JournalStorageFailed", "LedgerUnavailable", "SendLedger", "SqliteJournal",
+__all__ = ["DeliveryJournal", "JournalCorrupt", "JournalFailing", "JournalInUse", "JournalItem", "JournalStorageFailed", "LedgerUnavailable", "SendLedger", "SqliteJournal",
            "check_journal"]

@@ -268,6 +268,8 @@ class JetStreamJournal:
     #: Work is taken by the cluster's workers from the stream, not started by the
     #: daemon that accepted it.
     distributed = True
+    #: Its server away shows on the pollers, whose leases cannot be renewed: no mark of its own.
+    failing: tuple[str, float] | None = None
 
     def __init__(self, url: str, *, node: str, retention_seconds: float = JOURNAL_RETENTION_SECONDS,
                  ack_wait: float = NATS_ACK_WAIT_SECONDS, lease_seconds: float = NATS_LEASE_SECONDS,

@@ -51,6 +51,7 @@ from autoresponse.actors.jsonbody import dump_json
 from autoresponse.actors.limits import (
     DEAD_LETTER_RETENTION_SECONDS,
     DEAD_LETTERS_KEPT,
+    INTAKE_RETRY_AFTER_SECONDS,
     JOURNAL_COMPACT_SECONDS,
 )
 from autoresponse.messages import Envelope, OutboundMessage
@@ -129,6 +130,17 @@ def _failure(exc: sqlite3.Error, path: Path, doing: str) -> JournalCorrupt | Jou
                                 "not corrupt, and the journal was left intact: fix the cause and start again")
 
 
+class JournalFailing(Exception):
+    """The journal cannot store new work now: its database fails its writes (the disk full,
+    an I/O error, its file locked by another process). Nothing was taken; ask again after
+    ``retry_after``, as when the intake is full. The journal says why (``failing``) until
+    its writes commit again."""
+
+    def __init__(self, reason: str, retry_after: float = INTAKE_RETRY_AFTER_SECONDS) -> None:
+        super().__init__(f"the journal cannot store new work now ({reason}); try again in {retry_after:g}s")
+        self.retry_after = retry_after
+
+
 class LedgerUnavailable(Exception):
     """The journal could not say whether a reply was sent already (the NATS server away,
     say): the reply waits for its sender to try again, rather than go out twice or not at all."""
@@ -163,8 +175,10 @@ def _hold(lock_path: Path) -> IO[str] | None:
 
 
 def check_journal(path: Path) -> list[str]:
-    """SQLite's own integrity check of the journal at ``path``: the problems found, or []
-    (the storage's own failure, a full disk or an I/O error, is said to be no corruption)."""
+    """SQLite's own integrity check of the journal at ``path``: the problems found, or [].
+    JournalStorageFailed when the storage fails the check itself (a full disk, an I/O error,
+    a file that cannot be opened): that is no corruption, and moving the journal aside
+    would abandon every accepted request."""
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -173,7 +187,9 @@ def check_journal(path: Path) -> list[str]:
             db.close()
     except sqlite3.DatabaseError as exc:
         failure = _failure(exc, path, "checking it")
-        return [str(failure) if isinstance(failure, JournalStorageFailed) else str(exc)]
+        if isinstance(failure, JournalStorageFailed):
+            raise failure from None
+        return [str(exc)]
     problems = [row[0] for row in rows]
     return [] if problems == ["ok"] else problems
 
@@ -219,6 +235,9 @@ Unreadable = Callable[[str, str, str], None]
 
 
 class DeliveryJournal(Protocol):
+    #: Why it cannot store new work now, and since when (wall clock); None while it can.
+    failing: tuple[str, float] | None
+
     def accept(self, envelope: Envelope, *, actor: str, then: Written | None = None
                ) -> concurrent.futures.Future[bool] | None: ...
     def finish(self, correlation: str, state: str = "done", trace: Any = None) -> None: ...
@@ -390,6 +409,9 @@ class SqliteJournal:
         self._cond = threading.Condition()
         self._closed = False
         self.commits = 0  # batches written, for the benchmark
+        #: Why the database fails the journal's writes now, and since when (the wall clock);
+        #: None while they commit. Written by the writer thread alone.
+        self.failing: tuple[str, float] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._writer.start()
 
@@ -482,9 +504,12 @@ class SqliteJournal:
                 self.commits += 1
                 self._checkpointer.written()
                 self._retry_wait = 0.0
+                if self.failing is not None:
+                    self._writes_again()
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
-                log.warning("journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
-                outcomes = self._one_by_one(batch)
+                log.log(logging.DEBUG if self.failing else logging.WARNING,
+                        "journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
+                outcomes = self._storage_told(batch, self._one_by_one(batch))
                 batch, outcomes = self._retried(batch, outcomes)  # only here: no cost for a batch that commits
             self._settled(batch, outcomes)
             for (_, _, done, _), (did, error) in zip(batch, outcomes, strict=True):
@@ -512,6 +537,32 @@ class SqliteJournal:
                 except sqlite3.Error as exc:
                     log.warning("journal compaction failed: %s", exc)
 
+    def _storage_told(self, batch: list[_Op], outcomes: list[tuple[bool, BaseException | None]]
+                      ) -> list[tuple[bool, BaseException | None]]:
+        """Mark the journal failing when the database failed writes of ``batch`` (an
+        OperationalError: the disk full, an I/O error, the file locked by another process),
+        and clear the mark once all of them committed. An accept it failed is told
+        ``JournalFailing``: its source waits and asks again, as when the intake is full."""
+        failed = next((error for _, error in outcomes if isinstance(error, sqlite3.OperationalError)), None)
+        if failed is None:
+            if self.failing is not None and all(error is None for _, error in outcomes):
+                self._writes_again()
+            return outcomes
+        if self.failing is None:
+            self.failing = (f"its writes fail: {failed}", time.time())
+            log.error("journal %s: writes fail (%s); no new work is taken (the admin endpoint answers 503, "
+                      "platforms wait) until they commit again", self.path, failed)
+        refused = JournalFailing(str(failed))
+        return [(did, refused if op[0] is _ACCEPT and isinstance(error, sqlite3.OperationalError) else error)
+                for op, (did, error) in zip(batch, outcomes, strict=True)]
+
+    def _writes_again(self) -> None:
+        """A commit went through after writes failed: the mark goes, and it is said once."""
+        assert self.failing is not None
+        reason, since = self.failing
+        self.failing = None
+        log.warning("journal %s writes again (they failed for %.0fs: %s)", self.path, time.time() - since, reason)
+
     def _retried(self, batch: list[_Op], outcomes: list[tuple[bool, BaseException | None]]
                  ) -> tuple[list[_Op], list[tuple[bool, BaseException | None]]]:
         """Queue again the lazy writes of ``batch`` the database failed (an OperationalError:
@@ -531,8 +582,7 @@ class SqliteJournal:
                 log.error("journal closed with %d writes its database failed; their items resume", len(again))
                 return batch, outcomes
             self._retry_wait = min(max(2 * self._retry_wait, WRITE_RETRY_FIRST_SECONDS), WRITE_RETRY_MAX_SECONDS)
-            log.warning("journal: %d writes the database failed are tried again in %.2f s",
-                        len(again), self._retry_wait)
+            log.debug("journal: %d writes the database failed are tried again in %.2f s", len(again), self._retry_wait)
             self._pending[:0] = again
             self._due = min(self._due, time.monotonic() + self._retry_wait)
         kept = [n for n in range(len(batch)) if n not in failed]
@@ -601,7 +651,8 @@ class SqliteJournal:
                     try:
                         outcomes.append((self._db.execute(sql, args).rowcount > 0, None))
                     except Exception as exc:
-                        log.error("journal write failed: %s", exc)
+                        if not isinstance(exc, sqlite3.OperationalError):  # the storage's is said once
+                            log.error("journal write failed: %s", exc)
                         self._db.execute("ROLLBACK TO op")
                         outcomes.append((False, exc))
                     self._db.execute("RELEASE op")
@@ -610,7 +661,8 @@ class SqliteJournal:
             self._checkpointer.written()
             return outcomes
         except Exception as exc:  # the database itself refuses (closed, full, gone)
-            log.error("journal write failed: %s", exc)
+            if not isinstance(exc, sqlite3.OperationalError):  # the storage's is said once
+                log.error("journal write failed: %s", exc)
             try:
                 with self._db_lock:
                     if self._db.in_transaction:

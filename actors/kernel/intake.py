@@ -24,6 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from autoresponse.actors.journal import JournalFailing
 from autoresponse.actors.limits import INTAKE_RETRY_AFTER_SECONDS, MALFORMED_KEPT, MAX_OPEN_ITEMS
 from autoresponse.messages.control import MalformedInput
 from autoresponse.messages.envelope import Envelope
@@ -163,11 +164,14 @@ class Intake:
 
     async def accept_async(self, to: str, body: Any, correlation_id: str | None = None) -> Envelope:
         """``accept`` for a coroutine on the runtime's loop (a polling interface): waits for
-        room without blocking the loop, then for the journal; acknowledge upstream after."""
+        room without blocking the loop, then for the journal (while its writes fail, asking
+        again every ``retry_after``); acknowledge upstream after."""
         while True:
             accepted = self.accept(to, body, correlation_id, wait=0.0)
             try:
                 return await asyncio.wrap_future(accepted)
+            except JournalFailing as exc:
+                await asyncio.sleep(exc.retry_after)
             except IntakeFull:
                 await self.room()
 
@@ -177,8 +181,9 @@ class Intake:
 
         The future resolves with the envelope once it is durable and delivered
         (acknowledge upstream then), or fails with ``IntakeFull`` when no place
-        freed up within ``wait`` seconds, or with ``Unstorable`` for a message the
-        journal cannot write (a malformed input: acknowledge it). A correlation already known (a client's
+        freed up within ``wait`` seconds, with ``JournalFailing`` while the journal's
+        writes fail (ask again later, as for ``IntakeFull``), or with ``Unstorable`` for
+        a message the journal cannot write (a malformed input: acknowledge it). A correlation already known (a client's
         retry, a re-polled update) is acknowledged again and not run twice.
         """
         envelope = Envelope.new(body, correlation_id=correlation_id)

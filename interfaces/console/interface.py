@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from autoresponse.actors.journal import JournalFailing
 from autoresponse.actors.kernel import IntakeFull, Runtime, TypedActor, handles
 from autoresponse.actors.approvals import APPROVALS
 from autoresponse.actors.routes import CONVERSATIONS
@@ -101,14 +102,16 @@ class StdinReader:
                 return
 
     def _take(self, text: str) -> bool:
-        """Hand one line to the runtime; while it is full, wait (the console blocks: the
-        line is neither lost nor refused). False if stopped meanwhile."""
+        """Hand one line to the runtime; while it is full, or its journal cannot write, wait
+        (the console blocks: the line is neither lost nor refused). False if stopped meanwhile."""
         while not self._stop.is_set():
             try:
                 self._runtime.accept(self._to, ConsoleInput(text=text[:MAX_LINE_CHARS]), wait=0.5).result()
                 return True
             except IntakeFull:
                 continue
+            except JournalFailing as exc:  # its disk full, say: the line waits, as when full
+                self._stop.wait(exc.retry_after)
         return False
 
 
