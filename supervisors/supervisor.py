@@ -62,6 +62,7 @@ class Supervisor(TypedActor):
         self._children: list[tuple[str, Spec]] = []  # in start order
         self._restarts: deque[float] = deque()
         self._backoffs: dict[str, Backoff] = {}
+        self._handled_by_crash: dict[str, int] = {}  # messages a child had handled at its last crash
         self._pool_serial = 0
 
     # ---------------------------------------------------------------- lifetime
@@ -123,8 +124,12 @@ class Supervisor(TypedActor):
         names = tuple(n for n, _ in group)
         for n in names:
             self.runtime.cell(n).state = "restarting"
-        delay = self._backoffs.setdefault(
-            name, Backoff(self.spec.backoff, clock=self._clock, rng=self._rng)).next_delay()
+        backoff = self._backoff(name)
+        if exit.set_aside:  # the message it failed on is a dead letter: its successor starts on other work
+            backoff.reset()
+            delay = 0.0
+        else:
+            delay = backoff.next_delay()
         if delay > 0:
             self.schedule(delay, RestartDue(names=names), cause=env)
         else:
@@ -174,6 +179,19 @@ class Supervisor(TypedActor):
                 f"{intensity.period:g}s; last: {name} ({why})"
             )
         self._restarts.append(now)
+
+    def _backoff(self, name: str) -> Backoff:
+        """The backoff of ``name``'s restarts, started over when it handled a message since
+        its last crash. It is for a child that cannot get going (a message it fails on,
+        tried again at the head of its mailbox; a setup that fails): grown on across poison
+        messages that were each set aside in turn, it held every chat queued behind them,
+        for seconds a poison."""
+        backoff = self._backoffs.setdefault(name, Backoff(self.spec.backoff, clock=self._clock, rng=self._rng))
+        handled = self.runtime.cell(name).processed
+        if self._handled_by_crash.get(name, handled) != handled:
+            backoff.reset()
+        self._handled_by_crash[name] = handled
+        return backoff
 
     def _group(self, name: str) -> list[tuple[str, Spec]]:
         """The children to restart, in start order."""

@@ -262,6 +262,42 @@ def test_a_restart_waits_for_its_backoff(supervise: Callable[..., Runtime], jour
     assert journal.of("note") == ["w=queued before", "w=queued after"]
 
 
+class Poisoned(Worker):
+    """Crashes on every note that says "poison"."""
+
+    @handles
+    def on_note(self, note: Note, env: Envelope) -> None:
+        if note.text == "poison":
+            raise RuntimeError("poisoned")
+        super().on_note(note, env)
+
+
+def test_poison_messages_set_aside_one_after_another_do_not_grow_the_backoff(
+        supervise: Callable[..., Runtime], journal: Journal) -> None:
+    """Two messages that crash their actor on every attempt (three), then one that does not:
+    each poison's own retries back off (1 s, then 2 s), and once it is a dead letter the actor
+    restarts at once and the next poison's start from 1 s again. Grown on instead (1, 2, 4, 8,
+    16 s), the backoff held every message queued behind the poisons, for seconds a poison;
+    and likewise after the actor went on to handle a message between two poisons."""
+    clock = ManualClock()
+    rt = supervise(Strategy.ONE_FOR_ONE, ChildSpec("w", Poisoned, (journal,)),
+                   backoff=BackoffPolicy(min=1, max=60, jitter=0), clock=clock)
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    for text in ("poison", "poison", "fine", "poison", "after"):
+        rt.send("w", Note(text=text))
+    waits: list[float] = []
+    for _ in range(20):  # bounded: each turn is one restart's wait
+        if journal.of("note") == ["w=fine", "w=after"]:
+            break
+        if clock.wait_for_sleepers(1, timeout=2):
+            [wait] = clock.pending()
+            waits.append(wait)
+            clock.advance(wait)
+    assert journal.of("note") == ["w=fine", "w=after"]
+    assert waits == [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    assert [letter.reason for letter in rt.dead_letters.letters()] == ["crash"] * 3
+
+
 def test_a_pool_grows_routes_by_correlation_and_restarts_one_child(
     supervise: Callable[..., Runtime], journal: Journal
 ) -> None:
