@@ -15,9 +15,10 @@ Routes (JSON unless said otherwise)::
     GET  /requests                     the requests in flight, and the newest traced
     POST /deadletters/{id}/replay      send a dead letter again, as a new attempt
     POST /inject/{actor}?type=Name     a JSON message, validated against the actor's own types
-         &correlation=ID               (and ``Crash`` by name; never the supervision protocol),
-                                       a key no field has refused; journaled before the 202: a
-                                       retry with the same ID is acknowledged again, not run twice
+         &correlation=ID               (and ``Crash`` by name, to any actor with a supervisor:
+                                       never the root's; never the supervision protocol), a key
+                                       no field has refused; journaled before the 202: a retry
+                                       with the same ID is acknowledged again, not run twice
 
 It binds to 127.0.0.1 by default. Binding anywhere else requires a token, and
 when a token is set every request must carry ``Authorization: Bearer <token>``,
@@ -101,7 +102,8 @@ def is_loopback(host: str) -> bool:
 
 
 #: Messages every actor handles; injected only when asked for by name (``?type=Crash``),
-#: never guessed from a body that happens to fit.
+#: never guessed from a body that happens to fit, and only to an actor with a supervisor to
+#: restart it: the root has none, and its crash would stop the daemon.
 CONTROL_MESSAGES = (Crash,)
 #: The supervision protocol, which only the kernel and supervisors send: never injected. A
 #: forged Exit leaves a running actor counted as down, and a StartChild that fails (any
@@ -219,6 +221,15 @@ def _busy(message: str, retry_after: float = INTAKE_RETRY_AFTER_SECONDS) -> web.
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
+
+
+def _unsupervised_crash(runtime: Runtime, name: str, wanted: str) -> web.Response:
+    """The 400 for a control message (``wanted``) to an actor no supervisor restarts: the
+    root, whose crash would stop the daemon. It names the actors a drill can crash instead."""
+    targets = [cell.name for cell in runtime.cells if cell.supervisor is not None]
+    return _error(400, f"{name} has no supervisor to restart it (it is the root of the tree): a {wanted} "
+                       "there would stop the daemon; a drill can crash any other actor (listed in targets)",
+                  targets=targets)
 
 
 def _same(given: str, expected: bytes) -> bool:
@@ -468,6 +479,8 @@ class AdminServer:
         types = message_types(cell, control=wanted is not None)
         if wanted is not None:
             types = [t for t in types if t.__name__ == wanted]
+            if cell.supervisor is None and any(t in CONTROL_MESSAGES for t in types):
+                return _unsupervised_crash(self.runtime, name, wanted)
             if not types:
                 return _error(400, f"{name} does not take {wanted!r} by inject; it takes "
                                    f"{', '.join(accepts)}", accepts=accepts)

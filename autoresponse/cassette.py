@@ -177,6 +177,9 @@ class Cassette:
                     kind = line["kind"]
                 except (ValueError, KeyError, TypeError) as exc:
                     raise CassetteError(f"{path}:{number}: not a cassette line ({exc})") from None
+                except RecursionError:  # lists or objects nested past what Python's parser takes
+                    raise CassetteError(f"{path}:{number}: not a cassette line (it nests lists or "
+                                        "objects too deeply to be read as JSON)") from None
                 missing = [key for key in _REQUIRED.get(kind, ()) if not isinstance(line.get(key), str)]
                 if missing or kind == "llm" and not isinstance(line.get("reply", line.get("error")), str):
                     raise CassetteError(f"{path}:{number}: a {kind!r} line without "

@@ -1,5 +1,7 @@
-"""The ``autoresponse`` command: ``run`` (the daemon), ``demo``, ``journal check``,
-``config show``, and the operator's ``status``, ``inject`` and ``deadletters`` against a running daemon.
+"""The ``autoresponse`` command: ``run`` (the daemon; ``record`` runs it and records the
+session, ``replay`` plays one back offline), ``demo``, ``history``, ``journal check``,
+``config show``, and the operator's ``status``, ``inject``, ``trace`` and ``deadletters``
+against a running daemon.
 
 An operator's mistake (settings that cannot be used, a journal, memory or reminder
 store that cannot be read, an unreachable daemon) ends as one line on stderr,
@@ -103,6 +105,23 @@ def _typed(argument: str) -> str:
     except UnicodeEncodeError:  # a surrogate no decoding made (``main`` called with it)
         raw = argument.encode("utf-8", "surrogatepass")
     return raw.decode(sys.getfilesystemencoding(), errors="replace")
+
+
+def _seconds(argument: str) -> float:
+    """A ``--timeout``: a number of seconds above 0 (0 or less would wait for nothing, and
+    report every request unanswered), and finite."""
+    try:
+        seconds = float(argument)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{argument!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {argument}")
+    return seconds
+
+
+def _plain(docstring: str | None) -> str:
+    """A docstring as ``--help`` shows it: without reST's literal marks."""
+    return (docstring or "").replace("``", "")
 
 
 def _logging(level: str, settings: Settings) -> None:
@@ -241,9 +260,21 @@ class AdminError(Exception):
     """The admin endpoint could not be reached, or refused."""
 
 
+#: What the admin commands open their requests with: straight to the daemon, never through
+#: ``http_proxy``. The endpoint is the daemon's own (on 127.0.0.1 by default): a proxy has
+#: no business between them, and would be handed the admin token with every request.
+_ADMIN_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _admin_base(given: str) -> str:
+    """The endpoint's address as given (``--url``, or the settings'), ``http://`` when it
+    names no scheme (``127.0.0.1:8787``)."""
+    return given if "://" in given else f"http://{given}"
+
+
 def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     settings = Settings.load(args.config)
-    url = (args.url or settings.admin.url).rstrip("/") + path
+    url = _admin_base(args.url or settings.admin.url).rstrip("/") + path
     token = args.token or (settings.admin.token.get_secret_value() if settings.admin.token else None)
     try:
         request = urllib.request.Request(url, method=method,
@@ -251,7 +282,7 @@ def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -
         request.add_header("Content-Type", "application/json")
         if token:
             request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with _ADMIN_OPENER.open(request, timeout=10) as response:
             answer = response.read()
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode(errors="replace").split())  # one line, whoever answered
@@ -381,11 +412,12 @@ def inject(args: argparse.Namespace) -> int:
 
 
 def trace(args: argparse.Namespace) -> int:
-    """``trace ID``: every hop of one request, in causal order, as a timeline.
+    """``trace ID``: every hop of one request, in causal order (not time order: each after
+    the message that caused it, so "at ms" can step back where the request branches).
 
     Each row is one message: when it was queued (from the request's start), how long it
     waited in the mailbox, how long its handler took, and how it ended. The time between
-    a message's handling and the next row's queueing is I/O (an LLM call, a command).
+    a message's handling and the queueing of what it caused is I/O (an LLM call, a command).
     """
     data = _admin(args, "GET", f"/trace/{urllib.parse.quote(args.id, safe='')}")
     if args.json:
@@ -398,13 +430,16 @@ def trace(args: argparse.Namespace) -> int:
 
 
 def _trace_table(data: dict[str, Any]) -> Table:
-    """GET /trace's answer as a timeline, one row a hop."""
+    """GET /trace's answer as a table, one row a hop, in the order the answer has them."""
     hops = data["hops"]
     start = min(h["queued"] for h in hops)
     end = max((h["ended"] or h["queued"]) for h in hops)
     view = Table(title=f"trace {data['correlation_id']}: {len(hops)} hops in {1000 * (end - start):.1f} ms")
     for column in ("at ms", "actor", "message", "waited ms", "took ms", "attempt", "outcome"):
-        view.add_column(column, justify="right" if "ms" in column or column == "attempt" else "left")
+        figure = "ms" in column or column == "attempt"
+        # Where the table is too narrow, names fold onto a second line, whole: truncated,
+        # "conversations" and "conversations.3" both read "conversati…".
+        view.add_column(column, justify="right" if figure else "left", overflow="ellipsis" if figure else "fold")
 
     def ms(a: float | None, b: float | None) -> str:
         return "" if a is None or b is None else f"{1000 * (b - a):.1f}"
@@ -617,13 +652,14 @@ def history(args: argparse.Namespace) -> int:
     """``history CHAT``: what a chat's memory holds, oldest first (read from the data dir).
 
     CHAT is a chat key (``telegram:42:``, as ``history`` without one lists them) or a chat id.
+    ``--json`` prints JSON either way: the entries, or the chats, each with its count.
     """
     settings = Settings.load(args.config, defaults=DEMO_DEFAULTS if args.demo else None)
     if settings.journal.backend == "nats":
         return _shared_history(args, settings)
     path = settings.data_path / "memory.sqlite3"
     if not path.exists():
-        print(f"no conversation memory at {path}")
+        print("[]" if args.json else f"no conversation memory at {path}")  # no chat, no entries
         return 0
     try:  # unreadable at the open, or damaged past its first page (read by _show_history)
         store = ConversationStore(path, max_tokens=settings.memory.max_tokens,
@@ -656,6 +692,10 @@ def _shared_history(args: argparse.Namespace, settings: Settings) -> int:
 def _show_history(args: argparse.Namespace, store: ConversationStore | Any, where: str) -> int:
     """Print the chats with memory, or one chat's entries (``store``: either kind, at ``where``)."""
     known = store.chats_with_memory()
+    if args.chat is None and args.json:
+        print(json.dumps([{"chat": chat, "entries": count} for chat, count in known], indent=2,
+                         ensure_ascii=False))
+        return 0
     if args.chat is None:
         if not known:
             print(f"no chat has memory at {where}")
@@ -724,27 +764,31 @@ def config_show(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="autoresponse", description=__doc__)
+    parser = argparse.ArgumentParser(prog="autoresponse", description=_plain(__doc__))
     parser.add_argument("--version", action="version", version=f"autoresponse {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p_run = commands.add_parser("run", help="run the daemon until SIGTERM or SIGINT")
+    p_run = commands.add_parser("run", help="run the daemon until SIGTERM or SIGINT",
+                                description=_plain(run.__doc__))
     p_run.add_argument("--config", help="a TOML settings file")
     p_run.set_defaults(func=run)
 
-    p_record = commands.add_parser("record", help="run the daemon, recording the session to a cassette")
+    p_record = commands.add_parser("record", help="run the daemon, recording the session to a cassette",
+                                   description="Serve as `run` does, and record the session to a cassette "
+                                               "(JSON lines) that `replay` runs again offline.")
     p_record.add_argument("cassette", help="the JSONL file to write (replaced)")
     p_record.add_argument("--config", help="a TOML settings file")
     p_record.set_defaults(func=run)
-    p_replay = commands.add_parser("replay", help="replay a recorded session offline and compare the sends")
+    p_replay = commands.add_parser("replay", help="replay a recorded session offline and compare the sends",
+                                   description=_plain(replay_command.__doc__))
     p_replay.add_argument("cassette", help="a JSONL file written by `autoresponse record`")
-    p_replay.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
+    p_replay.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait per request")
     p_replay.set_defaults(func=replay_command)
     p_demo = commands.add_parser("demo", help="a console conversation, offline by default")
     p_demo.add_argument("texts", nargs="*", type=_typed,
                         help='requests, e.g. "run uptime" (default: a script)')
     p_demo.add_argument("--config", help="a TOML settings file")
-    p_demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait per request")
+    p_demo.add_argument("--timeout", type=_seconds, default=60.0, help="seconds to wait per request")
     p_demo.add_argument("--fresh", action="store_true",
                         help="start with an empty memory (forget what earlier demos said)")
     p_demo.set_defaults(func=demo)
@@ -752,7 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_history = commands.add_parser("history", help="show a chat's conversation memory")
     p_history.add_argument("chat", nargs="?", type=_typed,
                            help="a chat key or chat id (default: list the chats)")
-    p_history.add_argument("--json", action="store_true", help="print the entries as JSON")
+    p_history.add_argument("--json", action="store_true",
+                           help="print the entries as JSON (without a chat: the chats and their counts)")
     p_history.add_argument("--config", help="a TOML settings file")
     p_history.add_argument("--demo", action="store_true", help="the memory of `autoresponse demo`, not the daemon's")
     p_history.set_defaults(func=history)
@@ -786,7 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_inject.add_argument("--type", type=_typed, help="the message class, when several fit")
     p_inject.set_defaults(func=inject)
 
-    p_trace = admin_client("trace", "show every hop of one request, as a timeline")
+    p_trace = admin_client("trace", "show every hop of one request, in causal order")
     p_trace.add_argument("id", type=_typed,
                          help="the request's correlation id (see deadletters, status, or the page)")
     p_trace.add_argument("--json", action="store_true", help="print the raw JSON")

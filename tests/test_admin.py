@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ask, console_text
+from conftest import ask, console_text, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresponse import Application
@@ -119,6 +119,23 @@ def test_the_supervision_protocol_cannot_be_injected(make_app: MakeApp, actor: s
     assert not app.failed.is_set()
     code, health = call(f"{url}/healthz")
     assert (code, json.loads(health)) == (200, {"status": "ok"})
+    ask(app, "run echo still-serving")
+    assert "still-serving" in console_text(app)
+
+
+def test_a_crash_drill_at_the_root_is_refused_and_the_daemon_keeps_serving(make_app: MakeApp) -> None:
+    # The root has no supervisor to restart it: a Crash there stopped the daemon (exit 1).
+    app = make_app(admin=ADMIN)
+    url = admin_url(app)
+    code, answer = call(f"{url}/inject/root?type=Crash", "POST", {"reason": "drill"})
+    assert code == 400, answer
+    refusal = json.loads(answer)
+    assert refusal["error"].startswith("root has no supervisor to restart it")
+    assert "root" not in refusal["targets"] and {"llm", "pipeline", "interfaces"} <= set(refusal["targets"])
+    code, answer = call(f"{url}/inject/pipeline?type=Crash", "POST", {"reason": "drill"})
+    assert code == 202, answer  # any other actor, supervisors too, still takes a drill
+    wait_for(lambda: snapshot(app.runtime).find("pipeline").restarts == 1)  # type: ignore[union-attr]
+    assert not app.failed.is_set()
     ask(app, "run echo still-serving")
     assert "still-serving" in console_text(app)
 

@@ -104,3 +104,13 @@ def test_a_cassette_line_without_what_it_needs_is_named(tmp_path: Path, line: st
     path.write_text('{"kind": "header", "version": 1}\n' + line + "\n")
     with pytest.raises(CassetteError, match=r"broken.jsonl:2"):
         Cassette.load(path)
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000, "[" * 10_000 + "]" * 10_000], ids=["unclosed", "closed"])
+def test_a_line_nested_past_the_parser_is_one_clear_line(tmp_path: Path, line: str) -> None:
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"kind": "header", "version": 1}\n' + line + "\n")
+    done = replay_cli(deep)  # once a RecursionError's traceback
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"autoresponse: cannot read the cassette: {deep}:2: not a cassette line "
+                                        "(it nests lists or objects too deeply to be read as JSON)"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import console_text, default_signals, environment, free_port, wait_for
+from conftest import ask, console_text, default_signals, environment, free_port, wait_for
 
 from autoresponse import Application
 from autoresponse.messages import Envelope, OriginalContext, OutboundMessage
@@ -404,6 +405,62 @@ def test_an_admin_url_that_does_not_parse_is_one_line(command: list[str]) -> Non
     assert line.endswith(": Invalid IPv6 URL")
 
 
+@pytest.fixture
+def recording_proxy() -> Iterator[tuple[dict[str, str], list[str]]]:
+    """An HTTP proxy on 127.0.0.1 that answers everything 502 and keeps what reaches it
+    (each request line and its headers); and the environment that sends requests through it."""
+    import http.server
+
+    seen: list[str] = []
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(f"{self.requestline} {dict(self.headers)}")
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_POST = do_CONNECT = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield environment(http_proxy=url, HTTP_PROXY=url, no_proxy="", NO_PROXY=""), seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_admin_commands_never_go_through_a_proxy(make_app: Callable[..., Application],
+                                                     recording_proxy: tuple[dict[str, str], list[str]]) -> None:
+    """With ``http_proxy`` set, every admin command went to the proxy, the admin token in its
+    Authorization header, and failed with "HTTP 502:"."""
+    token = "admin-token-for-the-daemon-alone"
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0, "token": token})
+    assert app.admin is not None
+    env, seen = recording_proxy
+    done = autoresponse("status", "--url", app.admin.url, "--token", token, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "interface.console" in done.stdout
+    injected = autoresponse("inject", "interface.console", '{"text": "run echo direct"}', "--url", app.admin.url,
+                            "--token", token, env=env)
+    assert injected.returncode == 0, injected.stderr
+    wait_for(lambda: "`echo direct` finished" in console_text(app))
+    assert seen == []
+
+
+def test_an_admin_url_without_a_scheme_is_taken_as_http(make_app: Callable[..., Application]) -> None:
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0})
+    assert app.admin is not None
+    done = autoresponse("status", "--url", f"127.0.0.1:{app.admin.port}")  # once "unknown url type"
+    assert done.returncode == 0, done.stderr
+    assert "interface.console" in done.stdout
+
+
 def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("[telegram]\ntoken = 123456789\n")
@@ -651,3 +708,67 @@ def test_output_to_a_reader_that_left_ends_quietly() -> None:
         os.close(write)
     assert b"Traceback" not in done.stderr and b"Exception ignored" not in done.stderr, done.stderr
     assert done.returncode == 141
+
+
+def test_history_json_without_a_chat_lists_the_chats_as_json(tmp_path: Path) -> None:
+    env = environment(AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    done = autoresponse("history", "--demo", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []  # no memory yet: still JSON
+    assert autoresponse("demo", "run date", env=env).returncode == 0
+    done = autoresponse("history", "--demo", "--json", env=env)  # once plain text
+    assert done.returncode == 0, done.stderr
+    [chat] = json.loads(done.stdout)
+    assert chat["chat"].startswith("console:") and chat["entries"] > 0
+
+
+@pytest.mark.parametrize("command", [["demo", "run date"], ["replay", "session.jsonl"]])
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan"])
+def test_a_timeout_of_no_time_is_refused_before_anything_runs(command: list[str], timeout: str) -> None:
+    # `demo --timeout -1` answered the request, then said it had no answer "within -1s".
+    done = autoresponse(*command, "--timeout", timeout)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.splitlines()[-1] == (f"autoresponse {command[0]}: error: argument --timeout: "
+                                            f"must be a finite number of seconds above 0, not {timeout}")
+
+
+def _column(table: str, index: int) -> list[str]:
+    """One column of a Rich table as printed, each row's cell whole again (a cell folded
+    onto more lines joined): rows start where the first column has something."""
+    rows: list[str] = []
+    for line in table.splitlines():
+        cells = line.split("│")[1:-1]
+        if len(cells) < 7:
+            continue  # the title, the rules, the header
+        if cells[0].strip():
+            rows.append("")
+        rows[-1] += cells[index].strip()
+    return rows
+
+
+def test_trace_at_80_columns_folds_the_names_never_cuts_them(make_app: Callable[..., Application]) -> None:
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0})
+    assert app.admin is not None
+    correlation = ask(app, "run date").correlation_id
+    narrow = environment(COLUMNS="80")
+    hops = json.loads(autoresponse("trace", correlation, "--json", "--url", app.admin.url, env=narrow).stdout)["hops"]
+    done = autoresponse("trace", correlation, "--url", app.admin.url, env=narrow)
+    assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
+    assert "…" not in done.stdout  # "conversati…" for both conversations and conversations.3
+    assert _column(done.stdout, 1) == [hop["actor"] for hop in hops]
+    assert _column(done.stdout, 2) == [hop["type"] for hop in hops]
+    assert {"conversations", "interface.console"} <= {hop["actor"] for hop in hops}
+    assert any(hop["actor"].startswith("conversations.") for hop in hops)
+
+
+def test_help_names_every_command_in_plain_text() -> None:
+    done = autoresponse("--help")
+    assert done.returncode == 0, done.stderr
+    summary = done.stdout.split("\n\n")[1]  # after the usage, before the arguments
+    assert "``" not in summary  # reST's literal marks, once shown as they are
+    for command in ("run", "record", "replay", "demo", "history", "journal check", "config show", "status",
+                    "inject", "trace", "deadletters"):
+        assert command in " ".join(summary.split()), command
+    run = autoresponse("run", "--help")
+    assert "Serve until SIGTERM or SIGINT" in run.stdout  # once the usage and the options alone

@@ -17,12 +17,15 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import Daemon, actors, environment, free_port, wait_for
+from test_cli import recording_proxy  # noqa: F401 (a fixture)
 
 import autoresponse
+from autoresponse import Application
 from autoresponse.actors.limits import CONVERSATION_POOL_SIZE, DRAIN_SECONDS
 from autoresponse.testing.fake_llm import FakeLLMServer
 from autoresponse.notify import STOP_MARGIN_SECONDS, Notifier
@@ -298,6 +301,24 @@ def test_the_dockerfile_runs_the_daemon_as_a_user_with_a_volume_and_a_healthchec
             assert not SECRET_NAME.search(arg), arg
         if word in ("COPY", "ADD"):
             assert "env" not in Path(arg.split()[0]).name.lower().split("."), arg
+
+
+def test_the_dockerfile_healthcheck_reaches_the_daemon_directly_never_through_a_proxy(
+        make_app: Callable[..., Application], recording_proxy: tuple[dict[str, str], list[str]]) -> None:
+    """With ``http_proxy`` set (a container's environment often has one), the healthcheck
+    went to the proxy, the admin token in its Authorization header, and failed."""
+    token = "admin-token-for-the-daemon-alone"
+    app = make_app(admin={"enabled": True, "host": "127.0.0.1", "port": 0, "token": token})
+    assert app.admin is not None
+    steps = dockerfile_instructions(ROOT / "deploy" / "Dockerfile")
+    healthcheck = next(arg for word, arg in steps if word == "HEALTHCHECK")
+    _, flag, code = json.loads(healthcheck.split(" CMD ", 1)[1])
+    env, seen = recording_proxy
+    env.update(AUTORESPONSE_ADMIN__PORT=str(app.admin.port), AUTORESPONSE_ADMIN__TOKEN=token)
+    done = subprocess.run([sys.executable, flag, code], capture_output=True, text=True, env=env, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert seen == []
 
 
 def systemd_unit(path: Path) -> dict[str, list[tuple[str, str]]]:
