@@ -14,7 +14,10 @@ terminal allowlist), then the built-in defaults.
 default": a TOML file that does not parse, a key that no model has (in the file
 or as an ``AUTORESPONSE_`` variable) and a value that does not validate each
 raise ``ConfigError``, whose message is one line that names the variable or the
-file's ``[section] key``, says what was expected and never shows a secret.
+file's ``[section] key``, says what was expected and never shows a secret. Keys
+are checked inside a variable's JSON value (``AUTORESPONSE_TELEGRAM='{...}'``) and
+in lists of tables (``[[llm.fallbacks]]``) too; a JSON value that does not parse is
+named, never shown.
 
 The core sections are below; every registered platform adds its own section,
 named after it, with its own settings model (``Settings()`` builds the class
@@ -614,10 +617,13 @@ def _usable_directory(path: Path, what: str) -> None:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    """The parsed file; ConfigError with the file, line and column when it does not parse."""
+    """The parsed file; ConfigError with the file, line and column when it does not parse.
+
+    A UTF-8 byte order mark, which some editors write first, is skipped: tomllib takes it
+    for a statement.
+    """
     try:
-        with path.open("rb") as file:
-            return tomllib.load(file)
+        return tomllib.loads(path.read_bytes().decode("utf-8-sig"))
     except tomllib.TOMLDecodeError as exc:  # its message ends "(at line X, column Y)"
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:
@@ -650,18 +656,29 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return models[0] if len(models) == 1 else None
 
 
-def _step(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """What a key path goes on into beneath a field: the model (of ``Model``, ``Model | None``
-    or ``dict[str, Model]``), and whether a free key (the dict's own) comes first."""
+def _step(annotation: Any) -> tuple[type[BaseModel] | None, type | None]:
+    """What a key path goes on into beneath a field: the model (of ``Model``, ``Model | None``,
+    ``dict[str, Model]`` or ``list[Model]``), and the container whose key or index comes
+    first (``Mapping`` or ``list``), None for a model itself."""
     model = _model_in(annotation)
     if model is not None:
-        return model, False
+        return model, None
     members = _members(annotation)
     origin = get_origin(members[0]) if len(members) == 1 else None
     if isinstance(origin, type) and issubclass(origin, Mapping):
         model = _model_in(get_args(members[0])[-1])
-        return model, model is not None
-    return None, False
+        return model, Mapping if model is not None else None
+    if isinstance(origin, type) and issubclass(origin, Sequence) and not issubclass(origin, (str, bytes)):
+        model = _model_in(get_args(members[0])[0]) if get_args(members[0]) else None
+        return model, list if model is not None else None
+    return None, None
+
+
+def _named_step(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """``_step`` as a variable's name can go on: into a model or a dict's key (whether one
+    comes first), never into a list's item (a name cannot index a list)."""
+    model, container = _step(annotation)
+    return (None, False) if container is list else (model, container is Mapping)
 
 
 def _field_at(model: type[BaseModel], path: Sequence[str | int]) -> FieldInfo | None:
@@ -677,7 +694,7 @@ def _field_at(model: type[BaseModel], path: Sequence[str | int]) -> FieldInfo | 
         if inner is None or not isinstance(part, str) or part not in inner.model_fields:
             return None
         found = inner.model_fields[part]
-        inner, free_key = _step(found.annotation)
+        inner, free_key = _named_step(found.annotation)
     return found
 
 
@@ -694,11 +711,93 @@ def _unknown(model: type[BaseModel], path: Sequence[str]) -> tuple[int, list[str
             continue
         if part not in model.model_fields:
             return index, list(model.model_fields)
-        inner, free_key = _step(model.model_fields[part].annotation)
+        inner, free_key = _named_step(model.model_fields[part].annotation)
         if inner is None:
             return None
         model = inner
     return None
+
+
+def _readings(path: Sequence[str]) -> list[tuple[str, ...]]:
+    """The key paths a variable's name may have meant, ``path`` (as it spells them) first:
+    all of it one key (``LOG__LEVEL`` for ``LOG_LEVEL``), and a section and a key split at
+    each underscore (``TELEGRAM_TOKEN`` for ``TELEGRAM__TOKEN``)."""
+    words = [w for w in re.split(r"_+", "_".join(path)) if w]
+    splits = [("_".join(words[:i]), "_".join(words[i:])) for i in range(1, len(words))]
+    return [tuple(path), ("_".join(words),), *splits]
+
+
+def _suggested_variable(model: type[BaseModel], path: tuple[str, ...]) -> str:
+    """`` (did you mean X?)`` for an unknown variable's ``path``: a reading of it that names
+    a setting, else the nearest spelling in the reading that got furthest before a name
+    went unknown (none for a whole section where the name went on into one of its keys)."""
+    readings = _readings(path)
+    for reading in readings:
+        if _unknown(model, reading) is None and _field_at(model, reading) is not None:
+            return f" (did you mean {ENV_PREFIX}{ENV_NESTED_DELIMITER.join(reading).upper()}?)"
+    unknown = [(reading, where) for reading in readings if (where := _unknown(model, reading)) is not None]
+    if not unknown:
+        return ""
+    furthest = max(index for _, (index, _) in unknown)
+    for reading, (index, known) in unknown:
+        if index < furthest:
+            continue
+
+        def variable(key: str, *, at: tuple[str, ...] = reading, index: int = index) -> str:
+            """The variable as it would be spelled with ``key`` in place of the typo."""
+            return ENV_PREFIX + ENV_NESTED_DELIMITER.join((*at[:index], key, *at[index + 1:])).upper()
+
+        suggestion = _did_you_mean(reading[index], known, variable)
+        if suggestion:
+            return suggestion
+    return ""
+
+
+def _value_model(model: type[BaseModel],
+                 path: Sequence[str]) -> tuple[type[BaseModel] | None, type | None, bool]:
+    """What the JSON value of the variable at ``path`` becomes: the model (None for a plain
+    value), the container of such models it is (``Mapping``, ``list``, or None), and whether
+    its keys match in any case, as pydantic-settings matches them through nested models
+    (not past a dict's key or in a list's items)."""
+    inner: type[BaseModel] | None = model
+    container: type | None = None
+    any_case = True
+    for part in path:
+        if container is Mapping:  # the dict's own key
+            container, any_case = None, False
+            continue
+        if inner is None or container is not None or part not in inner.model_fields:
+            return None, None, False
+        inner, container = _step(inner.model_fields[part].annotation)
+    return inner, container, any_case
+
+
+def _unknown_in(model: type[BaseModel], data: Any, where: tuple[str | int, ...] = (), *,
+                container: type | None = None,
+                any_case: bool = False) -> Iterator[tuple[tuple[str | int, ...], Any, list[str]]]:
+    """Keys of parsed TOML or JSON that no model has: each one's path, its value and the
+    names known there.
+
+    ``data`` is what ``model`` is made from, or with ``container`` a dict or list of such
+    (``[[llm.fallbacks]]``); only what becomes a model is walked, validation speaks for
+    the rest. ``any_case``: keys match in any case (see ``_value_model``).
+    """
+    if container is not None:
+        if isinstance(data, container):
+            items = data.items() if isinstance(data, Mapping) else enumerate(data)
+            for key, item in items:  # past a dict's key or in a list, keys match as spelled
+                yield from _unknown_in(model, item, (*where, key))
+        return
+    if not isinstance(data, Mapping):
+        return
+    for key, value in data.items():
+        name = key.lower() if any_case and isinstance(key, str) else key
+        if name not in model.model_fields:
+            yield (*where, key), value, list(model.model_fields)
+            continue
+        inner, inner_container = _step(model.model_fields[name].annotation)
+        if inner is not None:
+            yield from _unknown_in(inner, value, (*where, key), container=inner_container, any_case=any_case)
 
 
 def _did_you_mean(word: str, known: list[str], spell: Callable[[str], str]) -> str:
@@ -718,25 +817,51 @@ def _reads_json(annotation: Any) -> bool:
     return bool(members) and all(container(a) for a in members)
 
 
-def _is_secret(model: type[BaseModel], loc: Sequence[str | int]) -> bool:
-    """Whether the field at ``loc`` holds a secret, whose value must never be shown."""
-    found = _field_at(model, [p for p in loc if isinstance(p, str)])
-    if found is None:
-        return False
-    pending = [found.annotation]
-    while pending:  # SecretStr anywhere inside: SecretStr | None, list[SecretStr], ...
+def _annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> Any:
+    """The type of the deepest field on the way to ``loc`` (through nested models, dicts
+    and lists of models): the field's own, or the one a bad item, key or member is in.
+    None when ``loc`` names no field."""
+    found: Any = None
+    inner: type[BaseModel] | None = model
+    container: type | None = None
+    for part in loc:
+        if container is not None:  # the dict's key or the list's index
+            container = None
+            continue
+        if inner is None or not isinstance(part, str) or part not in inner.model_fields:
+            break
+        found = inner.model_fields[part].annotation
+        inner, container = _step(found)
+    return found
+
+
+def _holds_secret(annotation: Any) -> bool:
+    """Whether a SecretStr is anywhere inside: ``SecretStr | None``, ``list[SecretStr]``, a
+    model with one (a section, ``list[FallbackSettings]``)."""
+    pending, seen = [annotation], set()
+    while pending:
         annotation = pending.pop()
         if isinstance(annotation, type) and issubclass(annotation, (SecretStr, SecretBytes)):
             return True
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel) and annotation not in seen:
+            seen.add(annotation)
+            pending.extend(f.annotation for f in annotation.model_fields.values())
         pending.extend(get_args(annotation))
     return False
 
 
-def _shown(value: Any, secret: bool) -> str | None:
-    """The bad value as the operator may see it: None for secrets and for containers,
-    which might hold one; URL credentials replaced, and a URL's query and fragment (where
-    a key may be) cut to ``?...``."""
-    if secret or not isinstance(value, (str, int, float, bool, type(None))):
+def _is_secret(model: type[BaseModel], loc: Sequence[str | int]) -> bool:
+    """Whether the value at ``loc`` may be a secret, which must never be shown: the field
+    it is in holds one (``[llm] api_key``, ``fallbacks[0].api_key``, a whole ``[telegram]``)."""
+    annotation = _annotation_at(model, loc)
+    return annotation is not None and _holds_secret(annotation)
+
+
+def _shown(value: Any) -> str | None:
+    """The bad value as the operator may see it: None for containers, which might hold a
+    secret; URL credentials replaced, and a URL's query and fragment (where a key may be)
+    cut to ``?...``. (A secret setting's value is not shown at all: see ``explain``.)"""
+    if not isinstance(value, (str, int, float, bool, type(None))):
         return None
     if isinstance(value, str) and "://" in value and re.search(r"[?#]", value):
         value = re.split(r"[?#]", value, maxsplit=1)[0] + "?..."
@@ -773,16 +898,6 @@ def _toml_name(loc: Sequence[str | int], *, section: bool = False) -> str:
     return f"[{'.'.join(map(str, keys[:-1]))}] {keys[-1]}{rest}"
 
 
-def _leaves(data: Mapping[str, Any], where: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Every key path of a parsed TOML file that ends in a value (or an empty table)."""
-    for key, value in data.items():
-        path = (*where, key)
-        if isinstance(value, Mapping) and value:
-            yield from _leaves(value, path)
-        else:
-            yield path, value
-
-
 @dataclass
 class _Sources:
     """What ``Settings.load`` reads, kept to check it and to name the source of a bad value."""
@@ -794,33 +909,36 @@ class _Sources:
     file_data: dict[str, Any] = field(default_factory=dict)
 
     def unknown_keys(self, model: type[BaseModel]) -> Iterator[str]:
-        """Keys no model has, each with its nearest known spelling: a typo is an error, not a default."""
-        reported: set[tuple[str, ...]] = set()
-        for path, value in _leaves(self.file_data):
-            path = (path[0].lower(), *path[1:])  # pydantic-settings matches top-level keys in any case
-            where = _unknown(model, path)
-            if where is None or path[:where[0] + 1] in reported:
-                continue
-            index, known = where
-            reported.add(path[:index + 1])
-            section = index < len(path) - 1 or isinstance(value, Mapping)
-
-            spell = (lambda key: f"[{key}]") if section and index == 0 else str
+        """Keys no model has, each with its nearest known spelling: a typo is an error, not a
+        default. In the file (in its lists of tables too), in variables' names, and inside
+        the JSON a variable holds (a whole section, a list of fallbacks)."""
+        # pydantic-settings matches the file's top-level keys in any case
+        file_data = {key.lower(): value for key, value in self.file_data.items()}
+        for path, value, known in _unknown_in(model, file_data):
+            # An unknown table inside a list's item is named as a key: [llm] fallbacks[0].x
+            section = isinstance(value, Mapping) and not any(isinstance(p, int) for p in path)
+            spell = (lambda key: f"[{key}]") if section and len(path) == 1 else str
             yield (f"{self.file}: unknown {'section' if section else 'key'} "
-                   f"{_toml_name(path[:index + 1], section=section)}{_did_you_mean(path[index], known, spell)}")
-        for path, (name, _) in sorted(self.environment.items()):
-            where = _unknown(model, path)
-            if where is not None:
-                index, known = where
-
-                def variable(key: str, *, at: tuple[str, ...] = path, index: int = index) -> str:
-                    """The variable as it would be spelled with ``key`` in place of the typo."""
-                    return ENV_PREFIX + ENV_NESTED_DELIMITER.join((*at[:index], key, *at[index + 1:])).upper()
-
-                yield f"{name} is not a setting{_did_you_mean(path[index], known, variable)}"
+                   f"{_toml_name(path, section=section)}{_did_you_mean(str(path[-1]), known, spell)}")
+        for path, (name, value) in sorted(self.environment.items()):
+            if _unknown(model, path) is not None:
+                yield f"{name} is not a setting{_suggested_variable(model, path)}"
+                continue
+            inner, container, any_case = _value_model(model, path)
+            if inner is None:
+                continue
+            try:
+                data = json.loads(value)
+            except (ValueError, RecursionError):
+                continue  # unreadable_json says so
+            for where, _, known in _unknown_in(inner, data, container=container, any_case=any_case):
+                key = str(where[-1])
+                yield f"{name}{_suffix(where[:-1])}: unknown key {key}{_did_you_mean(key, known, str)}"
 
     def unreadable_json(self, model: type[BaseModel]) -> Iterator[str]:
-        """Environment values that must be JSON (lists, dicts, whole sections) and are not."""
+        """Environment values that must be JSON (lists, dicts, whole sections) and are not.
+        The value is never shown, as any part of it may be a secret (a section's token, a
+        fallback's api_key): the JSON error's message and position say where it went wrong."""
         for path, (name, value) in sorted(self.environment.items()):
             found = _field_at(model, path)
             if found is None or not value or not _reads_json(found.annotation):
@@ -831,8 +949,7 @@ class _Sources:
                 members = _members(found.annotation)
                 listed = any(issubclass(get_origin(a) or a, (Sequence, AbstractSet)) for a in members)
                 expected = 'a JSON list, e.g. ["a", "b"]' if listed else 'a JSON object, e.g. {"k": "v"}'
-                shown = _shown(value, _is_secret(model, path))
-                yield f"{name}{'' if shown is None else ' is ' + shown}: expected {expected} ({exc})"
+                yield f"{name}: expected {expected} ({exc})"
 
     def name(self, loc: Sequence[str | int]) -> str:
         """Where the value at ``loc`` came from, in priority order: an argument, a variable,
@@ -855,9 +972,9 @@ class _Sources:
         loc = error["loc"]
         if error["type"] == "missing":
             return f"{self.name(loc)}: {message}"
-        if _is_secret(model, loc):
+        shown = _shown(error["input"])
+        if shown is not None and _is_secret(model, loc):
             return f"{self.name(loc)} (a secret, not shown): {message}"
-        shown = _shown(error["input"], secret=False)
         return f"{self.name(loc)}{'' if shown is None else ' is ' + shown}: {message}"
 
 

@@ -61,7 +61,7 @@ def test_a_toml_file_nested_past_any_parser_is_one_line_too(tmp_path: Path, valu
 
 def test_a_json_variable_nested_past_any_parser_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTORESPONSE_TELEGRAM__ALLOWED_USERS", "[" * 100_000)
-    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_TELEGRAM__ALLOWED_USERS is .*expected a JSON list"):
+    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_TELEGRAM__ALLOWED_USERS: expected a JSON list"):
         Settings.load()
 
 
@@ -77,9 +77,44 @@ def test_a_value_that_does_not_validate_names_its_variable_the_value_and_what_wa
 
 def test_a_list_variable_that_is_not_json_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS", "notjson")
-    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS is 'notjson': "
-                                          r"expected a JSON list"):
+    with pytest.raises(ConfigError, match=r"^AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS: expected a JSON list"):
         Settings.load()
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("AUTORESPONSE_TELEGRAM", '{"token": "123456:SECRETTOKEN", "allowed_users": [1]',  # the } forgotten
+     'AUTORESPONSE_TELEGRAM: expected a JSON object, e.g. {"k": "v"} (Expecting \',\' delimiter: '
+     'line 1 column 53 (char 52))'),
+    ("AUTORESPONSE_LLM__FALLBACKS", '[{"base_url": "http://127.0.0.1:8080/v1", "api_key": "sk-SECRETKEY"}',
+     'AUTORESPONSE_LLM__FALLBACKS: expected a JSON list, e.g. ["a", "b"] (Expecting \',\' delimiter: '
+     'line 1 column 69 (char 68))'),
+    ("AUTORESPONSE_TELEGRAM", "123456:SECRETTOKEN",  # a token where the whole section goes
+     'AUTORESPONSE_TELEGRAM: expected a JSON object, e.g. {"k": "v"} (Extra data: line 1 column 7 (char 6))'),
+], ids=["section", "fallbacks", "not-json"])
+def test_a_json_variable_that_does_not_parse_is_named_and_never_shown(monkeypatch: pytest.MonkeyPatch,
+                                                                      variable: str, value: str,
+                                                                      expected: str) -> None:
+    # Any part of the value may be a secret; the error goes to stderr, which journald keeps.
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == expected
+    assert "SECRET" not in str(caught.value)
+
+
+def test_a_secret_in_a_list_of_tables_is_named_and_never_shown(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[llm]\nfallbacks = [{base_url = "http://127.0.0.1:8080/v1", api_key = 8675309}]\n')
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(config)
+    assert str(caught.value) == (f"{config}: [llm] fallbacks[0].api_key (a secret, not shown): "
+                                 "should be a valid string")
+    monkeypatch.setenv("AUTORESPONSE_LLM__FALLBACKS", '["sk-SECRETKEY"]')  # a key where a fallback goes
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value).startswith("AUTORESPONSE_LLM__FALLBACKS[0] (a secret, not shown): ")
+    assert "SECRETKEY" not in str(caught.value)
 
 
 def test_a_bad_value_in_the_file_names_its_section_and_key(tmp_path: Path) -> None:
@@ -163,6 +198,66 @@ def test_an_unknown_key_in_the_file_is_an_error_with_a_suggestion(tmp_path: Path
     with pytest.raises(ConfigError) as caught:
         Settings.load(config)
     assert str(caught.value) == f"{config}: {expected}"
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("AUTORESPONSE_TELEGRAM", '{"tokn": "123456:ABC", "allowed_users": [1]}',
+     "AUTORESPONSE_TELEGRAM: unknown key tokn (did you mean token?)"),
+    ("AUTORESPONSE_LLM", '{"base_url": "http://127.0.0.1:8080/v1", "modle": "smollm2"}',
+     "AUTORESPONSE_LLM: unknown key modle (did you mean model?)"),
+    ("AUTORESPONSE_LLM__FALLBACKS", '[{"base_url": "offline", "modle": "m", "apikey": "sk-x"}]',
+     "AUTORESPONSE_LLM__FALLBACKS[0]: unknown key modle (did you mean model?); "
+     "AUTORESPONSE_LLM__FALLBACKS[0]: unknown key apikey (did you mean api_key?)"),
+    # Keys match in any case through nested models only, not in a list's items:
+    ("AUTORESPONSE_LLM", '{"fallbacks": [{"base_url": "offline", "Model": "m"}]}',
+     "AUTORESPONSE_LLM.fallbacks[0]: unknown key Model (did you mean model?)"),
+], ids=["section", "llm", "fallbacks", "case-in-a-list"])
+def test_an_unknown_key_inside_a_json_variable_is_an_error_with_a_suggestion(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == expected
+
+
+def test_keys_of_a_json_section_still_match_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pydantic-settings matches them so through nested models: no unknown key there.
+    monkeypatch.setenv("AUTORESPONSE_LLM", '{"MODEL": "m", "Fallbacks": [{"base_url": "offline", '
+                                           '"model": "f"}]}')
+    llm = Settings.load().llm
+    assert (llm.model, llm.fallbacks[0].model) == ("m", "f")
+
+
+def test_an_unknown_key_in_a_list_of_tables_is_an_error_with_a_suggestion(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[[llm.fallbacks]]\nbase_url = "http://127.0.0.1:8080/v1"\nmodle = "smollm2"\n')
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(config)
+    assert str(caught.value) == f"{config}: unknown key [llm] fallbacks[0].modle (did you mean model?)"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("AUTORESPONSE_TELEGRAM_TOKEN", " (did you mean AUTORESPONSE_TELEGRAM__TOKEN?)"),
+    ("AUTORESPONSE_LLM_BASE_URL", " (did you mean AUTORESPONSE_LLM__BASE_URL?)"),
+    ("AUTORESPONSE_LLM_MODEL", " (did you mean AUTORESPONSE_LLM__MODEL?)"),
+    ("AUTORESPONSE_TELEGRAM_ALLOWED_USERS", " (did you mean AUTORESPONSE_TELEGRAM__ALLOWED_USERS?)"),
+    ("AUTORESPONSE_LOG__LEVEL", " (did you mean AUTORESPONSE_LOG_LEVEL?)"),
+    ("AUTORESPONSE_TELEGRAM_TOKN", " (did you mean AUTORESPONSE_TELEGRAM__TOKEN?)"),
+    ("AUTORESPONSE_TELEGRAM_FOO", ""),  # not AUTORESPONSE_TELEGRAM, a whole section as JSON
+])
+def test_a_variable_spelled_with_one_underscore_for_two_gets_the_real_name(monkeypatch: pytest.MonkeyPatch,
+                                                                          name: str, expected: str) -> None:
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == f"{name} is not a setting{expected}"
+
+
+def test_a_toml_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_bytes(b'\xef\xbb\xbf[llm]\nmodel = "from-file"\n')  # as some Windows editors save it
+    assert Settings.load(config).llm.model == "from-file"
 
 
 @pytest.mark.parametrize(("name", "expected"), [
