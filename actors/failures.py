@@ -2,8 +2,8 @@
 
 A request ends as a dead letter, with its reason, when a message of it crashed its actor on
 every attempt, looped past the hop limit, outlived its deadline, or found its actor stopped
-for good. The dead letter is for the operator; the user, who asked and is waiting, gets
-``FAILURE_NOTICE`` in their chat, once however many of the request's messages die::
+for good. The dead letter is for the operator; the user, who asked and is waiting, gets a
+notice in their chat, once however many of the request's messages die::
 
     >>> notices = FailureNotices(runtime)                                # doctest: +SKIP
     >>> runtime.dead_letters.observers.append(notices)                  # doctest: +SKIP
@@ -18,6 +18,12 @@ would have been answered in, or None when nobody would have been answered (a str
 refused or ignored, group chatter not meant for the bot, an approval's answer) or the input
 cannot be read. An origin never raises; one that does names nobody. A stranger who would
 have had an autonomous turn hears nothing, as an autonomous turn never does (below).
+
+The notice says what became of the request, when the message that died shows it
+(``notice_of``: a command's output, a delivery turn, a re-ask after part of the reply went
+out), in the words of a turn that gives up (``actors.retry``), and invites no retry: asking
+again would run a command twice. Only a request where nothing ran, as far as that message
+shows, hears ``FAILURE_NOTICE``, which invites asking again.
 
 Nothing is said for the other reasons: they have a word of their own (re-asks exhausted, the
 LLM unreachable), or no word can reach the user (an unreachable chat), or the input could
@@ -41,6 +47,8 @@ from typing import Any
 
 from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.actors.limits import FAILURES_REMEMBERED
+from autoresponse.actors.prompts import outcome_of
+from autoresponse.actors.retry import OUTCOME_NOTICES, PARTLY_DONE_NOTICE
 from autoresponse.actors.routes import sender
 from autoresponse.messages import (
     ActionOutput,
@@ -62,6 +70,8 @@ log = logging.getLogger("autoresponse.failures")
 #: None (nobody to tell, or an input it cannot read). Registered per input type.
 Origin = Callable[[Any], OriginalContext | None]
 
+#: The notice of a request that carried out nothing (as far as the message that died shows):
+#: asking again is safe.
 FAILURE_NOTICE = "Sorry, something went wrong with your request, and it was not finished. Please try again."
 #: The reasons of a dead letter that the user is told of.
 TOLD = frozenset({"crash", "hop limit", "deadline", "actor stopped"})
@@ -82,6 +92,31 @@ def context_of(body: Any) -> OriginalContext | None:
     if isinstance(body, (ActionOutput, SystemMessage)):
         return body.original_context
     return None
+
+
+def notice_of(body: Any) -> str:
+    """What the user hears when ``body``, a message of their request, dies: what became of
+    the request, when ``body`` shows it (a command's output, a delivery turn, a turn that
+    carried out part of its reply), in the words of a turn that gives up (``actors.retry``);
+    else ``FAILURE_NOTICE``. An action that crashed its executor, or a reply its sender,
+    shows nothing of the rest of its request: ``FAILURE_NOTICE``."""
+    if isinstance(body, ActionOutput):
+        outcome = outcome_of(body.results)
+        # One command of several: the rest may not have run, or not well.
+        if body.batch is not None and outcome == "done":
+            return PARTLY_DONE_NOTICE
+        return OUTCOME_NOTICES[outcome]
+    if isinstance(body, SystemMessage) and body.type == "output":
+        return OUTCOME_NOTICES[outcome_of(body.outputs)]
+    if isinstance(body, (LLMRequest, LLMReply, LLMFailure, Rejection)):
+        prompt = body.prompt
+        if prompt.outcome is not None:  # a delivery turn: its commands ran, or were denied
+            return OUTCOME_NOTICES[prompt.outcome]
+        # A rejection's list adds what its own reply carried out to what its prompt's says.
+        carried_out = body.carried_out if isinstance(body, Rejection) else prompt.carried_out
+        if carried_out:
+            return PARTLY_DONE_NOTICE
+    return FAILURE_NOTICE
 
 
 class FailureNotices:
@@ -125,7 +160,7 @@ class FailureNotices:
             return
         to = sender(context.interface_name)
         if self.runtime.has(to) and self._first(envelope.correlation_id):
-            self.runtime.send(to, OutboundMessage.reply(context, FAILURE_NOTICE, notice=True),
+            self.runtime.send(to, OutboundMessage.reply(context, notice_of(envelope.body), notice=True),
                               correlation_id=envelope.correlation_id + NOTICE_SUFFIX)
 
     def _first(self, correlation: str) -> bool:

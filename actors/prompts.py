@@ -30,6 +30,7 @@ from pydantic import Field, TypeAdapter
 
 from autoresponse.actors.limits import REASK_EXCERPT_CHARS
 from autoresponse.messages import (
+    ActionResult,
     Attachment,
     BaseAction,
     OriginalContext,
@@ -292,7 +293,7 @@ def build_delivery_request(
     return PromptRequest(
         mode="delivery",
         may_stay_silent=may_stay_silent,
-        outcome=outcome if outcome is not None or system_message.type != "output" else _outcome(system_message),
+        outcome=outcome if outcome is not None or system_message.type != "output" else outcome_of(system_message.outputs),
         system_instruction="\n\n".join(guidance),
         allowed_actions=allowed,
         full_json_instructions=full_json_instructions(allowed),
@@ -304,12 +305,13 @@ def build_delivery_request(
     )
 
 
-def _outcome(output: SystemMessage) -> Outcome:
-    """What became of the actions an output system message reports: any failed (or was
+def outcome_of(results: Iterable[ActionResult]) -> Outcome:
+    """What became of the actions whose ``results`` a message reports: any failed (or was
     refused), else any still running (a note says so), else all done."""
-    if any(not result.ok for result in output.outputs if result.action_type != "note"):
+    results = tuple(results)
+    if any(not result.ok for result in results if result.action_type != "note"):
         return "failed"
-    return "running" if any(result.action_type == "note" for result in output.outputs) else "done"
+    return "running" if any(result.action_type == "note" for result in results) else "done"
 
 
 def excerpt(text: str, limit: int = REASK_EXCERPT_CHARS) -> str:

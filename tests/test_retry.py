@@ -14,14 +14,19 @@ import pytest
 from conftest import ask, system_message, system_messages
 
 from autoresponse import Application
+from autoresponse.actors.failures import FAILURE_NOTICE
 from autoresponse.actors.kernel import ManualClock
+from autoresponse.actors.kernel.testkit import InjectedFault
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.prompts import error_retry_policy
 from autoresponse.actors.retry import DONE_NOTICE, GIVE_UP_NOTICE, OUTCOME_NOTICES, PARTLY_DONE_NOTICE
-from autoresponse.actors.routes import LLM, executor, sender
+from autoresponse.actors.routes import BUILDER, DISPATCHER, LLM, executor, sender
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.messages import (
     ActionRequest,
+    Envelope,
+    LLMReply,
+    LLMRequest,
     OriginalContext,
     OutboundMessage,
     UserRequest,
@@ -266,3 +271,72 @@ def test_a_chat_turn_that_gives_up_after_doing_part_of_it_says_so(
         sent = out.bodies(OutboundMessage)
     assert [(m.text, m.notice) for m in sent] == [("Here is part one.", False), (PARTLY_DONE_NOTICE, True)]
     assert [d.reason for d in app.runtime.dead_letters.letters()] == ["retries exhausted"]
+
+
+# ------------------------------------------------------------------ what the user hears when a request dies
+
+
+def crash_on(actor: str, picks: Callable[[Any], bool]) -> Callable[[str, Envelope], None]:
+    """A ``runtime.fault``: ``actor`` crashes on every attempt at a message ``picks`` picks."""
+    def fault(name: str, envelope: Envelope) -> None:
+        if name == actor and picks(envelope.body):
+            raise InjectedFault(f"injected fault in {actor}")
+    return fault
+
+
+def turn(mode: str, reask: int = 0) -> Callable[[Any], bool]:
+    """Picks a message of an LLM turn of ``mode`` (a prompt, its reply), re-asked ``reask`` times."""
+    return lambda body: (isinstance(body, (LLMRequest, LLMReply))
+                         and (body.prompt.mode, body.prompt.reask) == (mode, reask))
+
+
+@pytest.mark.parametrize("actor, picks, commands, ran, notice", [
+    (BUILDER, lambda body: True, ["uptime"], ["uptime"], OUTCOME_NOTICES["done"]),
+    (BUILDER, lambda body: True, ["date --date=notadate"], ["date --date=notadate"], OUTCOME_NOTICES["failed"]),
+    (BUILDER, lambda body: True, ["uptime", "hostname"], ["uptime", "hostname"], PARTLY_DONE_NOTICE),
+    (LLM, turn("delivery"), ["uptime"], ["uptime"], OUTCOME_NOTICES["done"]),
+    (DISPATCHER, turn("delivery"), ["uptime"], ["uptime"], OUTCOME_NOTICES["done"]),
+    (LLM, lambda body: isinstance(body, UserRequest), ["uptime"], [], FAILURE_NOTICE),  # nothing ran
+], ids=["builder-done", "builder-failed", "builder-one-of-two", "llm-delivery", "dispatcher-delivery",
+        "llm-chat-nothing-ran"])
+def test_a_request_that_dies_after_its_command_ran_says_so_and_invites_no_retry(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock, actor: str,
+    picks: Callable[[Any], bool], commands: list[str], ran: list[str], notice: str
+) -> None:
+    """A message of the request crashes its actor on every attempt after the command ran (the
+    builder on its output, the LLM or the dispatcher on its delivery turn): the user hears what
+    became of the command, never "Please try again" (asking again would run it twice)."""
+    def responder(body: dict[str, Any]) -> FakeResponse | None:
+        if system_message(SimpleNamespace(messages=body["messages"])) is None:  # the chat turn
+            return content(*({"type": "terminal", "payload": {"command": c}} for c in commands))
+        return content(say("Here is what it said."))
+
+    fake_llm.responder = responder
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock, supervision={"message_attempts": 2})
+    app.runtime.fault = crash_on(actor, picks)
+    with app.runtime.probe(executor("terminal")) as executed, app.runtime.probe(sender("console")) as out:
+        ask(app, "please run it", clock=manual_clock)
+        out.expect(OutboundMessage, where=lambda m: m.notice)  # the notice is work of its own
+        sent = [(m.text, m.notice) for m in out.bodies(OutboundMessage)]
+    assert [r.action.payload.command for r in executed.bodies(ActionRequest)] == ran
+    assert [(d.reason, d.actor) for d in app.runtime.dead_letters.letters()][:1] == [("crash", actor)]
+    [(text, is_notice)] = sent
+    assert is_notice and ("Please try again" in text) == (not ran)  # only when nothing ran
+    assert text == notice  # and what became of it, when something did
+
+
+def test_a_re_ask_that_dies_after_part_of_the_reply_went_out_says_part_was_done(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    """Part one of the reply was delivered, its re-ask crashes the LLM on every attempt: the
+    user hears that part was done, not that nothing was."""
+    fake_llm.script(content(say("Here is part one."), {"type": "teleport", "payload": {}}))
+    app = make_app(base_url=fake_llm.base_url, retry=FAST, clock=manual_clock,
+                   supervision={"message_attempts": 2})
+    app.runtime.fault = crash_on(LLM, turn("chat", reask=1))
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "tell me in two parts", clock=manual_clock)
+        out.expect(OutboundMessage, where=lambda m: m.notice)
+        sent = [(m.text, m.notice) for m in out.bodies(OutboundMessage)]
+    assert sent == [("Here is part one.", False), (PARTLY_DONE_NOTICE, True)]
+    assert [(d.reason, d.actor) for d in app.runtime.dead_letters.letters()] == [("crash", LLM)]
