@@ -19,6 +19,10 @@ refused or ignored, group chatter not meant for the bot, an approval's answer) o
 cannot be read. An origin never raises; one that does names nobody. A stranger who would
 have had an autonomous turn hears nothing, as an autonomous turn never does (below).
 
+An action that dies (its executor crashed on it every time, say) is not the request's
+failure but its own: its failed result goes to the builder (``failed_action``), with its
+batch's other outputs, and the LLM tells the user what ran and what did not.
+
 The notice says what became of the request, when the message that died shows it
 (``notice_of``: a command's output, a delivery turn, a re-ask after part of the reply went
 out), in the words of a turn that gives up (``actors.retry``), and invites no retry: asking
@@ -49,10 +53,11 @@ from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.actors.limits import FAILURES_REMEMBERED
 from autoresponse.actors.prompts import outcome_of
 from autoresponse.actors.retry import OUTCOME_NOTICES, PARTLY_DONE_NOTICE
-from autoresponse.actors.routes import sender
+from autoresponse.actors.routes import BUILDER, sender
 from autoresponse.messages import (
     ActionOutput,
     ActionRequest,
+    ActionResult,
     Envelope,
     LLMFailure,
     LLMReply,
@@ -98,8 +103,8 @@ def notice_of(body: Any) -> str:
     """What the user hears when ``body``, a message of their request, dies: what became of
     the request, when ``body`` shows it (a command's output, a delivery turn, a turn that
     carried out part of its reply), in the words of a turn that gives up (``actors.retry``);
-    else ``FAILURE_NOTICE``. An action that crashed its executor, or a reply its sender,
-    shows nothing of the rest of its request: ``FAILURE_NOTICE``."""
+    else ``FAILURE_NOTICE``. A reply that crashed its sender shows nothing of the rest of
+    its request: ``FAILURE_NOTICE``."""
     if isinstance(body, ActionOutput):
         outcome = outcome_of(body.results)
         # One command of several: the rest may not have run, or not well.
@@ -117,6 +122,15 @@ def notice_of(body: Any) -> str:
         if carried_out:
             return PARTLY_DONE_NOTICE
     return FAILURE_NOTICE
+
+
+def failed_action(request: ActionRequest, reason: str, actor: str | None) -> ActionResult:
+    """The result of an action that died on its way (its executor crashed on it every time,
+    it outlived its deadline, its executor stopped): failed, and it may not have run."""
+    command = getattr(request.action.payload, "command", None)
+    return ActionResult(action_type=request.action.type, command=command if isinstance(command, str) else None,
+                        output=f"not carried out: {actor or 'its executor'} failed on it ({reason}); it may not "
+                               "have run, or only in part", ok=False)
 
 
 class FailureNotices:
@@ -154,6 +168,13 @@ class FailureNotices:
 
     def __call__(self, envelope: Envelope, reason: str, actor: str | None) -> None:
         if reason not in TOLD:
+            return
+        if isinstance(envelope.body, ActionRequest) and self.runtime.has(BUILDER):
+            # One action's failure, not the request's: its result says so, with the outputs of
+            # its batch (which waited for it to the end of the batch's wait, calling it still
+            # running), through the LLM; a notice to ask again would run the others twice.
+            self.runtime.send(BUILDER, envelope.body.output(failed_action(envelope.body, reason, actor)),
+                              correlation_id=envelope.correlation_id)
             return
         context = self.context(envelope.body)
         if context is None or context.autonomous or context.receipt_to is not None:

@@ -110,3 +110,33 @@ def test_a_builder_crash_mid_batch_loses_nothing_and_repeats_nothing(
         {"actions": [{"type": "message_console", "payload": {"text": "still here"}}]})))
     ask(app, "are you there?", timeout=10)
     assert "still here" in console_text(app)
+
+
+def test_an_action_its_executor_fails_on_every_time_is_a_failed_result_of_its_batch(
+        make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    """Two commands in one reply; the executor crashes on the second on every attempt. The
+    first one's output does not wait for the batch's time to run out (on this manual clock,
+    it never would) beside a second called "still running": the batch is delivered as soon
+    as the second is a dead letter, which it reports as failed, and the user gets no notice
+    to ask again (which would run the first one twice)."""
+    from autoresponse.actors.failures import FAILURE_NOTICE
+    from autoresponse.messages import ActionRequest
+
+    def fault(actor: str, env: Envelope) -> None:
+        body = env.body
+        if isinstance(body, ActionRequest) and getattr(body.action.payload, "command", None) == "whoami":
+            raise RuntimeError("an executor bug")
+
+    app = make_app(base_url=fake_llm.base_url, clock=ManualClock(),
+                   supervision={"message_attempts": 2, "backoff_min": 0, "backoff_max": 0})
+    app.runtime.fault = fault
+    envelope = run_batch(app, fake_llm, ["uname -s", "whoami"])
+    assert app.runtime.wait_idle(envelope.correlation_id, timeout=15)
+    [delivery] = system_messages(fake_llm, "output")
+    ran, died = delivery["outputs"]
+    assert (ran["command"], ran["ok"], ran["output"].strip()) == ("uname -s", True, "Linux")
+    assert (died["command"], died["ok"]) == ("whoami", False)
+    assert died["output"].startswith("not carried out: executor.terminal failed on it (crash)")
+    assert FAILURE_NOTICE not in console_text(app)
+    [letter] = app.runtime.dead_letters.letters()  # the operator still sees what died, and why
+    assert (letter.reason, letter.actor) == ("crash", "executor.terminal")

@@ -355,9 +355,12 @@ def test_a_message_that_always_crashes_its_actor_is_dead_lettered_and_the_user_t
     # Whoever asked hears that it failed, once (a line the console never read too: its
     # platform's origin names its chat).
     assert app.runtime.wait_idle(timeout=10)  # the notice is work of its own
-    # Once the command ran (the builder died on its output), it says so, and not to ask again.
-    notice = OUTCOME_NOTICES["done"] if actor == "builder" else FAILURE_NOTICE
-    assert console_text(app).count(notice) == 1
+    if actor == "executor.terminal":  # the action's failure, not the request's: told through the LLM
+        assert FAILURE_NOTICE not in console_text(app)
+        assert "`echo one` failed" in console_text(app)
+    else:  # once the command ran (the builder died on its output), it says so, and not to ask again
+        notice = OUTCOME_NOTICES["done"] if actor == "builder" else FAILURE_NOTICE
+        assert console_text(app).count(notice) == 1
     # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:
         ask(app, "run echo two")
