@@ -39,7 +39,8 @@ conversation:
 * runs a decided approval (``ApprovalOutcome``: the action, or the LLM told it was
   denied) as a turn of its own, in the chat's order.
 
-Per-chat state is data in a handful of actors, not an actor per chat.
+Per-chat state is data in a handful of actors, not an actor per chat; each keeps it in
+its cell's ``_ChatBook``, so a crash of one, caused by any chat, costs no chat its place.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
+import threading
 from collections import deque
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NamedTuple
+from weakref import WeakKeyDictionary
 
 from pydantic import BaseModel, ConfigDict
 
@@ -68,6 +73,9 @@ from autoresponse.messages import (
     UserRequest,
     attachments_label,
 )
+
+if TYPE_CHECKING:
+    from autoresponse.actors.kernel.cell import Cell
 
 log = logging.getLogger("autoresponse.conversation")
 
@@ -193,6 +201,27 @@ def merged(requests: list[UserRequest]) -> UserRequest:
     return UserRequest(text=text, context=context, attachments=tuple(a for r in requests for a in r.attachments))
 
 
+def next_turn(waiting: deque[Envelope]) -> list[Envelope]:
+    """What of a chat's queue its next turn takes, from its head (``waiting`` is left as it
+    is): a /forget alone, or the messages up to the next /forget, or the next message of
+    someone else, together."""
+    turn = [waiting[0]]
+    if alone(turn[0].body):
+        return turn
+    # One speaker a turn: merged, a stranger's words would run as an allowed user's.
+    # Merged no longer than one message may be: a burst is never one huge request.
+    who = speaker(turn[0].body)
+    chars = len(turn[0].body.text)
+    for env in islice(waiting, 1, None):
+        if alone(env.body) or speaker(env.body) != who:
+            break
+        chars += 1 + len(env.body.text)  # and the line break that joins it
+        if chars > MAX_MESSAGE_CHARS:
+            break
+        turn.append(env)
+    return turn
+
+
 class _Running(NamedTuple):
     """A chat's turn under way: its correlation, and the user it runs for."""
 
@@ -201,10 +230,53 @@ class _Running(NamedTuple):
 
 
 class _Group(NamedTuple):
-    """A message group being gathered: its first message (its timer's), and what was held."""
+    """A message group being gathered: its first message (its timer's), what was held, and
+    when the gathering ends (``clock.monotonic()``)."""
 
     first: str
     held: list[Envelope]
+    due: float
+
+
+class _ChatBook:
+    """What a conversation knows of its chats that a crash must not make it forget: each
+    chat's turn under way, the messages waiting for it, and the group being gathered.
+    Without it a restarted conversation would take the messages put back in its mailbox
+    for new ones and start them beside the turn under way, ignore that turn's end, and
+    find nothing to cancel in it, for every chat it serves.
+
+    A change is written once it is true (a turn once its request is sent and its end
+    watched; a message once it is held; one out of the queue once its turn has started, or
+    it is called off), so the message a crash cut short, retried, finds in the book what it
+    did not do yet, and does it. What the crashed incarnation held comes back through the
+    mailbox, where the book tells it from new messages. One book per cell (name and mailbox).
+    """
+
+    __slots__ = ("gathering", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.running: dict[str, _Running] = {}  # chat → its turn under way
+        self.waiting: dict[str, deque[Envelope]] = {}  # chat → what waits for it, in order
+        self.gathering: dict[str, _Group] = {}  # chat → a message group being gathered
+
+    def held(self) -> Iterator[Envelope]:
+        """The messages the book holds for its chats (every one held by the incarnation)."""
+        for waiting in self.waiting.values():
+            yield from waiting
+        for group in self.gathering.values():
+            yield from group.held
+
+
+_books: WeakKeyDictionary[Cell, _ChatBook] = WeakKeyDictionary()
+_books_lock = threading.Lock()  # conversations of several runtimes in one process
+
+
+def _book_of(cell: Cell) -> _ChatBook:
+    with _books_lock:
+        book = _books.get(cell)
+        if book is None:
+            book = _books[cell] = _ChatBook()
+        return book
 
 
 class ConversationActor(TypedActor):
@@ -213,13 +285,50 @@ class ConversationActor(TypedActor):
     def __init__(self, store: ConversationStore | None = None) -> None:
         super().__init__()
         self.store = store
-        self._running: dict[str, _Running] = {}  # chat → its turn under way
-        self._waiting: dict[str, deque[Envelope]] = {}
-        self._gathering: dict[str, _Group] = {}  # chat → a message group being gathered
+        book = _book_of(self.cell)
+        self._running = book.running
+        self._waiting = book.waiting
+        self._gathering = book.gathering
+        #: What an incarnation before this one held (and each group's first message, its
+        #: timer's): all of it comes back through the mailbox (see ``_came_back``).
+        self._returning = ({env.message_id for env in book.held()}
+                           | {group.first for group in book.gathering.values()})
+
+    def _came_back(self, chat: str, env: Envelope) -> bool:
+        """Whether ``env`` is one the chat's book has already taken, back in the mailbox after
+        a crash: held again while it still waits, its group's timer set again; done with if
+        the chat dealt with it meanwhile (a turn started it, a /cancel dropped it)."""
+        if env.message_id not in self._returning:
+            return False
+        group = self._gathering.get(chat)
+        if any(held.message_id == env.message_id for held in self._held_for(chat)):
+            self.hold(env)
+        if group is not None and group.first == env.message_id:  # its timer ended with the crash
+            self._close_at(chat, group, env)
+        return True
+
+    def _catch_up(self, chat: str) -> None:
+        """End the chat's turn under way if all its work has finished though its end was never
+        heard (its ``TurnEnded`` lost to crashes, dead-lettered): a turn the book holds for
+        ever would hold the chat for good. A ``TurnEnded`` that comes after is then a stale one."""
+        running = self._running.get(chat)
+        if running is not None and not self.runtime.inflight.count(running.correlation):
+            del self._running[chat]
+            self._next_turn(chat)
+
+    def _held_for(self, chat: str) -> Iterator[Envelope]:
+        """What waits in ``chat``: its queue, then its group being gathered."""
+        yield from self._waiting.get(chat, ())
+        group = self._gathering.get(chat)
+        if group is not None:
+            yield from group.held
 
     @handles
     def on_request(self, request: UserRequest, env: Envelope) -> None:
         chat = request.context.chat_key
+        if self._came_back(chat, env):
+            return
+        self._catch_up(chat)
         if is_cancel(request):  # at once: it cannot wait for the turn it cancels
             self._cancel(chat, env)
             return
@@ -243,10 +352,16 @@ class ConversationActor(TypedActor):
         self.hold(env)
         gathering = self._gathering.get(chat)
         if gathering is None:
-            self._gathering[chat] = _Group(first=env.message_id, held=[env])
-            self.schedule(ALBUM_GATHER_SECONDS, AlbumDue(chat=chat, first=env.message_id), cause=env)
+            due = self.runtime.clock.monotonic() + ALBUM_GATHER_SECONDS
+            gathering = self._gathering[chat] = _Group(first=env.message_id, held=[env], due=due)
+            self._close_at(chat, gathering, env)
         else:
             gathering.held.append(env)
+
+    def _close_at(self, chat: str, group: _Group, env: Envelope) -> None:
+        """Set the timer that closes ``group`` when its gathering ends (``env``: its first message)."""
+        left = max(group.due - self.runtime.clock.monotonic(), 0.0)
+        self.schedule(left, AlbumDue(chat=chat, first=group.first), cause=env)
 
     @handles
     def on_album_due(self, due: AlbumDue, env: Envelope) -> None:
@@ -256,42 +371,38 @@ class ConversationActor(TypedActor):
     @handles
     def on_album_close(self, close: AlbumClose, env: Envelope) -> None:
         gathered = self._gathering.get(close.chat)
-        if gathered is None or gathered.first != close.first:
-            return  # the group was cancelled (a newer one may be gathering)
-        del self._gathering[close.chat]
-        self._waiting.setdefault(close.chat, deque()).extend(by_speaker(gathered.held))
+        # Else the group was cancelled (a newer one may be gathering), or this message's
+        # attempt that crashed queued it already.
+        if gathered is not None and gathered.first == close.first:
+            del self._gathering[close.chat]
+            self._waiting.setdefault(close.chat, deque()).extend(by_speaker(gathered.held))
         if close.chat not in self._running:
             self._next_turn(close.chat)
 
     @handles
     def on_turn_ended(self, ended: TurnEnded, env: Envelope) -> None:
         running = self._running.get(ended.chat)
-        if ended.correlation is not None and (running is None or running.correlation != ended.correlation):
-            return  # a cancelled turn's work ended: the chat went on without it
-        self._running.pop(ended.chat, None)
+        if running is not None:
+            if ended.correlation is not None and running.correlation != ended.correlation:
+                return  # a cancelled turn's work ended: the chat went on without it
+            del self._running[ended.chat]
+        # (With no turn under way, a crash came between this turn's end and the next one's
+        # start, which this message, retried, makes; or nothing waits.)
         self._next_turn(ended.chat)
 
     def _next_turn(self, chat: str) -> None:
-        """Start the chat's next turn from what waits: a /forget alone, or the messages up
-        to the next /forget, or the next message of someone else, together."""
+        """Start the chat's next turn from what waits (``next_turn``)."""
         waiting = self._waiting.get(chat)
         if not waiting:
             self._waiting.pop(chat, None)
             return
-        turn = [waiting.popleft()]
-        if not alone(turn[0].body):
-            # One speaker a turn: merged, a stranger's words would run as an allowed user's.
-            # Merged no longer than one message may be: a burst is never one huge request.
-            who = speaker(turn[0].body)
-            chars = len(turn[0].body.text)
-            while waiting and not alone(waiting[0].body) and speaker(waiting[0].body) == who:
-                chars += 1 + len(waiting[0].body.text)  # and the line break that joins it
-                if chars > MAX_MESSAGE_CHARS:
-                    break
-                turn.append(waiting.popleft())
+        turn = next_turn(waiting)
+        self._start(chat, turn)
+        # Out of the queue once started: a crash before leaves them waiting for the retry.
+        for _ in turn:
+            waiting.popleft()
         if not waiting:
             del self._waiting[chat]
-        self._start(chat, turn)
         for held in turn:
             self.release(held)
 
@@ -329,8 +440,8 @@ class ConversationActor(TypedActor):
             except _MEMORY_ERRORS as error:
                 _memory_failed(chat, "remembering a message", error)
             request = request.model_copy(update={"turns": tuple(turns)})
-        self._turn(chat, cause)
         self.send(LLM, request, cause=cause)
+        self._turn(chat, cause)
 
     def _recent(self, chat: str) -> list[Any]:
         """The chat's recent turns; none when the memory cannot be read."""
@@ -342,10 +453,11 @@ class ConversationActor(TypedActor):
         return []
 
     def _turn(self, chat: str, env: Envelope) -> None:
-        """``env``'s correlation is the chat's turn under way until it has finished."""
-        self._running[chat] = _Running(env.correlation_id, user_of(env.body))
+        """``env``'s correlation is the chat's turn under way until it has finished (called
+        once the turn's work is sent: in the book, it is a turn started)."""
         self.runtime.when_finished(env.correlation_id, self.name,
                                    TurnEnded(chat=chat, correlation=env.correlation_id))
+        self._running[chat] = _Running(env.correlation_id, user_of(env.body))
 
     def _forget(self, chat: str, env: Envelope) -> None:
         """Clear the chat's memory (if the store fails, the user hears it was not cleared); its
@@ -358,13 +470,16 @@ class ConversationActor(TypedActor):
                 answer = FORGOTTEN
             except _MEMORY_ERRORS as error:
                 _memory_failed(chat, "forgetting", error)
-        self._turn(chat, env)
         self.send(sender(request.context.interface_name),
                   OutboundMessage.reply(request.context, answer, notice=True), cause=env)
+        self._turn(chat, env)
 
     @handles
     def on_outcome(self, outcome: ApprovalOutcome, env: Envelope) -> None:
         chat = outcome.request.context.chat_key
+        if self._came_back(chat, env):
+            return
+        self._catch_up(chat)
         if chat in self._running or self._waiting.get(chat):
             self.hold(env)
             self._waiting.setdefault(chat, deque()).append(env)
@@ -374,14 +489,13 @@ class ConversationActor(TypedActor):
     def _decided(self, chat: str, env: Envelope) -> None:
         """A decided approval's turn: the action runs, or the LLM hears it was denied."""
         outcome: ApprovalOutcome = env.body
-        self._turn(chat, env)
         if outcome.approved:
             self.send(route_of(outcome.request.action), outcome.request, cause=env)
-            return
-        turns = self._recent(chat)
-        request = denied_request(self.runtime, outcome, turns)
-        if request is not None:
-            self.send(LLM, request, cause=env)
+        else:
+            request = denied_request(self.runtime, outcome, self._recent(chat))
+            if request is not None:
+                self.send(LLM, request, cause=env)
+        self._turn(chat, env)
 
     def _cancel(self, chat: str, env: Envelope) -> None:
         """Cancel the chat's turn under way and drop its queued turns (a stranger's /cancel:
@@ -397,17 +511,19 @@ class ConversationActor(TypedActor):
             else:
                 self._say(ctx, CANCEL_UNAVAILABLE, env)
             return
-        dropped = self._drop_waiting(chat, request) + self._drop_gathered(chat, request)
+        dropped = [e for e in self._held_for(chat) if cancels(request, e.body)]  # the rest stays
         running = self._running.get(chat)
         if running is not None and not may_cancel(request, running.user):
             running = None  # someone else's turn: it goes on
-        if running is not None:
-            del self._running[chat]
         cancelled = ([running.correlation] if running is not None else []) + [e.correlation_id for e in dropped]
         for correlation in dict.fromkeys(cancelled):
             cancel_request(self.runtime, correlation)
         if cancelled:
             abort(self.runtime, CancelWork(chat=chat, correlations=tuple(dict.fromkeys(cancelled))))
+        # Out of the book once called off: a crash before, and the /cancel, retried, does it all.
+        self._drop(chat, {e.message_id for e in dropped})
+        if running is not None:
+            del self._running[chat]
         for held in dropped:
             self.release(held)
         self._confirm(request, bool(cancelled), env)
@@ -430,27 +546,15 @@ class ConversationActor(TypedActor):
         else:
             self._say(ctx, NOTHING_TO_CANCEL, env)
 
-    def _drop_waiting(self, chat: str, request: UserRequest) -> list[Envelope]:
-        """Take what ``request``'s user may cancel out of the chat's queue; the rest (a /forget
-        among it) stays, in order."""
-        waiting = self._waiting.pop(chat, deque())
-        dropped = [e for e in waiting if cancels(request, e.body)]
-        kept = deque(e for e in waiting if not cancels(request, e.body))
+    def _drop(self, chat: str, dropped: set[str]) -> None:
+        """Take the messages ``dropped`` names out of the chat's queue and its group being
+        gathered; the rest stays, in order (a group's, until its timer)."""
+        kept = deque(e for e in self._waiting.pop(chat, ()) if e.message_id not in dropped)
         if kept:
             self._waiting[chat] = kept
-        return dropped
-
-    def _drop_gathered(self, chat: str, request: UserRequest) -> list[Envelope]:
-        """Take what ``request``'s user may cancel out of the group being gathered; the
-        rest is still gathered, until the group's timer."""
         group = self._gathering.pop(chat, None)
-        if group is None:
-            return []
-        dropped = [e for e in group.held if cancels(request, e.body)]
-        kept = [e for e in group.held if not cancels(request, e.body)]
-        if kept:
-            self._gathering[chat] = group._replace(held=kept)
-        return dropped
+        if group is not None and (held := [e for e in group.held if e.message_id not in dropped]):
+            self._gathering[chat] = group._replace(held=held)
 
     def _ignore(self, request: UserRequest, what: str) -> None:
         """A stranger's command that is not theirs to give: logged, not answered (an autonomous

@@ -9,6 +9,7 @@ import json
 import logging
 import sqlite3
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ from conftest import Gate, ask, console_text, system_message, system_messages, w
 
 from autoresponse import Application, Settings
 from autoresponse.actors.kernel import ManualClock
-from autoresponse.actors.conversation import CANCELLED, FORGOTTEN
+from autoresponse.actors.kernel.probe import Probe
+from autoresponse.actors.kernel.testkit import InjectedFault
+from autoresponse.actors.limits import CONVERSATION_POOL_SIZE
+from autoresponse.actors.conversation import CANCELLED, FORGOTTEN, TurnEnded
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.actors.prompts import SUGGESTED_RESPONSE_FORMAT
@@ -27,7 +31,14 @@ from autoresponse.interfaces.console import Console, ConsoleInput
 from autoresponse.interfaces.events import EventStore, due_in
 from autoresponse.interfaces.events.actions import EventPayload
 from autoresponse.testing.fake_telegram import FakeTelegramServer
-from autoresponse.messages import MAX_MESSAGE_CHARS, OriginalContext, OutboundMessage, UserRequest, parse_action
+from autoresponse.messages import (
+    MAX_MESSAGE_CHARS,
+    Envelope,
+    OriginalContext,
+    OutboundMessage,
+    UserRequest,
+    parse_action,
+)
 
 MakeApp = Callable[..., Application]
 
@@ -542,3 +553,127 @@ def test_the_console_shows_control_characters_from_the_model_and_never_obeys_the
     assert "done\\x00 \\x1b[2J\\x1b]52;c;cm0gLXJm\\x07 \\u202eok" in shown
     assert shown.rstrip("\n").rsplit("\n", 1)[-1].endswith("│ next line")  # a line end stays one
     assert "\\x0d" not in shown  # CRLF is a line end, streamed or whole
+
+
+def replies_to(out: Probe, chat: str) -> list[str]:
+    """The texts sent to the console ``chat`` so far (its replies and notices, no previews)."""
+    return [m.text for m in out.bodies(OutboundMessage) if m.chat_id == chat and not m.preview]
+
+
+def a_chat_beside(chat: str) -> str:
+    """A console chat whose messages the same conversation actor of the pool takes as
+    ``chat``'s (the pool routes by chat)."""
+    def child(name: str) -> int:
+        return zlib.crc32(f"console:{name}:".encode()) % CONVERSATION_POOL_SIZE
+    return next(f"other{n}" for n in range(1000) if child(f"other{n}") == child(chat))
+
+
+def crash_once_on(text: str, crashed: list[str],
+                  actor_of: dict[str, str]) -> Callable[[str, Envelope], None]:
+    """A fault hook: the conversation actor handling a request of ``text`` crashes, once
+    (its retry then goes through); the actor's name goes into ``crashed``, and the actor
+    of each chat's requests into ``actor_of`` (by chat id)."""
+    def fault(actor: str, env: Envelope) -> None:
+        if actor.startswith(f"{CONVERSATIONS}.") and isinstance(env.body, UserRequest):
+            actor_of[str(env.body.context.chat_id)] = actor
+            if env.body.text == text and not crashed:
+                crashed.append(actor)
+                raise InjectedFault(f"injected fault in {actor}")
+    return fault
+
+
+def test_a_crash_caused_by_another_chat_keeps_a_chats_turns_in_order(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    def respond(body: dict[str, Any]) -> FakeResponse:
+        said = body["messages"][-1]["content"] or ""
+        return FakeResponse(delay=4 if said == "first" else 0,
+                            content=json.dumps({"actions": [say(f"answer to {said!r}")]}))
+
+    fake_llm.responder = respond
+    app = make_app(base_url=fake_llm.base_url)
+    crashed: list[str] = []
+    actor_of: dict[str, str] = {}
+    app.runtime.fault = crash_once_on("crash here", crashed, actor_of)
+    with app.runtime.probe(sender("console")) as out:
+        sent = [app.runtime.send("interface.console", ConsoleInput(text="first", chat_id="A"))]
+        wait_for(lambda: len(fake_llm.requests) == 1)  # the first turn is under way
+        for text in ("second", "third"):  # they wait for it, to be answered together
+            sent.append(app.runtime.send("interface.console", ConsoleInput(text=text, chat_id="A")))
+        sent.append(app.runtime.send("interface.console",
+                                     ConsoleInput(text="crash here", chat_id=a_chat_beside("A"))))
+        wait_for(lambda: crashed)
+        assert not replies_to(out, "A")  # it crashed while the first turn ran
+        for env in sent:
+            assert env is not None and app.runtime.wait_idle(env.correlation_id, timeout=30)
+        replies = replies_to(out, "A")
+    assert crashed == [actor_of["A"]] and app.runtime.cell(crashed[0]).restarts == 1
+    asked = [t.messages[-1]["content"] for t in chat_turns(fake_llm)]
+    assert [a for a in asked if a != "crash here"] == ["first", "second\nthird"]
+    assert replies == ["answer to 'first'", "answer to 'second\\nthird'"]
+
+
+def test_a_cancel_after_a_crash_still_cancels_the_turn_under_way(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(FakeResponse(hang=True))
+    app = make_app(base_url=fake_llm.base_url, llm={"read_timeout": 60, "stream": False})
+    crashed: list[str] = []
+    actor_of: dict[str, str] = {}
+    app.runtime.fault = crash_once_on("crash here", crashed, actor_of)
+    with app.runtime.probe(sender("console")) as out:
+        story = app.runtime.send("interface.console", ConsoleInput(text="tell me a long story", chat_id="A"))
+        wait_for(lambda: len(fake_llm.requests) == 1)
+        app.runtime.send("interface.console", ConsoleInput(text="crash here", chat_id=a_chat_beside("A")))
+        wait_for(lambda: crashed)
+        app.runtime.send("interface.console", ConsoleInput(text="/cancel", chat_id="A"))
+        assert wait_for(lambda: replies_to(out, "A")) == [CANCELLED]
+        assert story is not None and app.runtime.wait_idle(story.correlation_id, timeout=30)
+        again = app.runtime.send("interface.console", ConsoleInput(text="are you there?", chat_id="A"))
+        assert again is not None and app.runtime.wait_idle(again.correlation_id, timeout=30)
+        assert len(replies_to(out, "A")) == 2  # the chat goes on after its cancelled turn
+    assert crashed == [actor_of["A"]] and app.runtime.cell(crashed[0]).restarts == 1
+
+
+def test_a_turn_whose_end_is_lost_to_crashes_holds_its_chat_no_longer(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions(say("first answer")), actions(say("second answer")))
+    app = make_app(base_url=fake_llm.base_url, supervision={"message_attempts": 2})
+    crashes: list[str] = []
+
+    def lose_the_first_turns_end(actor: str, env: Envelope) -> None:
+        if isinstance(env.body, TurnEnded) and len(crashes) < 2:  # each attempt: a dead letter
+            crashes.append(actor)
+            raise InjectedFault(f"injected fault in {actor}")
+
+    app.runtime.fault = lose_the_first_turns_end
+    ask(app, "hello")
+    [letter] = wait_for(lambda: app.runtime.dead_letters.letters())
+    assert (letter.reason, letter.actor) == ("crash", crashes[0])
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "are you still there?")  # not held for ever behind a turn long over
+        assert [m.text for m in out.bodies(OutboundMessage) if not m.preview] == ["second answer"]
+
+
+def test_an_album_being_gathered_when_its_actor_crashes_is_still_one_turn(
+    make_app: MakeApp, fake_llm: FakeLLMServer, manual_clock: ManualClock
+) -> None:
+    from autoresponse.messages.media import Attachment
+
+    app = make_app(base_url=fake_llm.base_url, clock=manual_clock)
+    crashed: list[str] = []
+    actor_of: dict[str, str] = {}
+    app.runtime.fault = crash_once_on("crash here", crashed, actor_of)
+    for n in range(1, 4):
+        context = OriginalContext(chat_id="A", message_id=n, interface_name="console", user_id=1)
+        app.runtime.send(CONVERSATIONS, UserRequest(text=f"photo {n}", context=context, media_group="album",
+                                                    attachments=(Attachment(kind="photo", file_id=f"f{n}"),)))
+    beside = OriginalContext(chat_id=a_chat_beside("A"), message_id=9, interface_name="console", user_id=2)
+    app.runtime.send(CONVERSATIONS, UserRequest(text="crash here", context=beside))
+    wait_for(lambda: crashed)  # while the album is gathered: the clock has not moved
+    assert manual_clock.advance_until(lambda: len(fake_llm.requests) == 2 and app.runtime.inflight.count() == 0, 15)
+    asked = [r.messages[-1]["content"] for r in fake_llm.requests]
+    [album] = [a for a in asked if a != "crash here"]  # one turn, each photo once, in order
+    assert album.startswith("photo 1\nphoto 2\nphoto 3\n") and album.count("[photo") == 3
+    assert crashed == [actor_of["A"]] and app.runtime.cell(crashed[0]).restarts == 1
