@@ -19,11 +19,9 @@ From a thread, or awaited from a coroutine (the seed's interfaces do the latter)
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-from weakref import WeakKeyDictionary
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -44,8 +42,6 @@ from autoresponse.messages import (
     SystemMessage,
 )
 
-if TYPE_CHECKING:
-    from autoresponse.actors.kernel.cell import Cell
 
 #: Batches remembered (whose wait ran out, or that are gathering), the oldest forgotten first.
 _BATCHES_KEPT = 1_000
@@ -67,7 +63,7 @@ class _BatchBook:
     of a batch already delivered for a new batch, calling the delivered ones still running.
 
     Only facts are written here, each once it is true, so the state of a crashed
-    incarnation is never trusted; one book per cell (name and mailbox), bounded.
+    incarnation is never trusted; one book per cell (``Cell.book``), bounded.
     """
 
     __slots__ = ("deadlines", "late")
@@ -96,18 +92,6 @@ def _trim(kept: OrderedDict[str, Any]) -> None:
         kept.popitem(last=False)
 
 
-_books: WeakKeyDictionary[Cell, _BatchBook] = WeakKeyDictionary()
-_books_lock = threading.Lock()  # builders of several runtimes in one process
-
-
-def _book_of(cell: Cell) -> _BatchBook:
-    with _books_lock:
-        book = _books.get(cell)
-        if book is None:
-            book = _books[cell] = _BatchBook()
-        return book
-
-
 class _Gathering:
     """The outputs of one batch so far, and the envelopes they came in (held)."""
 
@@ -131,7 +115,7 @@ class AutoResponseBuilder(TypedActor):
         #: Command action types a reminder's turn may use besides replying.
         self.autonomous = tuple(autonomous)
         self._gathering: dict[str, _Gathering] = {}
-        self._book = _book_of(self.cell)
+        self._book = self.cell.book(_BatchBook)
 
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:

@@ -48,12 +48,10 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-import threading
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any, NamedTuple
-from weakref import WeakKeyDictionary
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -74,8 +72,6 @@ from autoresponse.messages import (
     attachments_label,
 )
 
-if TYPE_CHECKING:
-    from autoresponse.actors.kernel.cell import Cell
 
 log = logging.getLogger("autoresponse.conversation")
 
@@ -249,7 +245,7 @@ class _ChatBook:
     watched; a message once it is held; one out of the queue once its turn has started, or
     it is called off), so the message a crash cut short, retried, finds in the book what it
     did not do yet, and does it. What the crashed incarnation held comes back through the
-    mailbox, where the book tells it from new messages. One book per cell (name and mailbox).
+    mailbox, where the book tells it from new messages. One book per cell (``Cell.book``).
     """
 
     __slots__ = ("gathering", "running", "waiting")
@@ -267,25 +263,13 @@ class _ChatBook:
             yield from group.held
 
 
-_books: WeakKeyDictionary[Cell, _ChatBook] = WeakKeyDictionary()
-_books_lock = threading.Lock()  # conversations of several runtimes in one process
-
-
-def _book_of(cell: Cell) -> _ChatBook:
-    with _books_lock:
-        book = _books.get(cell)
-        if book is None:
-            book = _books[cell] = _ChatBook()
-        return book
-
-
 class ConversationActor(TypedActor):
     """Starts each chat's turns in order; holds what arrives while a turn runs."""
 
     def __init__(self, store: ConversationStore | None = None) -> None:
         super().__init__()
         self.store = store
-        book = _book_of(self.cell)
+        book = self.cell.book(_ChatBook)
         self._running = book.running
         self._waiting = book.waiting
         self._gathering = book.gathering

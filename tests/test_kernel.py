@@ -512,6 +512,34 @@ def test_the_status_answers_while_a_restarted_actor_sets_up_on_the_event_loop() 
         wait_until(lambda: rt.cell("asker").alive)
 
 
+class Counts(TypedActor):
+    """Counts its pings in its cell's book, and crashes on a negative one."""
+
+    class Tally:
+        def __init__(self) -> None:
+            self.pings: list[int] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = self.cell.book(Counts.Tally)
+
+    @handles
+    def on_ping(self, ping: Ping, env: Envelope) -> None:
+        if ping.n < 0:
+            raise ValueError("negative")
+        self.tally.pings.append(ping.n)
+
+
+def test_what_an_actor_keeps_in_its_cells_book_outlives_its_crashes() -> None:
+    """The book is the cell's, not the incarnation's: the one after a crash reads what the
+    ones before wrote (a conversation's turns, the builder's batches)."""
+    with running(("counter", Counts)) as rt:
+        for n in (1, -1, 2, -2, 3):
+            rt.send("counter", Ping(n=n))
+        wait_until(lambda: rt.cell("counter").book(Counts.Tally).pings == [1, 2, 3])
+        assert rt.cell("counter").restarts >= 2
+
+
 class SendsThenWaits(TypedActor):
     """Asks to hear when its work finishes, sends two Pongs, then waits on a gate."""
 

@@ -32,7 +32,7 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pykka
 
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from autoresponse.actors.kernel.runtime import Runtime
 
 log = logging.getLogger("autoresponse.runtime")
+
+_Book = TypeVar("_Book")
 
 CellState = Literal["running", "restarting", "stopped"]
 
@@ -98,6 +100,8 @@ class Cell:
         self._ref: pykka.ActorRef[Any] | None = None
         #: The incarnation now, weakly (set by it as it starts): what it is handling, for traces.
         self.incarnation: weakref.ref[TypedActor] | None = None
+        self._books: dict[type, Any] = {}  # see ``book``
+        self._books_lock = threading.Lock()  # held alone, briefly: an incarnation asks as it starts
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -191,6 +195,17 @@ class Cell:
                 actor.retire()
             return False
         return True
+
+    def book(self, kind: type[_Book]) -> _Book:
+        """The cell's one ``kind()``, made at the first ask: what its actor must not forget
+        when it crashes (the builder's batches, a conversation's turns), kept across its
+        incarnations. Only facts go in it, each once it is true: the state of a crashed
+        incarnation is never trusted. From any thread."""
+        with self._books_lock:
+            found = self._books.get(kind)
+            if found is None:
+                found = self._books[kind] = kind()
+            return found
 
     def report_health(self, ok: bool, reason: str = "", *, concern: str = "") -> None:
         """The actor says whether the world outside it works: ``ok=False`` marks it failing
