@@ -284,6 +284,18 @@ def system_messages(llm: Any, type: str | None = None) -> list[dict[str, Any]]:
     return [m for m in found if type is None or m["type"] == type]
 
 
+def send_chunks(journal: Any, correlation: str, keys: list[str], delivered: list[str],
+                stop_after: int | None = None) -> None:
+    """A sender's way with a journal: skip each chunk (``keys``) sent already, record each it
+    sends (in ``delivered`` too); stop once ``delivered`` holds ``stop_after``."""
+    for key in keys:
+        if not journal.was_sent(key, correlation):
+            delivered.append(key)
+            journal.mark_sent(key, correlation).result(5)
+        if len(delivered) == stop_after:
+            return
+
+
 # ---------------------------------------------------------------- NATS JetStream
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, NatsServer, actors, wait_for
+from conftest import Daemon, NatsServer, actors, send_chunks, wait_for
 
 from autoresponse.actors.journal.jetstream import DEAD_SUBJECT, WORK_SUBJECT, JetStreamJournal, kv_key
 from autoresponse.actors.journal.shared_memory import SharedConversationStore
@@ -542,12 +542,7 @@ def test_the_chunks_an_open_item_sent_are_not_sent_again_after_the_retention(nat
         taken: list[str] = []
         journal.start_feed(lambda item: taken.append(item.correlation) or True, lambda: 10)
         wait_for(lambda: taken == ["c1"], timeout=30)
-        for key in keys:  # a sender's way: skip what was sent, record what it sends
-            if not journal.was_sent(key, "c1"):
-                delivered.append(key)
-                journal.mark_sent(key, "c1").result(5)
-            if len(delivered) == stop_after:
-                return
+        send_chunks(journal, "c1", keys, delivered, stop_after)
 
     first = JetStreamJournal(nats_server.url, node="one", retention_seconds=1.0)  # its buckets' TTL
     try:

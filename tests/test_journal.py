@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, console_text, environment, free_port
+from conftest import Daemon, console_text, environment, free_port, send_chunks
 
 from autoresponse import Application
 from autoresponse.actors.journal import JournalInUse, JournalStorageFailed, SqliteJournal
@@ -782,12 +782,7 @@ def test_the_chunks_an_open_item_sent_are_not_sent_again_after_its_retention(tmp
     keys = [f"c1:user:0:0123456789ab:0#{chunk}" for chunk in range(3)]
 
     def deliver(journal: SqliteJournal, stop_after: int | None = None) -> None:
-        for key in keys:  # a sender's way: skip what was sent, record what it sends
-            if not journal.was_sent(key, "c1"):
-                delivered.append(key)
-                journal.mark_sent(key, "c1").result(5)
-            if len(delivered) == stop_after:
-                return
+        send_chunks(journal, "c1", keys, delivered, stop_after)
 
     journal = SqliteJournal(path)
     try:
