@@ -8,7 +8,9 @@ The collector reads the fenced blocks of README.md and docs/**/*.md:
   work; a block that exports ``AUTORESPONSE_`` variables then runs ``autoresponse config
   show``, so its values must be settings the daemon accepts;
 * ```` ```python ```` blocks run with the venv's python, in a subprocess, in the same place;
-* ```` ```toml ```` blocks are handed to ``autoresponse config show --config``.
+* ```` ```toml ```` blocks are handed to ``autoresponse config show --config``, with the
+  ``export`` lines of a ``sh`` block right above them (the secrets a page keeps out of
+  the file, set in the environment).
 
 Nothing here talks to anything but 127.0.0.1. A block that cannot run here says why in a
 marker on the line before its fence, and counts as a skip with that reason (``-ra`` lists
@@ -65,6 +67,7 @@ class Example:
     code: str
     kind: str          # run, skip, daemon; "show" for a block that is not run (output, a diagram)
     reason: str = ""
+    exports: str = ""  # a toml block's: the export lines of the sh block right above it
 
     @property
     def where(self) -> str:
@@ -97,7 +100,10 @@ def collect(path: Path) -> tuple[list[Example], str]:
             reason = (marker["reason"] or "").strip() if marker else ""
             if kind == "skip":
                 assert reason, f"{path}:{start + 1}: a skipped example says why"
-            examples.append(Example(path, start + 1, RUNNABLE[lang], "\n".join(body) + "\n", kind, reason))
+            above = examples[-1] if examples and FENCE.match(before) else None  # a block ends right above
+            exports = "".join(line + "\n" for line in above.code.splitlines() if line.startswith("export ")) \
+                if RUNNABLE[lang] == "toml" and above is not None and above.lang == "sh" else ""
+            examples.append(Example(path, start + 1, RUNNABLE[lang], "\n".join(body) + "\n", kind, reason, exports))
         else:
             examples.append(Example(path, start + 1, lang or "text", "\n".join(body) + "\n", "show"))
     return examples, "\n".join(prose)
@@ -146,7 +152,8 @@ def test_the_example_runs(example: Example, tmp_path: Path) -> None:
         assert done.returncode == 0, f"{example.where}\n{done.stdout}\n{done.stderr}"
     elif example.lang == "toml":
         (tmp_path / "example.toml").write_text(example.code)
-        done = subprocess.run([str(BIN / "autoresponse"), "config", "show", "--config", "example.toml"],
+        done = subprocess.run(["bash", "-c", f"set -eo pipefail\n{example.exports}"
+                                             "autoresponse config show --config example.toml"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, f"{example.where}\n{done.stderr}"

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pytest
+from conftest import environment, free_port
 from pydantic import BaseModel, SecretStr
 
 from autoresponse import Application, Settings
@@ -24,6 +27,7 @@ from autoresponse.actors.limits import STRANGERS_REMEMBERED
 from autoresponse.actors.prompts import full_json_instructions
 from autoresponse.app import names_in
 from autoresponse.cli import RedactSecrets
+from autoresponse.config import ConfigError
 from autoresponse.interfaces.console import Console
 from autoresponse.messages import (
     Envelope,
@@ -187,6 +191,11 @@ def told(input_type: type, origin: Callable[[Any], OriginalContext | None], item
 
 
 ALLOWED, STRANGER = 7, 99
+#: Each platform's credentials, whole: an allowlist without them is a settings error.
+CREDENTIALS: dict[str, dict[str, Any]] = {
+    "telegram": {"token": "123456:TEST-TOKEN"}, "x": {"bearer_token": "user-context-token"},
+    "reddit": {"client_id": "reddit-app", "client_secret": "app-secret", "refresh_token": "refresh"},
+    "telethon": {"api_id": 12345, "api_hash": "0123abcd", "session": "1AbC..."}}
 
 
 def _telegram(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
@@ -196,7 +205,8 @@ def _telegram(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
     def make(user: int) -> TelegramText:
         return TelegramText(update_id=1, chat_id=user, chat_type="private", message_id=5, user_id=user,
                             text="run df -h")
-    return TelegramText, origin(TelegramSettings(allowed_users=[ALLOWED], strangers=policy)), make
+    return TelegramText, origin(TelegramSettings(**CREDENTIALS["telegram"], allowed_users=[ALLOWED],
+                                                 strangers=policy)), make
 
 
 def _x(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
@@ -205,7 +215,7 @@ def _x(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
 
     def make(user: int) -> XMention:
         return XMention(post_id=100 + user, conversation_id=user, author_id=user, text="@synth run df -h")
-    return XMention, origin(XSettings(allowed_users=[ALLOWED], strangers=policy)), make
+    return XMention, origin(XSettings(**CREDENTIALS["x"], allowed_users=[ALLOWED], strangers=policy)), make
 
 
 def _reddit(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
@@ -215,7 +225,8 @@ def _reddit(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
     def make(user: int) -> RedditItem:
         return RedditItem(fullname=f"t1_{user}", kind="username_mention", author=f"user{user}",
                           body="u/synth run df -h", link_id=str(user))
-    return RedditItem, origin(RedditSettings(allowed_users=[f"u/user{ALLOWED}"], strangers=policy)), make
+    return RedditItem, origin(RedditSettings(**CREDENTIALS["reddit"], allowed_users=[f"u/user{ALLOWED}"],
+                                             strangers=policy)), make
 
 
 def _telethon(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
@@ -224,7 +235,8 @@ def _telethon(policy: str) -> tuple[type, Any, Callable[[int], Any]]:
 
     def make(user: int) -> UserbotText:
         return UserbotText(chat_id=user, message_id=5, sender_id=user, chat_type="private", text="run df -h")
-    return UserbotText, origin(TelethonSettings(allowed_users=[ALLOWED], strangers=policy)), make
+    return UserbotText, origin(TelethonSettings(**CREDENTIALS["telethon"], allowed_users=[ALLOWED],
+                                                strangers=policy)), make
 
 
 PLATFORM_ORIGINS = {"telegram": _telegram, "x": _x, "reddit": _reddit, "telethon": _telethon}
@@ -370,3 +382,112 @@ def test_the_stranger_gate_remembers_a_bounded_number_of_strangers() -> None:
     runtime = _Runtime(ManualClock())
     assert stranger_gate(runtime) is stranger_gate(runtime)  # type: ignore[arg-type]  # one a runtime
     assert StrangerGate()._kept == STRANGERS_REMEMBERED
+
+
+# ---------------------------------------------------------------- a platform configured in part
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_APP = ("AUTORESPONSE_REDDIT__CLIENT_SECRET ([reddit] client_secret) and "
+        "AUTORESPONSE_REDDIT__PASSWORD ([reddit] password)")
+_REFRESH = "AUTORESPONSE_REDDIT__REFRESH_TOKEN ([reddit] refresh_token) instead of the password"
+_X_KEYS = ("AUTORESPONSE_X__CONSUMER_KEY ([x] consumer_key), AUTORESPONSE_X__CONSUMER_SECRET ([x] "
+           "consumer_secret), AUTORESPONSE_X__ACCESS_TOKEN ([x] access_token) and "
+           "AUTORESPONSE_X__ACCESS_TOKEN_SECRET ([x] access_token_secret), or AUTORESPONSE_X__BEARER_TOKEN "
+           "([x] bearer_token) instead of the four keys")
+_TOKEN = ("Telegram needs a bot token too: set AUTORESPONSE_TELEGRAM__TOKEN ([telegram] token) to the "
+          "token @BotFather gave the bot")
+#: A platform set up in part, as operators did it: its variables, the docs' TOML example
+#: of that platform (or none), and the one line that says what is still missing
+#: (``{config}``: the file).
+HALF_CONFIGURED: dict[str, tuple[dict[str, str], str | None, str]] = {
+    "telegram, allowed users but no token": (
+        {"AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[11111111]"}, None,
+        f"AUTORESPONSE_TELEGRAM__ALLOWED_USERS: {_TOKEN}"),
+    "telegram, a blank token ($UNSET)": (
+        {"AUTORESPONSE_TELEGRAM__TOKEN": "", "AUTORESPONSE_TELEGRAM__ALLOWED_USERS": "[11111111]"}, None,
+        f"AUTORESPONSE_TELEGRAM__ALLOWED_USERS: {_TOKEN}"),
+    "reddit, the docs' file without the secrets": (
+        {}, "reddit",
+        f"{{config}}: [reddit] client_id is '...': Reddit needs more to log in: set {_APP}, or {_REFRESH}"),
+    "reddit, the client secret but no password": (
+        {"AUTORESPONSE_REDDIT__CLIENT_SECRET": "s3cr3t"}, "reddit",
+        "{config}: [reddit] client_id is '...': Reddit needs more to log in: set "
+        f"AUTORESPONSE_REDDIT__PASSWORD ([reddit] password), or {_REFRESH}"),
+    "telethon, no session": (
+        {"AUTORESPONSE_TELETHON__API_ID": "123", "AUTORESPONSE_TELETHON__API_HASH": "abc"}, None,
+        "AUTORESPONSE_TELETHON__API_ID is 123: Telethon needs more to log in: set "
+        "AUTORESPONSE_TELETHON__SESSION ([telethon] session)"),
+    "telethon, the docs' file without the secrets": (
+        {}, "telethon",
+        "{config}: [telethon] api_id is 12345: Telethon needs more to log in: set "
+        "AUTORESPONSE_TELETHON__API_HASH ([telethon] api_hash) and AUTORESPONSE_TELETHON__SESSION "
+        "([telethon] session)"),
+    "x, the docs' file without the keys": (
+        {}, "x", f"{{config}}: [x] allowed_users: X needs more to log in: set {_X_KEYS}"),
+}
+
+
+def docs_example(platform: str, where: Path) -> Path:
+    """The TOML example of docs/platforms/<platform>.md, written to a file in ``where``."""
+    page = (ROOT / "docs" / "platforms" / f"{platform}.md").read_text()
+    config = where / f"{platform}.toml"
+    config.write_text(page.split("```toml\n", 1)[1].split("```", 1)[0])
+    return config
+
+
+@pytest.mark.parametrize("case", HALF_CONFIGURED)
+def test_a_platform_configured_in_part_is_a_settings_error_naming_what_is_missing(
+        case: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Not a daemon that starts, looks healthy and never answers on that platform: the
+    operator reads which variable (and file key) is still missing. A blank one is missing."""
+    variables, docs, expected = HALF_CONFIGURED[case]
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    config = docs_example(docs, tmp_path) if docs else None
+    with pytest.raises(ConfigError) as caught:
+        Settings.load(config)
+    assert str(caught.value) == expected.format(config=config)
+    assert "s3cr3t" not in str(caught.value)
+
+
+@pytest.mark.parametrize("case", ["telegram, a blank token ($UNSET)",
+                                  "reddit, the client secret but no password",
+                                  "telethon, no session", "x, the docs' file without the keys"])
+def test_the_daemon_refuses_to_start_a_platform_configured_in_part(case: str, tmp_path: Path) -> None:
+    """One line and exit 2, before anything starts: not a healthy daemon without that platform."""
+    variables, docs, expected = HALF_CONFIGURED[case]
+    config = docs_example(docs, tmp_path) if docs else None
+    with subprocess.Popen([sys.executable, "-m", "autoresponse", "run",
+                           *(("--config", str(config)) if config else ())],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True,
+                          env=environment(**variables, AUTORESPONSE_DATA_DIR=str(tmp_path / "data"),
+                                          AUTORESPONSE_ADMIN__PORT=str(free_port()))) as daemon:
+        try:
+            _, stderr = daemon.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # it started: stop it, and show what it said
+            daemon.terminate()
+            _, stderr = daemon.communicate(timeout=60)
+    assert (daemon.returncode, stderr) == (2, f"autoresponse: {expected.format(config=config)}\n")
+
+
+def test_a_platform_nobody_set_up_stays_off_its_tuning_or_a_blank_credential_notwithstanding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tuning that works on its defaults, a blank credential (``export ...=$UNSET``) or an
+    empty allowlist says no bot is meant: those platforms are simply off, as before."""
+    untouched = {"AUTORESPONSE_TELEGRAM__TOKEN": "", "AUTORESPONSE_TELEGRAM__PARSE_MODE": "HTML",
+                 "AUTORESPONSE_REDDIT__POLL_INTERVAL": "30", "AUTORESPONSE_REDDIT__PASSWORD": "",
+                 "AUTORESPONSE_X__STRANGERS": "refuse", "AUTORESPONSE_TELETHON__ALLOWED_CHATS": "[]"}
+    for name, value in untouched.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.load()
+    assert [name for name in CREDENTIALS if settings.section(name).enabled] == []
+
+
+@pytest.mark.parametrize("platform", CREDENTIALS)
+def test_a_platforms_whole_credentials_turn_it_on(platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either of Reddit's and X's ways to log in is whole (a refresh token, a bearer token)."""
+    for name, value in CREDENTIALS[platform].items():
+        monkeypatch.setenv(f"AUTORESPONSE_{platform.upper()}__{name.upper()}", str(value))
+    assert Settings.load().section(platform).enabled

@@ -8,9 +8,10 @@ True
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
+from autoresponse.interfaces.credentials import given, listed, refuse_in_part, setting
 
 #: Longest comment or private message body Reddit accepts. Counted in UTF-16 units,
 #: which are never fewer than the characters Reddit counts, so a chunk always fits.
@@ -37,9 +38,18 @@ REDDIT_MAX_RESET_WAIT_SECONDS = 600.0
 #: pacing any more but a stalled inbox and stalled replies, which an operator should see.
 REDDIT_HOLD_REPORTED_SECONDS = 60.0
 
+#: The settings that say the bot is meant to run: its credentials and whom it answers. Set
+#: without the rest of the credentials, Reddit would stay off without a word, so they are an
+#: error. Tuning (``poll_interval``, ``strangers``, ...) does not count: it works on its
+#: defaults, and may sit in a shared file for a daemon that runs no Reddit bot.
+_MEANT_TO_RUN = ("client_id", "client_secret", "username", "password", "refresh_token",
+                 "allowed_users")
+
+
 class RedditSettings(StrangerSettings):
     """On when an app (``client_id``, ``client_secret``) and an account (``username`` and
-    ``password``, or a ``refresh_token``) are set. Only ``allowed_users`` cause actions."""
+    ``password``, or a ``refresh_token``) are set; off when none of ``_MEANT_TO_RUN`` is,
+    and an error when some are but not all it needs. Only ``allowed_users`` cause actions."""
 
     client_id: str | None = None
     client_secret: SecretStr | None = None
@@ -59,10 +69,34 @@ class RedditSettings(StrangerSettings):
     #: Seconds a spent rate-limit budget holds back every call at most (see above).
     max_reset_wait: float = Field(default=REDDIT_MAX_RESET_WAIT_SECONDS, gt=0)
 
+    @model_validator(mode="after")
+    def _a_bot_needs_every_credential(self) -> RedditSettings:
+        """Part of the credentials, or allowed users without them: the operator meant a bot,
+        which would otherwise stay off while the daemon looks healthy.
+
+        Located at the first setting that says a bot is meant, the error names each setting
+        still missing (an empty one is missing: ``export ...=$UNSET`` sets nothing).
+        """
+        if not self.enabled:
+            refuse_in_part(self, _MEANT_TO_RUN, "Reddit needs more to log in: set {needed}", needed=self._needed())
+        return self
+
+    def _needed(self) -> str:
+        """What is left to set, as variables and file keys, the account's alternative too."""
+        app = [name for name in ("client_id", "client_secret") if not given(getattr(self, name))]
+        account = [] if given(self.refresh_token) else [
+            name for name in ("username", "password") if not given(getattr(self, name))]
+        needed = listed([setting("reddit", name) for name in app + account])
+        if account:
+            instead = "the password" if account == ["password"] else "username and password"
+            needed += f", or {setting('reddit', 'refresh_token')} instead of {instead}"
+        return needed
+
     @property
     def enabled(self) -> bool:
-        has_app = bool(self.client_id) and _set(self.client_secret)
-        has_account = (bool(self.username) and _set(self.password)) or _set(self.refresh_token)
+        has_app = given(self.client_id) and given(self.client_secret)
+        has_account = ((given(self.username) and given(self.password))
+                       or given(self.refresh_token))
         return has_app and has_account
 
     def allows(self, username: str | None) -> bool:
@@ -71,5 +105,4 @@ class RedditSettings(StrangerSettings):
                                                              for u in self.allowed_users}
 
 
-def _set(secret: SecretStr | None) -> bool:
-    return secret is not None and bool(secret.get_secret_value())
+

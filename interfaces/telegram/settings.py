@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoresponse.actors.inbound import StrangerSettings
+from autoresponse.interfaces.credentials import given, refuse_in_part, setting
 
 #: Longest message, in UTF-16 code units as Telegram counts them.
 TELEGRAM_MESSAGE_UTF16 = 4096
@@ -58,6 +59,13 @@ TELEGRAM_WEBHOOK_MAX_BODIES_READ = 40
 #: Where the webhook server listens unless told otherwise: loopback, behind a TLS proxy.
 TELEGRAM_WEBHOOK_LISTEN = "127.0.0.1:8443"
 
+#: The settings that say a bot is meant to run: its token and whom it answers. Set without
+#: a token, Telegram would stay off without a word, so they are an error. The rest does not
+#: count: tuning (``parse_mode``, ``strangers``, ``base_url``, ...) works on its defaults and
+#: may sit in a shared file for a daemon that runs no bot, and the webhook's settings only
+#: add to a token (the manual sets them after it).
+_MEANT_TO_RUN = ("token", "allowed_users")
+
 #: What Telegram takes as a webhook's secret token.
 _WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -86,8 +94,9 @@ def listen_address(listen: str) -> tuple[str, int]:
 
 
 class TelegramSettings(StrangerSettings):
-    """On when a token is set. Only ``allowed_users`` can cause actions; strangers get a
-    short refusal (``strangers = "silent"``: nothing)."""
+    """On when a token is set; off when none of ``_MEANT_TO_RUN`` is, and an error when
+    some are but the token is not. Only ``allowed_users`` can cause actions; strangers get
+    a short refusal (``strangers = "silent"``: nothing)."""
 
     token: SecretStr | None = None
     #: python-telegram-bot's base_url: a local Bot API server or a fake ends in "/bot".
@@ -170,6 +179,20 @@ class TelegramSettings(StrangerSettings):
                 InitErrorDetails(type=missing, loc=("webhook_url",), input=self.webhook_url)])
         return self
 
+    @model_validator(mode="after")
+    def _a_bot_needs_its_token(self) -> TelegramSettings:
+        """Allowed users without a token: the operator meant a bot, which would otherwise
+        stay off while the daemon looks healthy.
+
+        Located, like the webhook's error, at the setting that says a bot is meant; an
+        empty token (``export AUTORESPONSE_TELEGRAM__TOKEN=$UNSET``) is no token.
+        """
+        if not self.enabled:
+            refuse_in_part(self, _MEANT_TO_RUN, "Telegram needs a bot token too: set {token} to the token "
+                           "@BotFather gave the bot", token=setting("telegram", "token"))
+        return self
+
     @property
     def enabled(self) -> bool:
-        return self.token is not None and bool(self.token.get_secret_value())
+        return given(self.token)
+

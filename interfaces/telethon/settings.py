@@ -11,9 +11,10 @@ True
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
+from autoresponse.interfaces.credentials import given, listed, refuse_in_part, setting
 
 #: FloodWaitErrors waited out per chunk, and the longest such wait; beyond either the
 #: reply is a dead letter. A flood wait holds back only its own chat.
@@ -26,9 +27,19 @@ TELETHON_CONNECT_RETRIES = 3
 #: New messages held between Telethon and the interface; Telethon waits when it is full.
 TELETHON_EVENT_QUEUE = 1_000
 
+#: What the userbot needs to log in.
+_CREDENTIALS = ("api_id", "api_hash", "session")
+#: The settings that say the userbot is meant to run: its credentials and whom it answers.
+#: Set without the rest of the credentials, it would stay off without a word, so they are an
+#: error. Tuning (``parse_mode``, ``strangers``, ...) does not count: it works on its
+#: defaults, and may sit in a shared file for a daemon that runs no userbot.
+_MEANT_TO_RUN = (*_CREDENTIALS, "allowed_users", "allowed_chats")
+
+
 class TelethonSettings(StrangerSettings):
     """On when an app (``api_id``, ``api_hash`` from my.telegram.org) and a logged-in
-    ``session`` string are set. Only ``allowed_users``, or anyone in ``allowed_chats``,
+    ``session`` string are set; off when none of ``_MEANT_TO_RUN`` is, and an error when
+    some are but not all three. Only ``allowed_users``, or anyone in ``allowed_chats``,
     cause actions; the account's own messages never do."""
 
     api_id: int | None = None
@@ -46,11 +57,25 @@ class TelethonSettings(StrangerSettings):
     parse_mode: str | None = "md"
     connect_retries: int = Field(default=TELETHON_CONNECT_RETRIES, ge=0)
 
+    @model_validator(mode="after")
+    def _a_userbot_needs_every_credential(self) -> TelethonSettings:
+        """Part of the credentials, or allowed users or chats without them: the operator
+        meant a userbot, which would otherwise stay off while the daemon looks healthy.
+
+        Located at the first setting that says a userbot is meant, the error names each
+        credential still missing (an empty one is missing: ``export ...=$UNSET`` sets nothing).
+        """
+        if not self.enabled:
+            needed = [setting("telethon", name) for name in _CREDENTIALS if not given(getattr(self, name))]
+            refuse_in_part(self, _MEANT_TO_RUN, "Telethon needs more to log in: set {needed}", needed=listed(needed))
+        return self
+
     @property
     def enabled(self) -> bool:
-        return (self.api_id is not None and self.api_hash is not None
-                and bool(self.api_hash.get_secret_value())
-                and self.session is not None and bool(self.session.get_secret_value()))
+        return all(given(getattr(self, name)) for name in _CREDENTIALS)
 
     def allows(self, user_id: int | None, chat_id: int) -> bool:
         return (user_id is not None and user_id in self.allowed_users) or chat_id in self.allowed_chats
+
+
+

@@ -2,17 +2,23 @@
 
 >>> XSettings(bearer_token="user-context-token").enabled
 True
->>> XSettings(consumer_key="k", consumer_secret="s", access_token="t").enabled   # one part missing
+>>> XSettings().enabled   # a section nobody touched: off
 False
+>>> try:
+...     XSettings(consumer_key="k", consumer_secret="s", access_token="t")   # one key missing
+... except ValueError as exc:
+...     print(exc.errors()[0]["msg"])
+X needs more to log in: set AUTORESPONSE_X__ACCESS_TOKEN_SECRET ([x] access_token_secret), or ...
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from autoresponse.actors.inbound import StrangerPolicy, StrangerSettings
+from autoresponse.interfaces.credentials import given, listed, refuse_in_part, setting
 
 #: Longest post, in X's weighted characters (see ``counting``).
 X_POST_WEIGHT = 280
@@ -34,9 +40,19 @@ X_UNKNOWN_RESET_WAIT_SECONDS = 60.0
 #: Seconds to wait for X to answer one request.
 X_TIMEOUT_SECONDS = 30.0
 
+#: The account's OAuth 1.0a keys: all four, or a ``bearer_token`` instead.
+_OAUTH1_KEYS = ("consumer_key", "consumer_secret", "access_token", "access_token_secret")
+#: The settings that say the bot is meant to run: its credentials, its account and whom it
+#: answers. Set without every credential, X would stay off without a word, so they are an
+#: error. Tuning (``poll_interval``, ``strangers``, ...) does not count: it works on its
+#: defaults, and may sit in a shared file for a daemon that runs no X bot.
+_MEANT_TO_RUN = (*_OAUTH1_KEYS, "bearer_token", "user_id", "allowed_users")
+
+
 class XSettings(StrangerSettings):
     """On with the account's OAuth 1.0a keys (all four), or an OAuth 2.0 user-context
-    access token in ``bearer_token``. Only ``allowed_users`` cause actions."""
+    access token in ``bearer_token``; off when none of ``_MEANT_TO_RUN`` is, and an error
+    when some are but neither set of credentials is whole. Only ``allowed_users`` cause actions."""
 
     consumer_key: SecretStr | None = None
     consumer_secret: SecretStr | None = None
@@ -60,16 +76,28 @@ class XSettings(StrangerSettings):
     #: Where ``since_id`` is kept between runs; ``<data_dir>/x-since-id.json`` when unset.
     cursor_file: Path | None = None
 
+    @model_validator(mode="after")
+    def _a_bot_needs_every_credential(self) -> XSettings:
+        """Part of the credentials, or allowed users without them: the operator meant a bot,
+        which would otherwise stay off while the daemon looks healthy.
+
+        Located at the first setting that says a bot is meant, the error names each key
+        still missing (an empty one is missing: ``export ...=$UNSET`` sets nothing).
+        """
+        if not self.enabled:
+            needed = [setting("x", name) for name in _OAUTH1_KEYS if not given(getattr(self, name))]
+            refuse_in_part(self, _MEANT_TO_RUN, "X needs more to log in: set {needed}, or {bearer} instead of the "
+                           "four keys", needed=listed(needed), bearer=setting("x", "bearer_token"))
+        return self
+
     @property
     def oauth1(self) -> bool:
         """Whether requests are signed with the account's OAuth 1.0a keys."""
-        return all(_set(s) for s in (self.consumer_key, self.consumer_secret, self.access_token,
-                                     self.access_token_secret))
+        return all(given(getattr(self, name)) for name in _OAUTH1_KEYS)
 
     @property
     def enabled(self) -> bool:
-        return self.oauth1 or _set(self.bearer_token)
+        return self.oauth1 or given(self.bearer_token)
 
 
-def _set(secret: SecretStr | None) -> bool:
-    return secret is not None and bool(secret.get_secret_value())
+
