@@ -60,7 +60,7 @@ class Supervisor(TypedActor):
         self._clock = clock if clock is not None else self.runtime.clock.monotonic
         self._rng = rng
         self._children: list[tuple[str, Spec]] = []  # in start order
-        self._restarts: deque[float] = deque()
+        self._restarts: deque[tuple[float, str]] = deque()  # when, and whose
         self._backoffs: dict[str, Backoff] = {}
         self._handled_by_crash: dict[str, int] = {}  # messages a child had handled at its last crash
         self._pool_serial = 0
@@ -116,7 +116,9 @@ class Supervisor(TypedActor):
             self._children.remove(entry)
             self.runtime.close(self.runtime.cell(name))
             return
-        self._count_restart(name, exit)
+        # A supervisor below that gave up is a subtree in a restart loop, however much it handled.
+        progressed = not isinstance(spec, SupervisorSpec) and self._progressed(name)
+        self._count_restart(name, exit, forgiven=progressed)
         group = self._group(name)
         for other, other_spec in reversed(group):
             if other != name:
@@ -124,12 +126,10 @@ class Supervisor(TypedActor):
         names = tuple(n for n, _ in group)
         for n in names:
             self.runtime.cell(n).state = "restarting"
-        backoff = self._backoff(name)
-        if exit.set_aside:  # the message it failed on is a dead letter: its successor starts on other work
+        backoff = self._backoffs.setdefault(name, Backoff(self.spec.backoff, clock=self._clock, rng=self._rng))
+        if progressed:
             backoff.reset()
-            delay = 0.0
-        else:
-            delay = backoff.next_delay()
+        delay = backoff.next_delay()
         if delay > 0:
             self.schedule(delay, RestartDue(names=names), cause=env)
         else:
@@ -166,11 +166,14 @@ class Supervisor(TypedActor):
 
     # ---------------------------------------------------------------- strategy
 
-    def _count_restart(self, name: str, exit: Exit) -> None:
-        """Restart intensity: one restart too many fails this supervisor to its parent."""
+    def _count_restart(self, name: str, exit: Exit, *, forgiven: bool) -> None:
+        """Restart intensity: one restart too many fails this supervisor to its parent.
+        ``forgiven``: ``name``'s restarts so far count no more (it worked since)."""
         intensity = self.spec.intensity
         now = self._clock()
-        while self._restarts and now - self._restarts[0] > intensity.period:
+        if forgiven:
+            self._restarts = deque(r for r in self._restarts if r[1] != name)
+        while self._restarts and now - self._restarts[0][0] > intensity.period:
             self._restarts.popleft()
         if len(self._restarts) >= intensity.max_restarts:
             why = f"{exit.failure.type}: {exit.failure.message}" if exit.failure else "normal exit"
@@ -178,20 +181,20 @@ class Supervisor(TypedActor):
                 f"{self.name}: more than {intensity.max_restarts} restarts in "
                 f"{intensity.period:g}s; last: {name} ({why})"
             )
-        self._restarts.append(now)
+        self._restarts.append((now, name))
 
-    def _backoff(self, name: str) -> Backoff:
-        """The backoff of ``name``'s restarts, started over when it handled a message since
-        its last crash. It is for a child that cannot get going (a message it fails on,
-        tried again at the head of its mailbox; a setup that fails): grown on across poison
-        messages that were each set aside in turn, it held every chat queued behind them,
-        for seconds a poison."""
-        backoff = self._backoffs.setdefault(name, Backoff(self.spec.backoff, clock=self._clock, rng=self._rng))
+    def _progressed(self, name: str) -> bool:
+        """Whether the worker ``name`` handled a message since its last crash: its last restart worked.
+        Its restarts before that then count no more, and its backoff starts over. They are
+        for a child that cannot get going (a message it fails on, tried again at the head of
+        its mailbox; a setup that fails); one that went on working after a poison message
+        was set aside must not make the next poison's restarts, and every chat queued behind
+        them, wait longer (seconds a poison), nor count a flood of them as one restart loop
+        (seven poisons in ten seconds stopped the tree)."""
         handled = self.runtime.cell(name).processed
-        if self._handled_by_crash.get(name, handled) != handled:
-            backoff.reset()
+        progressed = self._handled_by_crash.get(name, handled) != handled
         self._handled_by_crash[name] = handled
-        return backoff
+        return progressed
 
     def _group(self, name: str) -> list[tuple[str, Spec]]:
         """The children to restart, in start order."""

@@ -272,16 +272,17 @@ class Poisoned(Worker):
         super().on_note(note, env)
 
 
-def test_poison_messages_set_aside_one_after_another_do_not_grow_the_backoff(
+def test_the_backoff_starts_over_once_the_actor_handled_a_message(
         supervise: Callable[..., Runtime], journal: Journal) -> None:
-    """Two messages that crash their actor on every attempt (three), then one that does not:
-    each poison's own retries back off (1 s, then 2 s), and once it is a dead letter the actor
-    restarts at once and the next poison's start from 1 s again. Grown on instead (1, 2, 4, 8,
-    16 s), the backoff held every message queued behind the poisons, for seconds a poison;
-    and likewise after the actor went on to handle a message between two poisons."""
+    """Two messages that crash their actor on every attempt (three), one that does not, then
+    a third crashing one: the crashes grow the backoff while the actor gets nothing done (1,
+    2, 4, then on across the second poison: 8, 16, 32 s), and once it handled a message, the
+    next poison's start from 1 s again. Grown on (60, 60, 60 s), it held every message
+    queued behind each later poison, and longer each time one user asked again."""
     clock = ManualClock()
     rt = supervise(Strategy.ONE_FOR_ONE, ChildSpec("w", Poisoned, (journal,)),
-                   backoff=BackoffPolicy(min=1, max=60, jitter=0), clock=clock)
+                   backoff=BackoffPolicy(min=1, max=60, jitter=0), clock=clock,
+                   intensity=RestartIntensity(max_restarts=100, period=10))
     wait_for(lambda: rt.has("w") and rt.cell("w").alive)
     for text in ("poison", "poison", "fine", "poison", "after"):
         rt.send("w", Note(text=text))
@@ -294,8 +295,26 @@ def test_poison_messages_set_aside_one_after_another_do_not_grow_the_backoff(
             waits.append(wait)
             clock.advance(wait)
     assert journal.of("note") == ["w=fine", "w=after"]
-    assert waits == [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 1.0, 2.0, 4.0]
     assert [letter.reason for letter in rt.dead_letters.letters()] == ["crash"] * 3
+
+
+def test_poison_messages_between_good_ones_never_count_as_a_restart_loop(
+        supervise: Callable[..., Runtime], journal: Journal) -> None:
+    """Each poison crashes its actor three times; between them the actor handles a message.
+    Its restarts before it worked again count no more against the intensity (3 in a minute
+    here), so five poisons (15 restarts) set aside one by one stop nothing: each is a dead
+    letter, and every other message is handled. Counted, the fourth poison stopped the tree."""
+    rt = supervise(Strategy.ONE_FOR_ONE, ChildSpec("w", Poisoned, (journal,)),
+                   intensity=RestartIntensity(max_restarts=3, period=60))
+    wait_for(lambda: rt.has("w") and rt.cell("w").alive)
+    for n in range(5):
+        rt.send("w", Note(text="poison"))
+        rt.send("w", Note(text=f"fine {n}"))
+    wait_for(lambda: len(journal.of("note")) == 5)
+    assert journal.of("note") == [f"w=fine {n}" for n in range(5)]
+    assert [letter.reason for letter in rt.dead_letters.letters()] == ["crash"] * 5
+    assert rt.cell("top").restarts == 0  # it never gave up
 
 
 def test_a_pool_grows_routes_by_correlation_and_restarts_one_child(
