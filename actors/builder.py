@@ -57,20 +57,21 @@ class BatchDue(BaseModel):
 
 class _BatchBook:
     """What a builder knows of its batches that a crash must not make it forget: when
-    each batch's wait ends, and which batches' wait ran out (their outputs were delivered
-    as they were). A restarted builder gathers a batch again from the outputs put back in
-    its mailbox; without this it would wait the full time again, and take the late output
-    of a batch already delivered for a new batch, calling the delivered ones still running.
+    each batch's wait ends, and which batches are over (complete, or their wait ran out:
+    their outputs were delivered as they were). A restarted builder gathers a batch again
+    from the outputs put back in its mailbox; without this it would wait the full time
+    again, and take a late output of a batch already delivered (a command still running
+    then, or a dead letter's replay) for a new batch, calling the delivered ones still running.
 
     Only facts are written here, each once it is true, so the state of a crashed
     incarnation is never trusted; one book per cell (``Cell.book``), bounded.
     """
 
-    __slots__ = ("deadlines", "late")
+    __slots__ = ("deadlines", "over")
 
     def __init__(self) -> None:
         self.deadlines: OrderedDict[str, float] = OrderedDict()  # key → clock.monotonic() its wait ends
-        self.late: OrderedDict[str, None] = OrderedDict()
+        self.over: OrderedDict[str, None] = OrderedDict()
 
     def deadline(self, key: str, wait: float, now: float) -> float:
         """When the wait for ``key`` ends: set by the first output seen (at ``now``), kept
@@ -80,11 +81,10 @@ class _BatchBook:
             _trim(self.deadlines)
         return self.deadlines[key]
 
-    def ended(self, key: str, *, timed_out: bool) -> None:
+    def ended(self, key: str) -> None:
         self.deadlines.pop(key, None)
-        if timed_out:
-            self.late[key] = None
-            _trim(self.late)
+        self.over[key] = None
+        _trim(self.over)
 
 
 def _trim(kept: OrderedDict[str, Any]) -> None:
@@ -120,7 +120,7 @@ class AutoResponseBuilder(TypedActor):
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
         batch = output.batch
-        if batch is None or batch.key in self._book.late:
+        if batch is None or batch.key in self._book.over:
             self._deliver_output(output.original_context, output.results, env)
             return
         gathering = self._gathering.get(batch.key)
@@ -150,7 +150,7 @@ class AutoResponseBuilder(TypedActor):
     def _complete(self, key: str, ctx: OriginalContext, *, timed_out: bool = False) -> None:
         gathering = self._gathering.pop(key)
         results = [r for index in sorted(gathering.results) for r in gathering.results[index]]
-        self._book.ended(key, timed_out=timed_out)
+        self._book.ended(key)
         if timed_out:
             running = [c for n, c in enumerate(gathering.commands) if n not in gathering.results]
             results.append(ActionResult(action_type="note", output=(

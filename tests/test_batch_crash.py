@@ -122,12 +122,15 @@ def test_an_action_its_executor_fails_on_every_time_is_a_failed_result_of_its_ba
     from autoresponse.actors.failures import FAILURE_NOTICE
     from autoresponse.messages import ActionRequest
 
+    broken = [True]
+
     def fault(actor: str, env: Envelope) -> None:
         body = env.body
-        if isinstance(body, ActionRequest) and getattr(body.action.payload, "command", None) == "whoami":
+        if broken[0] and isinstance(body, ActionRequest) and getattr(body.action.payload, "command", None) == "whoami":
             raise RuntimeError("an executor bug")
 
-    app = make_app(base_url=fake_llm.base_url, clock=ManualClock(),
+    clock = ManualClock()
+    app = make_app(base_url=fake_llm.base_url, clock=clock,
                    supervision={"message_attempts": 2, "backoff_min": 0, "backoff_max": 0})
     app.runtime.fault = fault
     envelope = run_batch(app, fake_llm, ["uname -s", "whoami"])
@@ -140,3 +143,12 @@ def test_an_action_its_executor_fails_on_every_time_is_a_failed_result_of_its_ba
     assert FAILURE_NOTICE not in console_text(app)
     [letter] = app.runtime.dead_letters.letters()  # the operator still sees what died, and why
     assert (letter.reason, letter.actor) == ("crash", "executor.terminal")
+
+    # The cause fixed, the operator replays it: its output comes on its own, at once, and
+    # nothing calls the first command, delivered long ago, still running.
+    broken[0] = False
+    replayed = app.runtime.replay(letter.id)
+    assert replayed is not None and app.runtime.wait_idle(replayed.correlation_id, timeout=15)
+    [_, again] = system_messages(fake_llm, "output")
+    assert [(o["command"], o["ok"]) for o in again["outputs"]] == [("whoami", True)]
+    assert clock.pending() == []  # no batch waiting for commands that are done

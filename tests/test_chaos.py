@@ -54,7 +54,9 @@ def test_two_thousand_deliveries_under_random_faults_are_each_delivered_once_or_
     assert len(faults.raised) > REQUESTS * 0.05 * 5  # the faults really were spread over the hops
     assert all(count == 1 for count in printed.values()), "a reply was printed twice"
     assert all(count == 1 for count in delivered.values()), "a request was answered twice"
-    assert not set(delivered) & set(dead), "a request was both answered and dead-lettered"
+    # An action that died is the one exception: its failed result goes on to the LLM, which answers.
+    failed_actions = {d.correlation_id for d in app.runtime.dead_letters.letters() if d.actor == "executor.terminal"}
+    assert not (set(delivered) & set(dead)) - failed_actions, "a request was both answered and dead-lettered"
     assert all(d.reason and (d.error or d.detail) for d in dead.values())
     missing = [c for c in sent if c not in delivered and c not in dead]
     assert missing == [], f"{len(missing)} requests vanished"
