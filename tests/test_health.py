@@ -475,3 +475,33 @@ def test_a_journal_that_cannot_write_fails_health_and_takes_no_work_until_it_wri
     assert [r.levelname for r in journal_logs if r.levelno >= logging.WARNING] == ["WARNING", "ERROR", "WARNING"]
     assert "writes again" in journal_logs[-1].getMessage()
     assert not [r for r in caplog.records if r.exc_info]  # no traceback, from anyone
+
+
+def test_a_journal_that_writes_again_is_healthy_again_with_no_new_work(
+    make_app: MakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only writes that failed were accepts the journal refused (an inject told 503,
+    whose client gave up): nothing is left to commit, yet once the journal can write
+    again, /healthz says so, without waiting for new work (it stayed at 503 for good)."""
+    import sqlite3
+
+    from autoresponse.actors.journal import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_MS", 100)  # how long a write waits for the lock
+    monkeypatch.setattr(journal_module, "WRITE_RETRY_MAX_SECONDS", 0.2)  # how often it tries again
+    app = make_app(admin=ADMIN)
+    assert app.admin is not None
+    url = app.admin.url
+    holder = sqlite3.connect(tmp_path / "data" / "journal.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        request = urllib.request.Request(f"{url}/inject/interface.console", method="POST",
+                                         data=json.dumps({"text": "hello"}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 503
+        assert get_json(f"{url}/healthz")[0] == 503
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert wait_for(lambda: get_json(f"{url}/healthz") == (200, {"status": "ok"}), timeout=10)

@@ -478,7 +478,8 @@ class SqliteJournal:
 
     def _next_batch(self) -> list[_Op] | None:
         """The writes to commit next, once the first of them is due (all of them at a
-        close); None once closed with nothing left."""
+        close); none when a probe of a failing journal is due (``_probe``); None once
+        closed with nothing left."""
         with self._cond:
             while not self._closed:
                 left = self._due - time.monotonic()
@@ -488,13 +489,16 @@ class SqliteJournal:
                 self._cond.wait(None if left == math.inf else left)
                 self._writer_sleeps_until = None
             batch, self._pending, self._due = self._pending, [], math.inf
-        return batch or None  # empty only once closed
+            return None if self._closed and not batch else batch
 
     def _write_loop(self) -> None:
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
+            if not batch:
+                self._probe()
+                continue
             try:
                 with self._db_lock:
                     self._db.execute("BEGIN")
@@ -552,9 +556,39 @@ class SqliteJournal:
             self.failing = (f"its writes fail: {failed}", time.time())
             log.error("journal %s: writes fail (%s); no new work is taken (the admin endpoint answers 503, "
                       "platforms wait) until they commit again", self.path, failed)
+        self._probe_later()
         refused = JournalFailing(str(failed))
         return [(did, refused if op[0] is _ACCEPT and isinstance(error, sqlite3.OperationalError) else error)
                 for op, (did, error) in zip(batch, outcomes, strict=True)]
+
+    def _probe_later(self) -> None:
+        """While writes fail: wake the writer to try one (``_probe``) a while from now,
+        whatever comes meanwhile (an accept refused is not tried again by itself)."""
+        with self._cond:
+            self._due = min(self._due, time.monotonic() + WRITE_RETRY_MAX_SECONDS)
+
+    def _probe(self) -> None:
+        """Whether a write commits again (the header's ``user_version``, written as it is):
+        the mark goes once one does, else it is tried again later. Without it, a journal
+        whose failed writes were only refused accepts stayed failing, and ``/healthz`` at
+        503, until new work came."""
+        if self.failing is None:
+            return
+        try:
+            with self._db_lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+                    self._db.execute(f"PRAGMA user_version = {version}")
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            log.debug("journal probe failed: %s", exc)
+            self._probe_later()
+            return
+        self._writes_again()
 
     def _writes_again(self) -> None:
         """A commit went through after writes failed: the mark goes, and it is said once."""
