@@ -33,6 +33,9 @@ class Exit(BaseModel):
     name: str
     abnormal: bool
     failure: Failure | None = None
+    #: The message it failed on is a dead letter now, after its last attempt: the next
+    #: incarnation starts on other work, not on the same failure.
+    set_aside: bool = False
 
 
 class Crash(BaseModel):

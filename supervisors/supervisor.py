@@ -118,7 +118,10 @@ class Supervisor(TypedActor):
             return
         # A supervisor below that gave up is a subtree in a restart loop, however much it handled.
         progressed = not isinstance(spec, SupervisorSpec) and self._progressed(name)
-        self._count_restart(name, exit, forgiven=progressed)
+        if progressed or exit.set_aside:
+            self._forgive(name)
+        if not exit.set_aside:
+            self._count_restart(name, exit)
         group = self._group(name)
         for other, other_spec in reversed(group):
             if other != name:
@@ -127,9 +130,10 @@ class Supervisor(TypedActor):
         for n in names:
             self.runtime.cell(n).state = "restarting"
         backoff = self._backoffs.setdefault(name, Backoff(self.spec.backoff, clock=self._clock, rng=self._rng))
-        if progressed:
+        if progressed or exit.set_aside:
             backoff.reset()
-        delay = backoff.next_delay()
+        # The message it failed on a dead letter, the next incarnation starts on other work: at once.
+        delay = 0.0 if exit.set_aside else backoff.next_delay()
         if delay > 0:
             self.schedule(delay, RestartDue(names=names), cause=env)
         else:
@@ -166,13 +170,10 @@ class Supervisor(TypedActor):
 
     # ---------------------------------------------------------------- strategy
 
-    def _count_restart(self, name: str, exit: Exit, *, forgiven: bool) -> None:
-        """Restart intensity: one restart too many fails this supervisor to its parent.
-        ``forgiven``: ``name``'s restarts so far count no more (it worked since)."""
+    def _count_restart(self, name: str, exit: Exit) -> None:
+        """Restart intensity: one restart too many fails this supervisor to its parent."""
         intensity = self.spec.intensity
         now = self._clock()
-        if forgiven:
-            self._restarts = deque(r for r in self._restarts if r[1] != name)
         while self._restarts and now - self._restarts[0][0] > intensity.period:
             self._restarts.popleft()
         if len(self._restarts) >= intensity.max_restarts:
@@ -183,14 +184,22 @@ class Supervisor(TypedActor):
             )
         self._restarts.append((now, name))
 
+    def _forgive(self, name: str) -> None:
+        """``name``'s restarts so far count no more toward the intensity."""
+        self._restarts = deque(r for r in self._restarts if r[1] != name)
+
     def _progressed(self, name: str) -> bool:
-        """Whether the worker ``name`` handled a message since its last crash: its last restart worked.
-        Its restarts before that then count no more, and its backoff starts over. They are
-        for a child that cannot get going (a message it fails on, tried again at the head of
-        its mailbox; a setup that fails); one that went on working after a poison message
-        was set aside must not make the next poison's restarts, and every chat queued behind
-        them, wait longer (seconds a poison), nor count a flood of them as one restart loop
-        (seven poisons in ten seconds stopped the tree)."""
+        """Whether the worker ``name`` handled a message since its last crash: its last
+        restart worked.
+
+        Restart intensity and backoff are for a child that cannot get going (a setup that
+        fails; a message it fails on, tried again at the head of its mailbox). A worker's
+        restarts count no more, and its backoff starts over, once it went on working, or
+        once the message it failed on is a dead letter (``Exit.set_aside``: the next
+        incarnation starts on other work, at once). Counted across poison messages each set
+        aside in turn, they held every chat queued behind them, for seconds a poison and
+        longer each time, or, restarting at once, took a flood of them for a restart loop
+        and stopped the tree."""
         handled = self.runtime.cell(name).processed
         progressed = self._handled_by_crash.get(name, handled) != handled
         self._handled_by_crash[name] = handled

@@ -151,9 +151,9 @@ class Cell:
         if self.supervisor is None:
             self.runtime.crash_policy(self, envelope, error)
             return
-        self.runtime.recover(self, envelope, error)
+        set_aside = self.runtime.recover(self, envelope, error)
         self.runtime.signal(self.supervisor, Exit(name=self.name, abnormal=True,
-                                                  failure=self.last_failure))
+                                                  failure=self.last_failure, set_aside=set_aside))
 
     def crashed_retired(self, envelope: Envelope | None, error: BaseException) -> None:
         """Called by an incarnation that a stop let go (``TypedActor.retire``), crashing once

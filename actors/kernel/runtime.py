@@ -318,11 +318,13 @@ class Runtime:
         except MailboxClosed:
             self.cut_short(envelope, actor=cell.name, detail="its actor stopped mid-I/O")
 
-    def recover(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> None:
+    def recover(self, cell: Cell, envelope: Envelope | None, error: BaseException) -> bool:
         """After a crash: put the message back for the next incarnation, at the head of
-        the queue, or dead-letter it once it has failed ``message_attempts`` times."""
+        the queue, or dead-letter it once it has failed ``message_attempts`` times. True
+        when it became a dead letter (a poison set aside: the next incarnation starts on
+        other work)."""
         if envelope is None:
-            return
+            return False
         if isinstance(error, ActorGaveUp):
             self.inflight.done(envelope.correlation_id)
         elif self.stopping:
@@ -338,6 +340,8 @@ class Runtime:
         else:
             self.dead_letter(envelope, "crash", actor=cell.name, error=error,
                              detail=f"failed on attempt {envelope.attempt} of {self.message_attempts}")
+            return True
+        return False
 
     def replay(self, letter_id: int) -> Envelope | None:
         """Send a dead letter again, to the actor it was for, as a new attempt (also one
