@@ -71,7 +71,8 @@ class _BatchBook:
 
     def __init__(self) -> None:
         self.deadlines: OrderedDict[str, float] = OrderedDict()  # key → clock.monotonic() its wait ends
-        self.over: OrderedDict[str, None] = OrderedDict()
+        #: key → the messages its outputs came in (one of them back after a crash is done with).
+        self.over: OrderedDict[str, frozenset[str]] = OrderedDict()
 
     def deadline(self, key: str, wait: float, now: float) -> float:
         """When the wait for ``key`` ends: set by the first output seen (at ``now``), kept
@@ -81,9 +82,10 @@ class _BatchBook:
             _trim(self.deadlines)
         return self.deadlines[key]
 
-    def ended(self, key: str) -> None:
+    def ended(self, key: str, delivered: Iterable[str]) -> None:
+        """The batch ``key`` was delivered, with the outputs of the messages ``delivered``."""
         self.deadlines.pop(key, None)
-        self.over[key] = None
+        self.over[key] = frozenset(delivered)
         _trim(self.over)
 
 
@@ -120,8 +122,10 @@ class AutoResponseBuilder(TypedActor):
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
         batch = output.batch
-        if batch is None or batch.key in self._book.over:
-            self._deliver_output(output.original_context, output.results, env)
+        over = self._book.over.get(batch.key) if batch is not None else None
+        if batch is None or over is not None:
+            if over is None or env.message_id not in over:  # else delivered with its batch, back after a crash
+                self._deliver_output(output.original_context, output.results, env)
             return
         gathering = self._gathering.get(batch.key)
         if gathering is None:
@@ -150,7 +154,6 @@ class AutoResponseBuilder(TypedActor):
     def _complete(self, key: str, ctx: OriginalContext, *, timed_out: bool = False) -> None:
         gathering = self._gathering.pop(key)
         results = [r for index in sorted(gathering.results) for r in gathering.results[index]]
-        self._book.ended(key)
         if timed_out:
             running = [c for n, c in enumerate(gathering.commands) if n not in gathering.results]
             results.append(ActionResult(action_type="note", output=(
@@ -159,6 +162,9 @@ class AutoResponseBuilder(TypedActor):
         else:
             self.cancel(gathering.timer)
         self._deliver_output(ctx, results, gathering.held[-1])
+        # Over once delivered: a crash before, and its outputs, back, are gathered again into
+        # one turn (each once, the last one's wait kept), not delivered one by one.
+        self._book.ended(key, (held.message_id for held in gathering.held))
         for held in gathering.held:
             self.release(held)
 

@@ -152,3 +152,29 @@ def test_an_action_its_executor_fails_on_every_time_is_a_failed_result_of_its_ba
     [_, again] = system_messages(fake_llm, "output")
     assert [(o["command"], o["ok"]) for o in again["outputs"]] == [("whoami", True)]
     assert clock.pending() == []  # no batch waiting for commands that are done
+
+
+def test_a_builder_crash_while_it_delivers_a_batch_still_delivers_it_as_one_turn(
+        make_app: MakeApp, fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The builder crashes once as it delivers a complete batch (its memory failed, say):
+    the outputs it held come back, and go to the LLM as one turn again, each once (they went
+    one by one, one of them twice, once the batch counted as over before its delivery)."""
+    from autoresponse.actors import builder as builder_module
+
+    deliver = builder_module.AutoResponseBuilder._deliver_output
+    crashed: list[bool] = []
+
+    def crashing_once(self: Any, ctx: Any, results: Any, env: Envelope) -> None:
+        results = tuple(results)
+        if len(results) > 1 and not crashed:
+            crashed.append(True)
+            raise RuntimeError("the memory failed as the batch was delivered")
+        deliver(self, ctx, results, env)
+
+    monkeypatch.setattr(builder_module.AutoResponseBuilder, "_deliver_output", crashing_once)
+    app = make_app(base_url=fake_llm.base_url, clock=ManualClock(),
+                   supervision={"backoff_min": 0, "backoff_max": 0})
+    envelope = run_batch(app, fake_llm, ["echo one", "echo two"])
+    assert app.runtime.wait_idle(envelope.correlation_id, timeout=15)
+    assert crashed and app.runtime.cell(BUILDER).restarts == 1
+    assert outputs(fake_llm) == [["echo one", "echo two"]]
