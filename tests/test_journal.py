@@ -22,10 +22,10 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, console_text, environment, free_port, send_chunks
+from conftest import Daemon, console_text, environment, free_port, send_chunks, wait_for
 
 from autoresponse import Application
-from autoresponse.actors.journal import JournalInUse, JournalStorageFailed, SqliteJournal
+from autoresponse.actors.journal import JournalFailing, JournalInUse, JournalStorageFailed, SqliteJournal
 from autoresponse.actors.routes import interface
 from autoresponse.interfaces.console import ConsoleInput
 from autoresponse.actors.journal import journal as journal_module
@@ -928,3 +928,33 @@ def test_a_finish_the_disk_failed_is_written_once_there_is_room_again(tmp_path: 
         assert journal.unfinished() == [] and journal.was_sent("c1:user:0:0123456789ab:0#0")
     finally:
         journal.close()
+
+
+def test_an_outage_is_logged_once_though_a_probe_finds_room_between_refusals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Writes fail, a probe finds a write commits (health back), and the work refused fails
+    again (on a nearly full disk a page fits where a request does not): the journal is
+    failing again, but the outage is one, logged once as it starts and once as work
+    commits, not an ERROR every few seconds."""
+    monkeypatch.setattr(journal_module, "BUSY_TIMEOUT_MS", 50)  # how long a write waits for the lock
+    monkeypatch.setattr(journal_module, "WRITE_RETRY_MAX_SECONDS", 0.05)  # how often it probes
+    caplog.set_level(logging.DEBUG, logger="autoresponse.actors.journal")
+    path = tmp_path / "j.sqlite3"
+    journal = SqliteJournal(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        for n in range(3):
+            holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            with pytest.raises(JournalFailing, match="database is locked"):
+                journal.accept(Envelope.new(request(n), correlation_id=f"c{n}"), actor="llm").result(5)
+            assert journal.failing is not None
+            holder.execute("ROLLBACK")
+            wait_for(lambda: journal.failing is None, timeout=5)  # a probe committed
+        assert journal.accept(Envelope.new(request(9), correlation_id="c9"), actor="llm").result(5)
+    finally:
+        holder.close()
+        journal.close()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "autoresponse.actors.journal" and r.levelno >= logging.WARNING]
+    assert [level for level, _ in said] == ["WARNING", "ERROR", "WARNING"], said  # batch, outage, over
+    assert "writes again" in said[-1][1]

@@ -412,6 +412,10 @@ class SqliteJournal:
         #: Why the database fails the journal's writes now, and since when (the wall clock);
         #: None while they commit. Written by the writer thread alone.
         self.failing: tuple[str, float] | None = None
+        #: Since when (``failing``'s) work has failed to commit, till a batch commits again:
+        #: the outage, logged once as it starts and once as it ends (a probe that commits
+        #: clears the mark, not the outage: the work refused may still not fit).
+        self._outage: tuple[str, float] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="journal-writer", daemon=True)
         self._writer.start()
 
@@ -508,10 +512,10 @@ class SqliteJournal:
                 self.commits += 1
                 self._checkpointer.written()
                 self._retry_wait = 0.0
-                if self.failing is not None:
+                if self._outage is not None:
                     self._writes_again()
             except Exception as exc:  # a bad write (or a full disk): the batch again, one by one
-                log.log(logging.DEBUG if self.failing else logging.WARNING,
+                log.log(logging.DEBUG if self._outage else logging.WARNING,
                         "journal batch failed (%s); writing its %d writes one by one", exc, len(batch))
                 outcomes = self._storage_told(batch, self._one_by_one(batch))
                 batch, outcomes = self._retried(batch, outcomes)  # only here: no cost for a batch that commits
@@ -549,11 +553,13 @@ class SqliteJournal:
         ``JournalFailing``: its source waits and asks again, as when the intake is full."""
         failed = next((error for _, error in outcomes if isinstance(error, sqlite3.OperationalError)), None)
         if failed is None:
-            if self.failing is not None and all(error is None for _, error in outcomes):
+            if self._outage is not None and all(error is None for _, error in outcomes):
                 self._writes_again()
             return outcomes
         if self.failing is None:
-            self.failing = (f"its writes fail: {failed}", time.time())
+            self.failing = self._outage or (f"its writes fail: {failed}", time.time())
+        if self._outage is None:
+            self._outage = self.failing
             log.error("journal %s: writes fail (%s); no new work is taken (the admin endpoint answers 503, "
                       "platforms wait) until they commit again", self.path, failed)
         self._probe_later()
@@ -571,7 +577,8 @@ class SqliteJournal:
         """Whether a write commits again (the header's ``user_version``, written as it is):
         the mark goes once one does, else it is tried again later. Without it, a journal
         whose failed writes were only refused accepts stayed failing, and ``/healthz`` at
-        503, until new work came."""
+        503, until new work came. The outage is over only once work commits (the work
+        refused may still not fit where one page did): it is logged once either way."""
         if self.failing is None:
             return
         try:
@@ -588,13 +595,14 @@ class SqliteJournal:
             log.debug("journal probe failed: %s", exc)
             self._probe_later()
             return
-        self._writes_again()
+        log.debug("journal probe committed: healthy, till work fails again")
+        self.failing = None
 
     def _writes_again(self) -> None:
-        """A commit went through after writes failed: the mark goes, and it is said once."""
-        assert self.failing is not None
-        reason, since = self.failing
-        self.failing = None
+        """Work committed after writes failed: the mark and the outage go, said once."""
+        assert self._outage is not None
+        reason, since = self._outage
+        self.failing = self._outage = None
         log.warning("journal %s writes again (they failed for %.0fs: %s)", self.path, time.time() - since, reason)
 
     def _retried(self, batch: list[_Op], outcomes: list[tuple[bool, BaseException | None]]
