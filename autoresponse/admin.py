@@ -113,11 +113,12 @@ SUPERVISION_MESSAGES = (Exit, RestartDue, StartChild)
 
 def message_types(cell: Cell, *, control: bool = True) -> list[type[BaseModel]]:
     """The pydantic message classes an actor takes by inject: its own first, then control
-    ones; never the supervision protocol."""
+    ones (for an actor with a supervisor to restart it: never the root's); never the
+    supervision protocol."""
     handled = [t for t in cell.actor_class._handlers if isinstance(t, type) and issubclass(t, BaseModel)
                and t not in SUPERVISION_MESSAGES]
     own = [t for t in handled if t not in CONTROL_MESSAGES]
-    return own + [t for t in handled if t in CONTROL_MESSAGES] if control else own
+    return own + [t for t in handled if t in CONTROL_MESSAGES] if control and cell.supervisor is not None else own
 
 
 def unknown_keys(message_type: type[BaseModel], data: Any) -> list[str]:
@@ -479,11 +480,14 @@ class AdminServer:
         types = message_types(cell, control=wanted is not None)
         if wanted is not None:
             types = [t for t in types if t.__name__ == wanted]
-            if cell.supervisor is None and any(t in CONTROL_MESSAGES for t in types):
+            if cell.supervisor is None and any(t.__name__ == wanted for t in CONTROL_MESSAGES):
                 return _unsupervised_crash(self.runtime, name, wanted)
             if not types:
                 return _error(400, f"{name} does not take {wanted!r} by inject; it takes "
-                                   f"{', '.join(accepts)}", accepts=accepts)
+                                   f"{', '.join(accepts) or 'none'}", accepts=accepts)
+        elif not accepts:  # the root: nothing supervises it, and it takes no work
+            return _error(400, f"{name} takes no message by inject (a Crash drill can target any other "
+                               "actor)", accepts=accepts)
         elif not types:  # a supervisor: it takes only control messages, each asked for by name
             return _error(400, f"{name} takes no message by inject without ?type=; it takes "
                                f"{', '.join(f'?type={a}' for a in accepts)}", accepts=accepts)
