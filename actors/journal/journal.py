@@ -1010,8 +1010,9 @@ class SendLedger:
     def confirm(self, message: OutboundMessage, chunk: int) -> concurrent.futures.Future[bool]:
         """Record the chunk as sent; the future resolves once that is durable.
 
-        The journal commits in order, so a caller need not wait: the key is durable
-        before anything written after it, such as the item's ``finish``.
+        The SQLite journal commits in order, so a caller need not wait: the key is durable
+        before anything written after it, such as the item's ``finish``. On NATS the key
+        and the finish are two writes: a sender of shared work waits for it.
         """
         key = self._key(message, chunk)
         if key is None:

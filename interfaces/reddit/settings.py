@@ -71,12 +71,7 @@ class RedditSettings(StrangerSettings):
 
     @model_validator(mode="after")
     def _a_bot_needs_every_credential(self) -> RedditSettings:
-        """Part of the credentials, or allowed users without them: the operator meant a bot,
-        which would otherwise stay off while the daemon looks healthy.
-
-        Located at the first setting that says a bot is meant, the error names each setting
-        still missing (an empty one is missing: ``export ...=$UNSET`` sets nothing).
-        """
+        """A bot meant to run (``_MEANT_TO_RUN``) without all it needs: ``refuse_in_part``."""
         if not self.enabled:
             refuse_in_part(self, _MEANT_TO_RUN, "Reddit needs more to log in: set {needed}", needed=self._needed())
         return self

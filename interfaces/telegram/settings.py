@@ -181,12 +181,7 @@ class TelegramSettings(StrangerSettings):
 
     @model_validator(mode="after")
     def _a_bot_needs_its_token(self) -> TelegramSettings:
-        """Allowed users without a token: the operator meant a bot, which would otherwise
-        stay off while the daemon looks healthy.
-
-        Located, like the webhook's error, at the setting that says a bot is meant; an
-        empty token (``export AUTORESPONSE_TELEGRAM__TOKEN=$UNSET``) is no token.
-        """
+        """A bot meant to run (``_MEANT_TO_RUN``) without all it needs: ``refuse_in_part``."""
         if not self.enabled:
             refuse_in_part(self, _MEANT_TO_RUN, "Telegram needs a bot token too: set {token} to the token "
                            "@BotFather gave the bot", token=setting("telegram", "token"))

@@ -59,12 +59,7 @@ class TelethonSettings(StrangerSettings):
 
     @model_validator(mode="after")
     def _a_userbot_needs_every_credential(self) -> TelethonSettings:
-        """Part of the credentials, or allowed users or chats without them: the operator
-        meant a userbot, which would otherwise stay off while the daemon looks healthy.
-
-        Located at the first setting that says a userbot is meant, the error names each
-        credential still missing (an empty one is missing: ``export ...=$UNSET`` sets nothing).
-        """
+        """A userbot meant to run (``_MEANT_TO_RUN``) without all it needs: ``refuse_in_part``."""
         if not self.enabled:
             needed = [setting("telethon", name) for name in _CREDENTIALS if not given(getattr(self, name))]
             refuse_in_part(self, _MEANT_TO_RUN, "Telethon needs more to log in: set {needed}", needed=listed(needed))
