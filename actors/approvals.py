@@ -18,6 +18,10 @@ action to its executor: it hands it here (``ApprovalRequest``). The desk
   to the chat's conversation as a turn (``ApprovalOutcome``): the action runs, or the
   LLM is told, in an error system message, that it was denied, to tell the user;
 * expires what nobody decided in time, with a notice to the user;
+* declines at its start, with a notice to the user, what still waits for approval though
+  its action no longer asks for one (approvals were turned off meanwhile: its platform's
+  ``approval = "never"``, or the platform off): nobody may approve it now. The daemon
+  starts the desk for that alone too (``Application.tree``);
 * calls off a chat's pending approvals when its user cancels (``CancelApprovals``; a
   stranger's cancel, only the ones they asked for).
 
@@ -90,6 +94,8 @@ CANNOT_RUN = "{command} can no longer run: {reason}."
 FORGED = "Sorry, this is no approval I know of."
 NOTHING_PENDING = "Nothing is waiting for your approval here."
 CANCELLED_PENDING = "Cancelled: {command} will not run."
+#: Said in the request's chat when approvals were turned off while it waited (see ``setup``).
+APPROVALS_OFF = "Not approved: approvals were turned off while {command} waited, so it did not run."
 #: Said when a /cancel finds nothing of its chat under way: a request that finished, or
 #: one in another conversation (on Reddit a new private message is a chat of its own).
 NOTHING_TO_CANCEL = "Nothing to cancel in this conversation."
@@ -120,7 +126,7 @@ class Approval:
     correlation: str
     request: ActionRequest
     expires: float  # the runtime clock's time()
-    state: str = "pending"  # pending | approved | denied | expired | cancelled | refused
+    state: str = "pending"  # pending | approved | denied | expired | cancelled | refused | declined
     decided_by: str | None = None
     #: The correlation of the answer (or the timer, or the cancel) that decided it.
     decision: str | None = None
@@ -194,7 +200,8 @@ class ApprovalDesk(TypedActor):
     def __init__(self, journal: ApprovalJournal, *, approvers: Iterable[str | int] = (),
                  timeout: float = APPROVAL_TIMEOUT_SECONDS,
                  requesters: Mapping[str, Collection[str]] | None = None,
-                 preflight: Mapping[str, Callable[[BaseAction], str]] | None = None) -> None:
+                 preflight: Mapping[str, Callable[[BaseAction], str]] | None = None,
+                 gated: Collection[str] | None = None) -> None:
         super().__init__()
         self.journal = journal
         #: User ids who may decide any approval ("123", or "telegram:123" for one platform).
@@ -206,18 +213,33 @@ class ApprovalDesk(TypedActor):
             name: frozenset(user.lower() for user in users) for name, users in requesters.items()}
         #: By action type, what its executor would refuse in an action now ("" when nothing).
         self.preflight = dict(preflight or {})
+        #: The action types that ask for approval now (the dispatcher's); None: every one.
+        self.gated = None if gated is None else frozenset(gated)
         self._pending: dict[str, Approval] = {}
         self._decided: OrderedDict[str, Approval] = OrderedDict()
         self._timers: dict[str, IoTask | None] = {}
 
     def setup(self) -> None:
         # After a restart (of the daemon or of this actor) what waited still waits, until
-        # the time it was given then.
+        # the time it was given then; unless approvals were turned off for it meanwhile.
         for row in self.journal.approvals("pending"):
             try:
-                self._track(Approval.from_row(row))
+                approval = Approval.from_row(row)
             except ValueError as exc:  # an action type no longer registered: it cannot run
                 log.error("approval %s cannot be read (%s); it stays pending in the journal", row.get("id"), exc)
+                continue
+            if self.gated is None or approval.request.action.type in self.gated:
+                self._track(approval)
+            else:
+                self._decline(approval)
+
+    def _decline(self, approval: Approval) -> None:
+        """Its action no longer asks for approval, so nobody may approve it: settled as
+        declined, and its chat told, as an expiry is. Settled here, before the desk takes
+        any answer, so that no answer resumed from the journal can still approve it."""
+        self._settle(approval, "declined", by="", decision="")
+        log.info("%s waited for approval, but approvals are off for it now: declined", approval.command)
+        self._notify(approval, APPROVALS_OFF.format(command=approval.command), None)
 
     # ---------------------------------------------------------------- asking
 
@@ -376,9 +398,18 @@ class ApprovalDesk(TypedActor):
         log.warning("%s was approved but can no longer run: %s", approval.command, problem)
         said = CANNOT_RUN.format(command=approval.command, reason=problem)
         self._verdict(answer, said, env, accepted=False, settled=True)
+        if str(answer.context.chat_id) != str(approval.request.context.chat_id):
+            self._notify(approval, said, env)
+
+    def _notify(self, approval: Approval, text: str, env: Envelope | None) -> None:
+        """Tell the request's chat how its approval ended (``env``: what ended it; None at the
+        start, where the notice is a correlation of its own, as a timer's message is)."""
         ctx = approval.request.context
-        if str(answer.context.chat_id) != str(ctx.chat_id):
-            self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, said, notice=True), cause=env)
+        notice = OutboundMessage.reply(ctx, text, notice=True)
+        if env is None:
+            self.runtime.send(sender(ctx.interface_name), notice)
+        else:
+            self.send(sender(ctx.interface_name), notice, cause=env)
 
     def _verdict(self, answer: ApprovalAnswer, text: str, env: Envelope, *, accepted: bool,
                  settled: bool = False) -> None:
@@ -417,9 +448,7 @@ class ApprovalDesk(TypedActor):
         self._timers.pop(approval.id, None)  # it fired
         self._settle(approval, "expired", by="", decision=env.correlation_id)
         log.info("%s was not approved within %s: it expired", approval.command, within(self.timeout))
-        ctx = approval.request.context
-        self.send(sender(ctx.interface_name), OutboundMessage.reply(
-            ctx, f"Nobody approved {approval.command} in time, so it did not run.", notice=True), cause=env)
+        self._notify(approval, f"Nobody approved {approval.command} in time, so it did not run.", env)
 
     @handles
     def on_cancel(self, cancel: CancelApprovals, env: Envelope) -> None:

@@ -219,10 +219,13 @@ class Application:
             ChildSpec(BUILDER, AutoResponseBuilder, (self.memory,),
                       {"batch_wait": s.runtime.batch_wait, "autonomous": autonomous}),
         ]
-        if self.gated_actions():  # the approvals desk: those actions wait for a decision there
+        # The approvals desk: gated actions wait for a decision there. With approvals turned
+        # off, it still starts while the journal keeps some waiting: it declines them (users told).
+        if self.gated_actions() or self.approvals_waiting():
             pipeline.append(ChildSpec(APPROVALS, ApprovalDesk, (self.journal,),
                                       {"approvers": s.approvers, "timeout": s.approval_timeout,
-                                       "requesters": self.requesters(), "preflight": preflight}))
+                                       "requesters": self.requesters(), "preflight": preflight,
+                                       "gated": self.gated_actions()}))
         retry = self._supervisor(RETRY, Strategy.SIMPLE_ONE_FOR_ONE, [ChildSpec(RETRY, RetryActor, (s.retry,))],
                                  pool_size=s.retry.pool_size)
         conversations = self._supervisor(
@@ -346,6 +349,11 @@ class Application:
         text): the one who asked for an approval decides it only while among them."""
         return {platform.interface: [str(user) for user in getattr(mount.settings, "allowed_users", ())]
                 for platform in platforms() if (mount := self.mounts.get(platform.name)) is not None}
+
+    def approvals_waiting(self) -> bool:
+        """Whether the journal keeps approvals still waiting (the NATS journal keeps none)."""
+        pending = getattr(self.journal, "approvals", None)
+        return pending is not None and bool(pending("pending"))
 
     def gated_actions(self) -> tuple[str, ...]:
         """The command actions that run only once approved: those of each mounted platform

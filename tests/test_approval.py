@@ -21,6 +21,7 @@ from conftest import console_text, system_messages, wait_for
 
 from autoresponse import Application, Settings
 from autoresponse.actors.approvals import CANNOT_RUN, FORGED, NOT_AN_APPROVER
+from autoresponse.actors.journal import SqliteJournal
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.retry import GIVE_UP_NOTICE, OUTCOME_NOTICES
 from autoresponse.app import StartError
@@ -290,6 +291,42 @@ def test_an_approval_of_a_command_taken_off_the_allowlist_cannot_run(
     wait_for(lambda: len(answers(fake_telegram)) == 2)
     assert answers(fake_telegram)[1]["text"] == "Too late: `echo unlisted` was already refused."
     assert outputs(fake_llm) == [] and len(fake_llm.requests) == 1  # nothing ran, the LLM was not asked again
+
+
+@pytest.mark.parametrize("turned_off", ["approval", "terminal"])
+def test_a_command_left_waiting_when_approvals_are_turned_off_is_declined_with_a_notice(
+    turned_off: str, start_bot: Callable[..., Application], make_app: Callable[..., Application],
+    fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator set approval = "never" (or turned the terminal off) and restarted while a
+    command waited: nobody may approve it now, so at the start it is declined as an expiry
+    is, and its user told; the journal settles it, and the old button says so (not forged)."""
+    fake_llm.script(run("echo switched-off"), say("never said"))
+    first = start_bot()
+    prompt = ask_for(fake_telegram, "print switched-off")
+    wait_for(lambda: prompts(fake_telegram, APPROVER))
+    assert first.runtime.wait_idle(timeout=10)
+    first.stop()
+
+    monkeypatch.setenv("AUTORESPONSE_TERMINAL__APPROVAL", "never")
+    if turned_off == "approval":
+        second = start_bot()
+    else:  # the same bot, without its terminal
+        second = make_app(base_url=fake_llm.base_url, terminal=False, telegram={
+            "token": "123456:TEST-TOKEN", "base_url": fake_telegram.base_url,
+            "allowed_users": [OWNER], "poll_timeout": 1}, clock=fake_telegram.clock)
+    said = "Not approved: approvals were turned off while `echo switched-off` waited, so it did not run."
+    until(fake_telegram, lambda: said in texts(fake_telegram))  # the requester hears it
+    notice = next(c for c in fake_telegram.sent(CHAT) if c.params["text"] == said)
+    assert notice.params["reply_parameters"]["message_id"] == prompt.params["reply_parameters"]["message_id"]
+    assert isinstance(second.journal, SqliteJournal)
+    assert [a["state"] for a in second.journal.approvals(None)] == ["declined"]  # settled in the journal
+
+    fake_telegram.press(prompt, "Approve", user_id=OWNER)  # the button shown before the restart
+    [answer] = wait_for(lambda: answers(fake_telegram))
+    assert (answer["text"], answer["show_alert"]) == ("Too late: `echo switched-off` was already declined.", True)
+    assert outputs(fake_llm) == [] and len(fake_llm.requests) == 1  # nothing ran, the LLM was not asked again
+    assert texts(fake_telegram).count(said) == 1
 
 
 def test_the_console_prompts_and_takes_a_typed_answer(fake_llm: FakeLLMServer, tmp_path: Path,
