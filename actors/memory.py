@@ -20,6 +20,10 @@ retention is never read back, and goes when the store is compacted.
 
 It also remembers the chats it has seen (their titles and usernames), so a
 message can name its target chat instead of giving its id.
+
+Memory is an aid: a message the disk fails to store (full, read-only, an I/O error) is
+left out, not raised, and the store is ``failing`` (in the status: ``memory``) until a
+write commits again; replies go out meanwhile.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+# A damaged file told from a failing disk as the journal tells them.
+from autoresponse.actors.journal.journal import damaged
 from autoresponse.actors.limits import (
     MEMORY_MAX_TOKENS,
     MEMORY_OUTPUT_CHARS,
@@ -160,20 +166,40 @@ class StoreUnreadable(Exception):
         self.path = path
 
 
+class StoreStorageFailed(ValueError):
+    """The disk or the file system failed a store's SQLite file (full, an I/O error,
+    read-only): the file is not damaged, and was left as it is; moving it aside would lose
+    all it holds. A ValueError, as the journal's ``JournalStorageFailed``: the CLI shows a
+    start's ValueError as one line (``cannot start: ...``)."""
+
+    def __init__(self, what: str, path: Path, why: sqlite3.Error) -> None:
+        name = getattr(why, "sqlite_errorname", None) or type(why).__name__
+        super().__init__(f"the {what} {path} cannot be used: {name}: {why}; the disk or the file system failed "
+                         "it (full, an I/O error, read-only), it is not damaged, and it was left intact: fix "
+                         "the cause and start again")
+
+
+def _failure(what: str, path: Path, exc: sqlite3.DatabaseError) -> StoreUnreadable | StoreStorageFailed:
+    """What ``exc`` means to whoever opens the ``what`` at ``path``: a damaged file is
+    StoreUnreadable (to move aside), anything else the storage's failure."""
+    return StoreUnreadable(what, path, exc) if damaged(exc) else StoreStorageFailed(what, path, exc)
+
+
 @contextmanager
 def readable(what: str, path: Path) -> Iterator[None]:
-    """StoreUnreadable naming ``what`` and its file for a sqlite3.DatabaseError (such as
-    "database disk image is malformed": a damaged page shows only once a statement reads
-    it, not at the open), as ``open_store`` does for the file's first page."""
+    """StoreUnreadable naming ``what`` and its file for a damaged one (such as "database
+    disk image is malformed": a damaged page shows only once a statement reads it, not at
+    the open), StoreStorageFailed for a disk that fails it, as ``open_store`` does."""
     try:
         yield
     except sqlite3.DatabaseError as exc:
-        raise StoreUnreadable(what, path, exc) from None
+        raise _failure(what, path, exc) from None
 
 
 def open_store(path: Path, what: str, setup: Callable[[sqlite3.Connection], None]) -> sqlite3.Connection:
     """The SQLite file of a thread-safe store (the memory, the reminders), in WAL mode and
-    set up by ``setup``; StoreUnreadable naming ``what`` and the file if it is no database."""
+    set up by ``setup``; StoreUnreadable naming ``what`` and the file if it is no database
+    (or a directory), StoreStorageFailed if the disk fails it (full, an I/O error)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():  # SQLite would only say "unable to open database file"
         raise StoreUnreadable(what, path, "it is a directory")
@@ -185,7 +211,7 @@ def open_store(path: Path, what: str, setup: Callable[[sqlite3.Connection], None
     except sqlite3.DatabaseError as exc:
         if db is not None:
             db.close()
-        raise StoreUnreadable(what, path, exc) from None
+        raise _failure(what, path, exc) from None
     return db
 
 
@@ -194,12 +220,22 @@ def _set_up_memory(db: sqlite3.Connection) -> None:
     db.executescript(_SCHEMA)
 
 
+def _fails_the_file(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is the storage's failure (full, read-only, an I/O error, locked by
+    another process) or the file's damage, not a mistake of the call (a closed store)."""
+    return isinstance(exc, sqlite3.OperationalError) or damaged(exc)
+
+
 class ConversationStore:
     """Thread-safe; each write commits before it returns (they are small and few).
 
     Its times are the wall clock's (``time.time()``): they are kept across restarts.
     A file damaged past its first page is StoreUnreadable once ``compact``,
-    ``chats_with_memory`` or ``history`` reads the damage."""
+    ``chats_with_memory`` or ``history`` reads the damage.
+
+    A write the file fails (``append``, ``seen``; ``forget`` raises it, as its user must
+    hear it) marks the store ``failing`` until one commits; the start and the end of
+    that are logged, once each."""
 
     WHAT = "conversation memory"
 
@@ -210,10 +246,47 @@ class ConversationStore:
         self.retention_seconds = retention_seconds
         self._lock = threading.Lock()
         self._db = open_store(path, self.WHAT, _set_up_memory)
+        #: Why the file fails the store's writes now, and since when (the wall clock), as the
+        #: journal's ``failing``; None while they commit. Written under the lock.
+        self.failing: tuple[str, float] | None = None
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    @contextmanager
+    def _writing(self, *, raising: bool = False) -> Iterator[sqlite3.Connection]:
+        """The database to write, under the lock. A write the file fails marks the store
+        ``failing``, and is raised only if ``raising``: else the mark and its log say it, and
+        a caller would only lose a reply over it (a turn without memory beats none). A write
+        that commits clears the mark."""
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as exc:
+                if not _fails_the_file(exc):
+                    raise
+                self._writes_fail(exc)
+                if raising:
+                    raise
+                return
+            if self.failing is not None:
+                self._writes_again()
+
+    def _writes_fail(self, error: sqlite3.Error) -> None:
+        if self.failing is not None:
+            log.debug("%s: a write failed again (%s)", self.WHAT, error)
+            return
+        self.failing = (f"its writes fail: {error}", time.time())
+        log.error("%s %s: writes fail (%s); replies go out, but nothing new is remembered until "
+                  "they commit again", self.WHAT, self.path, error)
+
+    def _writes_again(self) -> None:
+        assert self.failing is not None
+        reason, since = self.failing
+        self.failing = None
+        log.warning("%s %s writes again (they failed for %.0fs: %s)", self.WHAT, self.path,
+                    time.time() - since, reason)
 
     # ---------------------------------------------------------------- memory
 
@@ -222,10 +295,10 @@ class ConversationStore:
         oldest entries go once it is over its budget."""
         content = storable(within_budget(content, self.max_tokens))
         tokens = estimate_tokens(content)
-        with self._lock:
-            newest = self._db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
-                                      "VALUES (?, ?, ?, ?, ?, ?)",
-                                      (chat, role, kind, content, tokens, time.time())).lastrowid
+        with self._writing() as db:
+            newest = db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
+                                "VALUES (?, ?, ?, ?, ?, ?)",
+                                (chat, role, kind, content, tokens, time.time())).lastrowid
             self._trim(chat, newest)
 
     def _trim(self, chat: str, newest: int | None) -> None:
@@ -266,9 +339,10 @@ class ConversationStore:
         return now - self.retention_seconds
 
     def forget(self, chat: str) -> int:
-        """Forget a chat's memory (a user's ``/forget``); how many entries went."""
-        with self._lock:
-            return self._db.execute("DELETE FROM memory WHERE chat = ?", (chat,)).rowcount
+        """Forget a chat's memory (a user's ``/forget``); how many entries went. A write the
+        file fails is raised: its user is told the memory was not cleared."""
+        with self._writing(raising=True) as db:
+            return db.execute("DELETE FROM memory WHERE chat = ?", (chat,)).rowcount
 
     def compact(self, now: float | None = None) -> int:
         """Forget what is older than the retention; how many entries went."""
@@ -289,8 +363,8 @@ class ConversationStore:
     def seen(self, context: OriginalContext) -> None:
         """Remember the chat a message came from, with its names, to find it by name later."""
         username = context.user_name if context.chat_type in (None, "private") else None
-        with self._lock:
-            self._db.execute(
+        with self._writing() as db:
+            db.execute(
                 "INSERT INTO chats (interface, chat_id, title, username, seen) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (interface, chat_id) DO UPDATE SET title = COALESCE(excluded.title, title), "
                 "username = COALESCE(excluded.username, username), seen = excluded.seen",

@@ -55,6 +55,7 @@ from autoresponse.supervisors import (
     SupervisorSpec,
     platforms,
 )
+from autoresponse.supervisors.status import MEMORY
 
 if TYPE_CHECKING:
     from autoresponse.actors.journal.shared_memory import SharedConversationStore
@@ -324,6 +325,7 @@ class Application:
                                             max_tokens=s.max_tokens, retention_seconds=s.retention_seconds)
             self._closers.append(self.memory.close)
             self.memory.compact()
+            self.runtime.stores[MEMORY] = self.memory  # its disk may fail its writes: in the status
 
     def _mount_platforms(self) -> None:
         """Each enabled platform opens what it needs and names its actors, in registry order."""

@@ -60,7 +60,7 @@ from rich.tree import Tree
 from autoresponse import __version__
 from autoresponse.actors.kernel import run_on_one_core, tune_heap_for_serving
 from autoresponse.actors.journal import JournalCorrupt, JournalStorageFailed, check_journal
-from autoresponse.actors.memory import ConversationStore, StoreUnreadable
+from autoresponse.actors.memory import ConversationStore, StoreStorageFailed, StoreUnreadable
 from autoresponse.actors.routes import interface, sender
 from autoresponse.admin import unsafe_bind
 from autoresponse.app import Application, StartError, make_engine
@@ -670,6 +670,9 @@ def history(args: argparse.Namespace) -> int:
             store.close()
     except StoreUnreadable as exc:
         raise ConfigError(_unreadable(exc, exc.path, exc.what)) from None
+    except StoreStorageFailed as exc:  # the disk's failure, not the file's: nothing to move aside
+        print(f"autoresponse: {exc}", file=sys.stderr)
+        return 1
 
 
 def _shared_history(args: argparse.Namespace, settings: Settings) -> int:

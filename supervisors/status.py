@@ -16,6 +16,8 @@ from autoresponse.messages import Failure
 
 #: The name the journal is failing under (``Status.failing``): no actor has it.
 JOURNAL = "journal"
+#: The name the conversation memory is failing under (``Runtime.stores``): no actor has it either.
+MEMORY = "memory"
 
 
 class FailingStatus(BaseModel):
@@ -61,7 +63,8 @@ class Status(BaseModel):
     down: list[str] = Field(default_factory=list)
     #: Actors that report their outside world failing them (a platform refusing them, a
     #: lease they cannot renew), with why and since when; running or not (``down``). Also
-    #: ``journal`` while its database fails its writes: no new work is taken then.
+    #: ``journal`` while its database fails its writes: no new work is taken then; and
+    #: ``memory`` while the conversation memory's do: replies go out, not remembered.
     failing: dict[str, FailingStatus] = Field(default_factory=dict)
     dead_letters: dict[str, int] = Field(description="counts by reason")
     dead_letters_total: int
@@ -105,9 +108,9 @@ def snapshot(runtime: Runtime, *, details: bool = True) -> Status:
 
     failing = {c.name: FailingStatus(reason=f.reason, since=f.since)
                for c in cells if (f := c.failing) is not None}
-    journal = runtime.journal
-    if journal is not None and (journal_failing := journal.failing) is not None:  # its disk full, say
-        failing[JOURNAL] = FailingStatus(reason=journal_failing[0], since=journal_failing[1])
+    for concern, store in {JOURNAL: runtime.journal, **runtime.stores}.items():
+        if store is not None and (marked := store.failing) is not None:  # its disk full, say
+            failing[concern] = FailingStatus(reason=marked[0], since=marked[1])
 
     def node(name: str) -> ActorStatus:
         cell = runtime.cell(name)

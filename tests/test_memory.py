@@ -1,19 +1,28 @@
-"""The conversation memory's store: its budget, its retention, a damaged file, text it is given."""
+"""The conversation memory's store: its budget, its retention, a damaged file, a failing
+disk, text it is given."""
 
 from __future__ import annotations
 
+import json
+import resource
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import ask, environment, wait_for
+from conftest import Daemon, ask, environment, wait_for
 
 from autoresponse import Application
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.messages import OriginalContext
 from autoresponse.testing.fake_llm import FakeLLMServer, RecordedRequest
+from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 CHAT = "telegram:42:"
 
@@ -126,6 +135,136 @@ def test_a_damaged_memory_file_is_one_line_that_says_how_to_move_it_aside(comman
                      f"malformed); it was left as it is. To start with an empty conversation memory, move it "
                      f"aside: mv {path} {path}.corrupt"], done.stderr
     assert path.read_bytes() == damaged  # left as it was, never replaced
+
+
+# ---------------------------------------------------------------- a failing disk
+
+
+def full_disk_at_start() -> None:
+    """In the daemon's process, before it starts: no file may grow past 16 bytes (a full
+    disk: a write past it fails with EFBIG instead of killing the process)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16, resource.RLIM_INFINITY))
+
+
+def test_a_full_disk_at_start_names_the_disk_and_never_says_to_move_the_memory_aside(tmp_path: Path) -> None:
+    """The disk is full as the daemon starts: it says in one line that the disk failed the
+    memory and that the memory was left intact; the advice to move it aside (losing every
+    chat's memory) is for a damaged file only."""
+    data = tmp_path / "data"
+    kept = ConversationStore(data / "memory.sqlite3")
+    kept.append(CHAT, "user", "my server is web-3")
+    kept.close()
+    env = environment(AUTORESPONSE_DATA_DIR=str(data), AUTORESPONSE_ADMIN__ENABLED="false",
+                      AUTORESPONSE_EVENTS__ENABLED="false", AUTORESPONSE_JOURNAL__ENABLED="false",
+                      AUTORESPONSE_CONSOLE__READ_STDIN="false")
+    done = subprocess.run([sys.executable, "-m", "autoresponse", "run"], capture_output=True, text=True,
+                          env=env, timeout=60, stdin=subprocess.DEVNULL, preexec_fn=full_disk_at_start)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot start: the conversation memory {data / 'memory.sqlite3'} cannot be used" in done.stderr
+    assert "SQLITE_IOERR" in done.stderr and "it is not damaged, and it was left intact" in done.stderr
+    assert "move it aside" not in done.stderr and "Traceback" not in done.stderr
+    again = ConversationStore(data / "memory.sqlite3")
+    try:
+        assert [t.content for t in again.recent(CHAT)] == ["my server is web-3"]
+    finally:
+        again.close()
+
+
+def test_history_on_a_full_disk_names_the_disk_in_one_line(tmp_path: Path) -> None:
+    """``autoresponse history`` where the disk fails the memory: one line that says so, no
+    traceback and no advice to move the memory aside."""
+    data = tmp_path / "data"
+    kept = ConversationStore(data / "memory.sqlite3")
+    kept.append(CHAT, "user", "my server is web-3")
+    kept.close()
+    done = subprocess.run([sys.executable, "-m", "autoresponse", "history"], capture_output=True, text=True,
+                          env=environment(AUTORESPONSE_DATA_DIR=str(data)), timeout=60, stdin=subprocess.DEVNULL,
+                          preexec_fn=full_disk_at_start)
+    assert done.returncode == 1, done.stderr
+    assert "it is not damaged, and it was left intact" in done.stderr
+    assert "move it aside" not in done.stderr and "Traceback" not in done.stderr
+
+
+@contextmanager
+def efbig_not_fatal() -> Iterator[None]:
+    """A process started meanwhile ignores SIGXFSZ (the disposition is inherited): a write
+    past its file size limit then fails (EFBIG), as on a full disk, instead of killing it."""
+    before = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGXFSZ, before)
+
+
+def healthz(daemon: Daemon) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{daemon.url}/healthz", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_memory_whose_disk_fills_while_running_is_failing_and_replies_still_go_out(tmp_path: Path) -> None:
+    """The memory's disk fills while the daemon runs: replies still go out, to a message
+    and to a command's output, not remembered; /healthz and `autoresponse status` say the
+    memory is failing, and why; it is logged once as it starts and once as writes work
+    again, and the mark goes with the first write that commits."""
+    chat = 42
+
+    def replies() -> list[str]:
+        return [c.params["text"] for c in telegram.sent(chat_id=chat)]
+
+    def say(text: str) -> str:
+        count = len(replies())
+        telegram.push_text(text, chat_id=chat, user_id=7)
+        return wait_for(lambda: replies()[count:], timeout=30)[0]  # type: ignore[no-any-return]
+
+    with FakeLLMServer() as llm, FakeTelegramServer() as telegram:
+        daemon = Daemon(tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url, AUTORESPONSE_LOG_LEVEL="WARNING",
+                        AUTORESPONSE_TELEGRAM__TOKEN="1:TOKEN", AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+                        AUTORESPONSE_TELEGRAM__POLL_TIMEOUT="1", AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]",
+                        AUTORESPONSE_TERMINAL__ENABLED="true", AUTORESPONSE_TERMINAL__ALLOWED_COMMANDS='["uptime"]',
+                        AUTORESPONSE_CONSOLE__ENABLED="false", AUTORESPONSE_EVENTS__ENABLED="false",
+                        AUTORESPONSE_JOURNAL__ENABLED="false")  # the memory alone meets the full disk
+        with efbig_not_fatal():
+            daemon.start()
+        try:
+            assert daemon.proc is not None
+            say("my server is web-3")
+            assert healthz(daemon) == (200, {"status": "ok"})
+            wal = tmp_path / "data" / "memory.sqlite3-wal"
+            room = wal.stat().st_size  # it grows with every write: none fits any more
+            assert len(daemon.log()) < room / 2, daemon.log()  # its log still has room
+            resource.prlimit(daemon.proc.pid, resource.RLIMIT_FSIZE, (room, resource.RLIM_INFINITY))
+
+            assert "offline engine" in say("what is my server?")  # its answer goes out
+            assert "uptime" in say("run uptime")  # a command's output goes out too
+            code, health = healthz(daemon)
+            assert code == 503 and "memory failing" in health["reason"], health
+            assert health["failing"]["memory"]["reason"].startswith("its writes fail: "), health
+            shown = daemon.cli("status")
+            assert shown.returncode == 0 and "memory is failing" in shown.stdout, shown.stdout + shown.stderr
+
+            resource.prlimit(daemon.proc.pid, resource.RLIMIT_FSIZE,
+                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
+            say("I moved it to web-4")
+            assert healthz(daemon) == (200, {"status": "ok"})
+        finally:
+            assert daemon.stop() == 0
+    log = daemon.log()
+    said = [line for line in log.splitlines() if "memory" in line]
+    assert len(said) == 2, log  # not a line for every message it could not remember
+    assert " ERROR " in said[0] and "writes fail (" in said[0], log
+    assert "writes again" in said[1], log
+    assert "Traceback" not in log, log
+    memory = ConversationStore(tmp_path / "data" / "memory.sqlite3")
+    try:
+        remembered = [e.content for e in memory.history(f"telegram:{chat}:")]
+    finally:
+        memory.close()
+    assert "my server is web-3" in remembered and "I moved it to web-4" in remembered
+    assert "what is my server?" not in remembered  # said while the disk was full
 
 
 # ---------------------------------------------------------------- text no UTF-8 can hold

@@ -119,10 +119,16 @@ class JournalStorageFailed(ValueError):
 _CORRUPT_CODES = frozenset({11, 26})
 
 
+def damaged(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says an SQLite file is damaged (no database, a malformed page);
+    any other error is the disk's or the file system's (the memory's store asks too)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _CORRUPT_CODES
+
+
 def _failure(exc: sqlite3.Error, path: Path, doing: str) -> JournalCorrupt | JournalStorageFailed:
     """What ``exc``, met while ``doing``, means to whoever starts on the journal at ``path``."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in _CORRUPT_CODES:
+    if damaged(exc):
         return JournalCorrupt(f"the journal {path} cannot be read ({exc}); it was left as it is")
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     return JournalStorageFailed(f"the journal {path} cannot be used ({doing}): {name}: {exc}; the disk or the "

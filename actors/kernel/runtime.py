@@ -120,6 +120,10 @@ class Runtime:
         #: Named sections of the status that the application reports (its LLM engines,
         #: their usage): each a function called when a status is taken.
         self.reports: dict[str, Callable[[], dict[str, Any]]] = {}
+        #: Stores of the application besides the journal whose writes may fail (the chat
+        #: memory), by the name the status shows them failing under: each has ``failing``,
+        #: why and since when, or None.
+        self.stores: dict[str, Any] = {}
         self._taps: dict[str, list[Probe | _Tap]] = {}
         self._lock = threading.Lock()
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
