@@ -73,6 +73,10 @@ LLM_SHORT_RETRY_TOKENS = 300
 #: An engine that failed this many calls in a row is skipped for a cool-down.
 LLM_BREAKER_FAILURES = 5
 LLM_BREAKER_COOLDOWN_SECONDS = 60.0
+#: Chats whose request a server refused as too big and then took smaller, remembered (per
+#: engine; past this the oldest is forgotten) so that each one's next requests start at the
+#: size that fitted.
+LLM_NARROWED_CHATS_REMEMBERED = 10_000
 
 #: What a user sends besides words (read in the LLM hop): the largest photo size sent to a
 #: vision model, the largest file downloaded at all (a document, a voice note), the

@@ -24,12 +24,13 @@ from conftest import ask, free_port
 from autoresponse import Application, Settings
 from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
+from autoresponse.actors.llm.budget import NarrowedChats
 from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 from autoresponse.actors.routes import DISPATCHER, LLM, sender
 from autoresponse.interfaces.console import Console
 from autoresponse.actors.prompts import build_chat_request
-from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage
+from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage, PromptRequest, Turn
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 CONSOLE = OriginalContext(interface_name="console", chat_id="console", user_id="me")
@@ -723,3 +724,83 @@ async def test_events_not_ended_by_a_blank_line_are_read_as_before(writes: list[
         started = time.monotonic()
         assert await streamed_reply(llm) == ("Hello there.", "stop", 8, ["Hello"])
         assert time.monotonic() - started < 1.5  # at [DONE] or the end: no end's grace
+
+
+# ------------------------------------------------------------------ a window smaller than estimated
+
+
+def story(turns: int, start: int = 0) -> tuple[Turn, ...]:
+    """A chat's memory of ``turns`` long exchanges: more than the window holds."""
+    return tuple(Turn(role=role, content=f"{role} part {n}: " + "once upon a time " * 24)
+                 for n in range(start, start + turns) for role in ("user", "assistant"))
+
+
+def refused(server: FakeLLMServer, since: int) -> int:
+    """Requests the server refused as too big for its context, since its ``since``-th."""
+    return sum(server.refusal(r.body) is not None for r in server.requests[since:])
+
+
+async def test_a_chat_once_refused_as_too_big_starts_its_next_turns_at_the_size_that_fitted() -> None:
+    """A server whose window is smaller than the estimate allows refuses a long chat's
+    request once; the smaller one fits, and that chat's later turns start at the size that
+    fitted: no refused request (a whole prompt evaluation on a local model) every turn.
+    Another chat's first request is still sent at full size."""
+    chat = OriginalContext(interface_name="console", chat_id="alice")
+    other = OriginalContext(interface_name="console", chat_id="bob")
+    with FakeLLMServer(context=1_900) as llm:  # counts four characters a token: fewer than we do
+        async with engine_for(llm, context_tokens=3_000, max_tokens=200, protocol="text") as engine:
+            asked = []  # the requests each turn of the chat took
+            for turn in range(3):  # the chat grows by an exchange a turn
+                before = len(llm.requests)
+                prompt = build_chat_request(f"and then? ({turn})", chat, allowed_actions=["message_console"],
+                                            turns=story(30 + turn))
+                assert "offline" in (await asyncio.wait_for(engine.answer(prompt), 30)).text
+                asked.append(len(llm.requests) - before)
+            first = llm.requests[0].messages
+            fitted = llm.requests[-1].messages
+            before = len(llm.requests)
+            prompt = build_chat_request("and then? (0)", other, allowed_actions=["message_console"],
+                                        turns=story(30))
+            assert "offline" in (await asyncio.wait_for(engine.answer(prompt), 30)).text
+    assert asked == [2, 1, 1]  # one refusal, then the size that fitted from the start
+    assert refused(llm, 0) == 2  # the chat's first turn, and the other chat's first request
+    # The other chat: as much of its memory as the chat's first request had, not the fitted size.
+    assert len(llm.requests[before].messages) == len(first)
+    assert len(fitted) < len(first)
+
+
+def later_turn(chat: OriginalContext, memory: tuple[Turn, ...]) -> PromptRequest:
+    """A turn of ``chat`` with ``memory``."""
+    return build_chat_request("and then?", chat, allowed_actions=["message_console"], turns=memory)
+
+
+async def refusals(engine: HttpEngine, server: FakeLLMServer, prompt: PromptRequest) -> int:
+    """The requests ``server`` refused as too big while ``engine`` answered ``prompt``."""
+    before = len(server.requests)
+    assert "offline" in (await asyncio.wait_for(engine.answer(prompt), 30)).text
+    return refused(server, before)
+
+
+async def test_a_chat_whose_memory_was_cleared_starts_at_the_whole_size_again() -> None:
+    """A chat's narrower start goes with its memory (a /forget, its retention passed):
+    grown long again, it is asked at the whole size first, as a new chat is."""
+    chat = OriginalContext(interface_name="console", chat_id="alice")
+    with FakeLLMServer(context=1_900) as llm:
+        async with engine_for(llm, context_tokens=3_000, max_tokens=200, protocol="text") as engine:
+            assert await refusals(engine, llm, later_turn(chat, story(30))) == 1
+            assert await refusals(engine, llm, later_turn(chat, story(31))) == 0  # started smaller
+            assert await refusals(engine, llm, later_turn(chat, ())) == 0  # its memory cleared ...
+            assert await refusals(engine, llm, later_turn(chat, story(30))) == 1  # ... its narrower start too
+
+
+async def test_past_the_most_narrowed_chats_remembered_the_oldest_starts_at_the_whole_size() -> None:
+    """The narrowed chats are bounded: past the most remembered, the one narrowed or asked
+    for longest ago is forgotten, and pays one refused request again."""
+    chats = [OriginalContext(interface_name="console", chat_id=name) for name in ("alice", "bob", "carol")]
+    with FakeLLMServer(context=1_900) as llm:
+        async with engine_for(llm, context_tokens=3_000, max_tokens=200, protocol="text") as engine:
+            engine._narrowed = NarrowedChats(most=2)
+            assert [await refusals(engine, llm, later_turn(chat, story(30))) for chat in chats] == [1, 1, 1]
+            assert await refusals(engine, llm, later_turn(chats[2], story(31))) == 0  # remembered
+            assert await refusals(engine, llm, later_turn(chats[0], story(31))) == 1  # the oldest: forgotten
+            assert await refusals(engine, llm, later_turn(chats[2], story(32))) == 0  # still remembered

@@ -8,17 +8,24 @@ first, then the instructions, then the chat's memory, trimmed from the oldest.
 
 Tokens are estimated from characters (no tokenizer is loaded): conservatively, since
 JSON and schema text tokenize worse than prose. A server that still says the context
-was exceeded gets that request once more, smaller (``smaller``): for that request only,
-so one user's message the estimate misjudged never narrows every chat's budget.
+was exceeded gets that request once more, smaller (``smaller``), and where that fits, the
+chat's next requests start at that size (``NarrowedChats``): that chat's only, so one
+chat the estimate misjudges never narrows every chat's budget, and pays one refused
+request, not one a turn.
 """
 
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autoresponse.actors.limits import CHARS_PER_TOKEN, CONTEXT_MARGIN_TOKENS
+from autoresponse.actors.limits import (
+    CHARS_PER_TOKEN,
+    CONTEXT_MARGIN_TOKENS,
+    LLM_NARROWED_CHATS_REMEMBERED,
+)
 from autoresponse.actors.llm.engine import LLMError
 from autoresponse.actors.prompts import (
     Protocol,
@@ -69,7 +76,8 @@ class ContextBudget:
 
     window: int
     reserve: int
-    #: Below 1 for the one smaller try at a request a server still found too big (``smaller``).
+    #: Below 1 for the one smaller try at a request a server still found too big (``smaller``),
+    #: and for the chat's next requests once that fitted (``NarrowedChats``).
     scale: float = 1.0
 
     def __post_init__(self) -> None:
@@ -117,6 +125,46 @@ class ContextBudget:
     def smaller(self) -> ContextBudget:
         """This budget a quarter lower: for a request the server said was still too big."""
         return replace(self, scale=self.scale * 0.75)
+
+
+class NarrowedChats:
+    """The chats whose request a server refused as too big and then took smaller, each with
+    the budget that fitted: their next requests start there, not at the refused size.
+
+    A chat is forgotten once its memory is empty (a ``/forget``, or its retention passed):
+    what made its requests too big is gone, and with no memory a narrower budget has
+    nothing to trim. Not after some turns or some time: a chat near the window stays near
+    it (its memory is kept full), so trying the whole size again would cost it a refused
+    request each time, while the narrower budget costs only some of its oldest memory.
+    Past ``most`` chats the one narrowed or asked for longest ago is forgotten.
+    """
+
+    def __init__(self, most: int = LLM_NARROWED_CHATS_REMEMBERED) -> None:
+        self.most = most
+        self._budgets: OrderedDict[str, ContextBudget] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._budgets)
+
+    def budget(self, prompt: PromptRequest, whole: ContextBudget) -> ContextBudget:
+        """The budget ``prompt``'s chat starts at: the one that last fitted it, else ``whole``."""
+        chat = prompt.original_context.chat_key
+        narrowed = self._budgets.get(chat)
+        if narrowed is None:
+            return whole
+        if not prompt.turns:  # its memory is empty
+            del self._budgets[chat]
+            return whole
+        self._budgets.move_to_end(chat)
+        return narrowed
+
+    def fitted(self, prompt: PromptRequest, budget: ContextBudget) -> None:
+        """``prompt``'s chat was refused as too big, and then fitted ``budget``."""
+        chat = prompt.original_context.chat_key
+        self._budgets[chat] = budget
+        self._budgets.move_to_end(chat)
+        if len(self._budgets) > self.most:
+            self._budgets.popitem(last=False)
 
 
 def _answer_length(turns: list[Turn], first: int) -> int:

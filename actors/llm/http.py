@@ -69,7 +69,7 @@ from autoresponse.actors.limits import (
     LLM_STREAM_END_GRACE_SECONDS,
     STREAM_WATCH_SECONDS,
 )
-from autoresponse.actors.llm.budget import ContextBudget, request_tokens
+from autoresponse.actors.llm.budget import ContextBudget, NarrowedChats, request_tokens
 from autoresponse.actors.llm.engine import Completion, LLMError
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.prompts import (
@@ -526,6 +526,8 @@ class HttpEngine:
         #: The last request sent, as fitted, and its protocol: for ``last_request_tokens``.
         self._last_request: tuple[PromptRequest, Protocol] | None = None
         self._budget: ContextBudget | None = None
+        #: Chats the server found too big at the whole budget: theirs, smaller, that fitted.
+        self._narrowed = NarrowedChats()
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
 
@@ -550,7 +552,8 @@ class HttpEngine:
                      on_text: Callable[[str], None] | None = None) -> Completion:
         """The model's answer to ``prompt`` in the protocol this engine speaks now, the
         request fitted to the model's context window (one smaller try if the server
-        still finds it too big). Every call the turn makes shares one deadline."""
+        still finds it too big; where that fits, the chat's next requests start at its
+        size). Every call the turn makes shares one deadline."""
         until = asyncio.get_running_loop().time() + self.deadline
         try:
             async with asyncio.timeout_at(until):
@@ -563,6 +566,8 @@ class HttpEngine:
             # Where the server's grammar broke, this call is asked once more as JSON in text.
             mode: Protocol = "text" if loosened else self.mode
             budget = self.budget
+            if budget is not None and self._narrowed:  # only once some chat was refused as too big
+                budget = self._narrowed.budget(prompt, budget)
             if budget is not None and shrunk:  # the server found this one too big: once more, smaller
                 budget = budget.smaller()
             # A re-ask where a grammar holds the format goes without it, asked plainly.
@@ -596,7 +601,7 @@ class HttpEngine:
             except LLMError as exc:
                 if exc.context_exceeded and not shrunk:
                     shrunk = True
-                    self._too_big(str(exc))
+                    self._too_big(str(exc), budget)
                 elif exc.constraint_failed and mode != "text" and not loosened:
                     # Not learnt: the grammar holds for most answers, and broke on this one.
                     loosened = True
@@ -608,6 +613,8 @@ class HttpEngine:
                     raise
                 asked_again.append(str(exc)[:160])
                 continue
+            if shrunk and budget is not None:  # this chat's next requests start at the size that fitted
+                self._narrowed.fitted(prompt, budget)
             return Completion(**{**completion.__dict__, "protocol": mode, "model": completion.model or self.model})
 
     @property
@@ -625,19 +632,19 @@ class HttpEngine:
             self._budget = ContextBudget(self.context_tokens, self.max_tokens or 0)
         return self._budget
 
-    def _too_big(self, error: str) -> None:
-        """The server found the request too big: learn its window if it says (else take what
-        was sent as too big), for every request from now on. The one smaller try at this
-        request is ``answer``'s."""
+    def _too_big(self, error: str, budget: ContextBudget | None) -> None:
+        """The server found the request, fitted to ``budget`` (None: the window unknown),
+        too big: learn its window if it says (else take what was sent as too big), for
+        every request from now on. The one smaller try at this request is ``answer``'s."""
         said = re.search(r'"n_ctx"\s*:\s*(\d+)', error)
         if said and not self.context_tokens:
             self.context_tokens = int(said.group(1))
-        budget = self.budget
-        if budget is None:  # the window is still unknown
-            self._budget = budget = ContextBudget((self.last_request_tokens or 0) + (self.max_tokens or 0),
+        learnt = self.budget
+        if learnt is None:  # the window is still unknown
+            self._budget = learnt = ContextBudget((self.last_request_tokens or 0) + (self.max_tokens or 0),
                                                   self.max_tokens or 0)
         log.warning("the LLM server found a request too big for its context; asking once more "
-                    "within %d tokens", budget.smaller().room)
+                    "within %d tokens", (learnt if budget is None else budget).smaller().room)
 
     async def _discover(self) -> None:
         """Ask the server, once, what it is: its context window and whether its chat
