@@ -6,7 +6,9 @@ commands of one LLM reply are gathered into ONE delivery turn (one reply): it
 waits for all of them up to ``batch_wait`` seconds, then delivers what is done
 and says what is still running (whatever finishes later comes in a turn of its own).
 A crash loses no output and repeats none: the outputs it held go back to its mailbox
-and are gathered again, within the same wait (see ``_BatchBook``).
+and are gathered again, within the same wait (see ``_BatchBook``). What the outputs of each
+request came to is remembered for the notice of a reply about them that dies on its way
+(``delivered_outcome``): the reply does not show it.
 
 From a thread, or awaited from a coroutine (the seed's interfaces do the latter)::
 
@@ -19,6 +21,7 @@ From a thread, or awaited from a coroutine (the seed's interfaces do the latter)
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Generator, Iterable, Mapping
 from typing import Any
@@ -39,12 +42,17 @@ from autoresponse.messages import (
     EventDue,
     LLMRequest,
     OriginalContext,
+    Outcome,
     SystemMessage,
 )
 
 
 #: Batches remembered (whose wait ran out, or that are gathering), the oldest forgotten first.
 _BATCHES_KEPT = 1_000
+#: Requests whose delivered outcome is remembered (``DeliveredOutcomes``), the oldest forgotten
+#: first: it is asked for only while a reply about their outputs is on its way (the LLM's
+#: answer, then its sender's attempts).
+_OUTCOMES_KEPT = 10_000
 
 
 class BatchDue(BaseModel):
@@ -89,9 +97,43 @@ class _BatchBook:
         _trim(self.over)
 
 
-def _trim(kept: OrderedDict[str, Any]) -> None:
-    while len(kept) > _BATCHES_KEPT:
+def _trim(kept: OrderedDict[str, Any], most: int = _BATCHES_KEPT) -> None:
+    while len(kept) > most:
         kept.popitem(last=False)
+
+
+class DeliveredOutcomes:
+    """What the commands of each request came to, as the builder delivered their outputs
+    (its delivery turns' ``PromptRequest.outcome``), by correlation. A reply that dies on its
+    way shows nothing of it, and its failure notice must not invite asking again when a
+    command ran (``actors.failures``). A cell book: a fact once the outputs are in hand, kept
+    across the builder's crashes; bounded; written by the builder, read from any thread."""
+
+    __slots__ = ("_lock", "_outcomes")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
+
+    def record(self, correlation: str, outcome: Outcome) -> None:
+        with self._lock:
+            # A failure stays: a later turn of the request (a batch's late output) is not all of it.
+            if self._outcomes.get(correlation) != "failed":
+                self._outcomes[correlation] = outcome
+            self._outcomes.move_to_end(correlation)
+            _trim(self._outcomes, _OUTCOMES_KEPT)
+
+    def get(self, correlation: str) -> Outcome | None:
+        with self._lock:
+            return self._outcomes.get(correlation)
+
+
+def delivered_outcome(runtime: Runtime, correlation: str) -> Outcome | None:
+    """What the commands of the request ``correlation`` came to, as the builder delivered
+    their outputs; None when it delivered none (nothing ran, as far as it knows)."""
+    if not runtime.has(BUILDER):
+        return None
+    return runtime.cell(BUILDER).book(DeliveredOutcomes).get(correlation)
 
 
 class _Gathering:
@@ -118,6 +160,7 @@ class AutoResponseBuilder(TypedActor):
         self.autonomous = tuple(autonomous)
         self._gathering: dict[str, _Gathering] = {}
         self._book = self.cell.book(_BatchBook)
+        self._outcomes = self.cell.book(DeliveredOutcomes)
 
     @handles
     def on_output(self, output: ActionOutput, env: Envelope) -> None:
@@ -197,6 +240,8 @@ class AutoResponseBuilder(TypedActor):
                                 **content)
         prompt = build_delivery_request(message, allowed_actions=allowed, turns=turns, now=self.runtime.clock.time(),
                                         may_stay_silent=may_stay_silent)
+        if prompt.outcome is not None:  # outputs, not a reminder: its commands ran, or were refused
+            self._outcomes.record(env.correlation_id, prompt.outcome)
         self.send(LLM, LLMRequest(prompt=prompt), cause=env)
 
 

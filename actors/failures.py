@@ -26,8 +26,10 @@ batch's other outputs, and the LLM tells the user what ran and what did not.
 The notice says what became of the request, when the message that died shows it
 (``notice_of``: a command's output, a delivery turn, a re-ask after part of the reply went
 out), in the words of a turn that gives up (``actors.retry``), and invites no retry: asking
-again would run a command twice. Only a request where nothing ran, as far as that message
-shows, hears ``FAILURE_NOTICE``, which invites asking again.
+again would run a command twice. A reply to send shows nothing of its request: what its
+commands came to is the builder's word (``delivered_outcome``), kept by correlation as it
+delivers their outputs. Only a request where nothing ran, as far as that message (or the
+builder, for a reply) shows, hears ``FAILURE_NOTICE``, which invites asking again.
 
 Nothing is said for the other reasons: they have a word of their own (re-asks exhausted, the
 LLM unreachable), or no word can reach the user (an unreachable chat), or the input could
@@ -49,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from autoresponse.actors.builder import delivered_outcome
 from autoresponse.actors.kernel.runtime import Runtime
 from autoresponse.actors.limits import FAILURES_REMEMBERED
 from autoresponse.actors.prompts import outcome_of
@@ -63,6 +66,7 @@ from autoresponse.messages import (
     LLMReply,
     LLMRequest,
     OriginalContext,
+    Outcome,
     OutboundMessage,
     Rejection,
     SystemMessage,
@@ -99,12 +103,15 @@ def context_of(body: Any) -> OriginalContext | None:
     return None
 
 
-def notice_of(body: Any) -> str:
+def notice_of(body: Any, delivered: Outcome | None = None) -> str:
     """What the user hears when ``body``, a message of their request, dies: what became of
     the request, when ``body`` shows it (a command's output, a delivery turn, a turn that
     carried out part of its reply), in the words of a turn that gives up (``actors.retry``);
-    else ``FAILURE_NOTICE``. A reply that crashed its sender shows nothing of the rest of
-    its request: ``FAILURE_NOTICE``."""
+    else ``FAILURE_NOTICE``. A reply to send shows nothing of the rest of its request: for
+    one, ``delivered`` says what its request's commands came to (``delivered_outcome``), None
+    when no output of them was delivered."""
+    if isinstance(body, OutboundMessage):
+        return FAILURE_NOTICE if delivered is None else OUTCOME_NOTICES[delivered]
     if isinstance(body, ActionOutput):
         outcome = outcome_of(body.results)
         # One command of several: the rest may not have run, or not well.
@@ -181,7 +188,14 @@ class FailureNotices:
             return
         to = sender(context.interface_name)
         if self.runtime.has(to) and self._first(envelope.correlation_id):
-            self.runtime.send(to, OutboundMessage.reply(context, notice_of(envelope.body), notice=True),
+            # A reply shows nothing of what its request ran; its correlation ties it to what the
+            # builder delivered of it (a reply beside a command still running finds nothing yet).
+            delivered = (delivered_outcome(self.runtime, envelope.correlation_id)
+                         if isinstance(envelope.body, OutboundMessage) else None)
+            # A notice is no message of a request's turn (``context_of``): one that dies too is a
+            # dead letter with its reason, and nothing more is sent.
+            text = notice_of(envelope.body, delivered)
+            self.runtime.send(to, OutboundMessage.reply(context, text, notice=True),
                               correlation_id=envelope.correlation_id + NOTICE_SUFFIX)
 
     def _first(self, correlation: str) -> bool:

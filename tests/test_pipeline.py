@@ -358,14 +358,82 @@ def test_a_message_that_always_crashes_its_actor_is_dead_lettered_and_the_user_t
     if actor == "executor.terminal":  # the action's failure, not the request's: told through the LLM
         assert FAILURE_NOTICE not in console_text(app)
         assert "`echo one` failed" in console_text(app)
-    else:  # once the command ran (the builder died on its output), it says so, and not to ask again
-        notice = OUTCOME_NOTICES["done"] if actor == "builder" else FAILURE_NOTICE
+    else:  # once the command ran (the builder died on its output, the sender on the reply about
+        # it), it says so, and not to ask again
+        ran = actor in ("builder", "sender.console")
+        notice = OUTCOME_NOTICES["done"] if ran else FAILURE_NOTICE
         assert console_text(app).count(notice) == 1
     # The actor still works for the next request.
     with app.runtime.probe(sender("console")) as out:
         ask(app, "run echo two")
         assert "two" in out.expect(OutboundMessage, timeout=5).body.text
     assert app.runtime.cell(actor).restarts == 3
+
+
+#: The reply the console's sender crashes on, every time (a platform that chokes on its text).
+CHOKES = "Here is what it said, in words the platform chokes on."
+#: Two attempts at a message, with no backoff between them.
+AT_ONCE_TWICE = {"message_attempts": 2, "backoff_min": 0, "backoff_max": 0}
+
+
+def choking_on(text: str | None) -> Callable[[str, Envelope], None]:
+    """A ``runtime.fault``: the console's sender crashes on every attempt at a reply ``text``
+    (None: at every message, the notices too)."""
+    def fault(actor: str, env: Envelope) -> None:
+        body = env.body
+        if (actor == sender("console") and isinstance(body, OutboundMessage)
+                and text in (None, body.text)):
+            raise RuntimeError("the platform's adapter failed on this text")
+    return fault
+
+
+@pytest.mark.parametrize("commands, notice", [
+    (["echo ran-once"], OUTCOME_NOTICES["done"]),
+    (["date --date=notadate"], OUTCOME_NOTICES["failed"]),
+    ([], FAILURE_NOTICE),  # nothing ran: asking again is safe
+], ids=["done", "failed", "nothing-ran"])
+def test_a_reply_its_sender_crashes_on_every_time_is_told_with_what_its_request_ran(
+        make_app: MakeApp, fake_llm: FakeLLMServer, commands: list[str], notice: str) -> None:
+    """The reply about a command crashes the console's sender on every attempt: the user's
+    notice says what became of the command, and not "Please try again" (asking again ran it
+    twice). A reply of a request that ran nothing still invites asking again."""
+    fake_llm.script(*([actions(*map(terminal, commands))] if commands else []),
+                    actions(reply(CHOKES)))
+    app = make_app(base_url=fake_llm.base_url, supervision=AT_ONCE_TWICE)
+    app.runtime.fault = choking_on(CHOKES)
+    with app.runtime.probe(executor("terminal")) as executed:
+        ask(app, "please run it")
+        assert app.runtime.wait_idle(timeout=15)  # the notice is work of its own
+        ran = [r.action.payload.command for r in executed.bodies(ActionRequest)]
+    assert ran == commands  # once
+    [letter] = app.runtime.dead_letters.letters()
+    assert (letter.reason, letter.actor) == ("crash", "sender.console")
+    assert letter.envelope.body.text == CHOKES
+    said = console_text(app)
+    assert CHOKES not in said
+    assert said.count(notice) == 1
+    assert ("try again" in said) == (not commands)  # only when nothing ran
+
+
+def test_a_notice_its_sender_crashes_on_too_is_a_dead_letter_and_nothing_more(
+        make_app: MakeApp, fake_llm: FakeLLMServer) -> None:
+    """The console's sender crashes on every message: the reply dies, its notice dies as a
+    dead letter of its own, and no notice of the notice follows (nor any other)."""
+    fake_llm.script(actions(terminal("echo ran-once")), actions(reply(CHOKES)))
+    app = make_app(base_url=fake_llm.base_url, supervision=AT_ONCE_TWICE)
+    app.runtime.fault = choking_on(None)
+    with app.runtime.probe(sender("console")) as out:
+        request = ask(app, "please run it")
+        assert app.runtime.wait_idle(timeout=15)
+        arrived = [env.body for env in out.envelopes]
+    reply_letter, notice_letter = app.runtime.dead_letters.letters()
+    assert (reply_letter.reason, reply_letter.envelope.body.text) == ("crash", CHOKES)
+    assert notice_letter.reason == "crash"
+    assert notice_letter.envelope.body.text == OUTCOME_NOTICES["done"]
+    assert notice_letter.envelope.correlation_id == request.correlation_id + NOTICE_SUFFIX
+    # Each delivered once (its second attempt is its actor's), and nothing after them.
+    assert [m.text for m in arrived] == [CHOKES, OUTCOME_NOTICES["done"]]
+    assert OUTCOME_NOTICES["done"] not in console_text(app)
 
 
 def test_the_offline_engine_runs_the_whole_loop(make_app: MakeApp) -> None:
