@@ -17,7 +17,9 @@ raise ``ConfigError``, whose message is one line that names the variable or the
 file's ``[section] key``, says what was expected and never shows a secret. Keys
 are checked inside a variable's JSON value (``AUTORESPONSE_TELEGRAM='{...}'``) and
 in lists of tables (``[[llm.fallbacks]]``) too; a JSON value that does not parse is
-named, never shown.
+named, never shown. A variable cannot name a list's item
+(``AUTORESPONSE_LLM__FALLBACKS__0__MODEL``): it is refused, saying that a list is set
+whole, as JSON, in the list's own variable (``AUTORESPONSE_LLM__FALLBACKS``) or the file.
 
 The core sections are below; every registered platform adds its own section,
 named after it, with its own settings model (``Settings()`` builds the class
@@ -505,7 +507,8 @@ class Settings(BaseSettings):
 
         Raises FileNotFoundError when ``config_file`` does not exist, and ConfigError
         (one line, no secrets) for a directory given as the file, a file that does not
-        parse, an unknown key in the file or the environment, or a value that does not validate.
+        parse, an unknown key in the file or the environment, a variable naming a list's
+        item, or a value that does not validate.
         """
         if config_file is not None and not Path(config_file).is_file():
             if Path(config_file).is_dir():
@@ -517,7 +520,8 @@ class Settings(BaseSettings):
             file=Path(config_file) if config_file is not None else None,
             file_data=_read_toml(Path(config_file)) if config_file is not None else {},
         )
-        problems = [*sources.unknown_keys(model), *sources.unreadable_json(model)]
+        problems = [*sources.unknown_keys(model), *sources.indexed_lists(model),
+                    *sources.unreadable_json(model)]
         if problems:
             raise ConfigError("; ".join(problems))
         file_token = _file_data.set(sources.file_data)
@@ -545,7 +549,8 @@ class Settings(BaseSettings):
             section = getattr(self, platform.name, None)
             if section is not None:
                 found.update(s for s in platform.secrets(section) if s)
-        return sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
+        # A blank value is no secret (credentials.given), and would hide every run of spaces.
+        return sorted((s for s in found if len(s) >= 4 and s.strip()), key=len, reverse=True)
 
     @property
     def data_path(self) -> Path:
@@ -702,7 +707,8 @@ def _unknown(model: type[BaseModel], path: Sequence[str]) -> tuple[int, list[str
     """Where ``path`` first names no field: its index and the names known there.
 
     None when every part is a field (or a key of a dict of models), or when the path
-    goes on beneath a plain value (a number, a list): validation speaks for those.
+    goes on beneath a plain value: validation speaks for a number, ``_list_named_past``
+    for a list.
     """
     free_key = False
     for index, part in enumerate(path):
@@ -715,6 +721,25 @@ def _unknown(model: type[BaseModel], path: Sequence[str]) -> tuple[int, list[str
         if inner is None:
             return None
         model = inner
+    return None
+
+
+def _is_list(annotation: Any) -> bool:
+    """Whether a field holds a list (a tuple, a set): what a variable sets whole, as JSON."""
+    kinds = [get_origin(a) or a for a in _members(annotation)]
+    return bool(kinds) and all(isinstance(kind, type) and issubclass(kind, (Sequence, AbstractSet))
+                               and not issubclass(kind, (str, bytes)) for kind in kinds)
+
+
+def _list_named_past(model: type[BaseModel], path: Sequence[str]) -> int | None:
+    """How many parts of a variable's ``path`` name a list setting when the name goes on
+    past it, into an item (``llm, fallbacks, 0, model``: 2); None when it does not.
+    pydantic-settings makes such a name a dict where the list goes, refused as "should be a
+    valid list" without the variable's name: a name cannot index a list."""
+    for length in range(1, len(path)):
+        found = _field_at(model, path[:length])
+        if found is not None and _is_list(found.annotation):
+            return length
     return None
 
 
@@ -934,6 +959,17 @@ class _Sources:
             for where, _, known in _unknown_in(inner, data, container=container, any_case=any_case):
                 key = str(where[-1])
                 yield f"{name}{_suffix(where[:-1])}: unknown key {key}{_did_you_mean(key, known, str)}"
+
+    def indexed_lists(self, model: type[BaseModel]) -> Iterator[str]:
+        """Variables that name an item of a list (``AUTORESPONSE_LLM__FALLBACKS__0__MODEL``),
+        each with the variable (and the file's key) that sets the whole list. The value is
+        never shown: it may be a secret (a fallback's api_key)."""
+        for path, (name, _) in sorted(self.environment.items()):
+            length = _list_named_past(model, path)
+            if length is not None:
+                whole = ENV_PREFIX + ENV_NESTED_DELIMITER.join(path[:length]).upper()
+                yield (f"{name} is not a setting: a list is set whole, as JSON, in {whole} "
+                       f"(or {_toml_name(path[:length])} in the TOML file)")
 
     def unreadable_json(self, model: type[BaseModel]) -> Iterator[str]:
         """Environment values that must be JSON (lists, dicts, whole sections) and are not.

@@ -2,8 +2,8 @@
 error for a platform set up in part (some of what says it is meant to run, not all it
 needs to log in), which would otherwise stay off while the daemon looks healthy::
 
-    >>> given(SecretStr("")), given([]), given("synth_bot")
-    (False, False, True)
+    >>> given(SecretStr("")), given(SecretStr("   ")), given([]), given("synth_bot")
+    (False, False, False, True)
     >>> setting("reddit", "password")
     'AUTORESPONSE_REDDIT__PASSWORD ([reddit] password)'
     >>> listed(["a", "b", "c"])
@@ -20,10 +20,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 def given(value: object) -> bool:
-    """Whether a setting holds something: an empty string, secret or list does not
-    (``export ...=$UNSET`` sets nothing)."""
+    """Whether a setting holds something: an empty or blank string or secret, or an empty
+    list, does not (``export ...=$UNSET`` sets nothing, and no token or name is only spaces)."""
     if isinstance(value, SecretStr):
         value = value.get_secret_value()
+    if isinstance(value, str):
+        value = value.strip()
     return value is not None and value != "" and value != []
 
 

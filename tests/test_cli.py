@@ -468,6 +468,64 @@ def test_a_secret_is_never_printed_in_an_error(tmp_path: Path) -> None:
     assert "[telegram] token (a secret, not shown)" in line and "123456789" not in line
 
 
+@pytest.mark.parametrize("key", ["MODEL", "API_KEY"])
+def test_a_variable_for_one_item_of_a_list_says_the_list_is_set_whole(key: str,
+                                                                      tmp_path: Path) -> None:
+    """Not "the setting llm.fallbacks: should be a valid list": the variable the operator set,
+    and how a list is set; never its value, which may be the fallback's key."""
+    value = "sk-fallback-s3cr3t"
+    env = environment(**{f"AUTORESPONSE_LLM__FALLBACKS__0__{key}": value},
+                      AUTORESPONSE_DATA_DIR=str(tmp_path / "data"),
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()))
+    done = autoresponse("run", env=env)
+    assert one_line_error(done) == (
+        f"autoresponse: AUTORESPONSE_LLM__FALLBACKS__0__{key} is not a setting: a list is set "
+        "whole, as JSON, in AUTORESPONSE_LLM__FALLBACKS (or [llm] fallbacks in the TOML file)")
+    assert value not in done.stderr + done.stdout
+
+
+_NO_TOKEN = ("Telegram needs a bot token too: set AUTORESPONSE_TELEGRAM__TOKEN ([telegram] token) "
+             "to the token @BotFather gave the bot")
+
+
+@pytest.mark.parametrize("token", ["", "   "], ids=["empty", "spaces"])
+def test_a_bot_token_of_spaces_is_no_token_as_an_empty_one_is(token: str, tmp_path: Path) -> None:
+    """With whom the bot answers set, a blank token is the settings error naming the token's
+    variable, before anything starts: not a bot started with it, which Telegram refuses."""
+    with FakeTelegramServer() as telegram:
+        telegram.revoke(token)  # as Telegram refuses a token that is no token
+        done = autoresponse("run", env=environment(
+            AUTORESPONSE_TELEGRAM__TOKEN=token, AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+            AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]", AUTORESPONSE_CONSOLE__ENABLED="false",
+            AUTORESPONSE_ADMIN__PORT=str(free_port()),
+            AUTORESPONSE_DATA_DIR=str(tmp_path / "data")))
+        line = one_line_error(done)
+        assert line == f"autoresponse: AUTORESPONSE_TELEGRAM__ALLOWED_USERS: {_NO_TOKEN}"
+        assert telegram.calls == []  # Telegram was never asked
+
+
+def test_a_webhook_set_without_a_token_is_a_settings_error(tmp_path: Path) -> None:
+    """Not a daemon that starts healthy with Telegram quietly off: one line naming the missing
+    token as a variable and a file key, and never the webhook's secret."""
+    secret = "webhook-s3cr3t-0123456789"
+    env = environment(AUTORESPONSE_TELEGRAM__WEBHOOK_URL="https://bot.example.com/telegram",
+                      AUTORESPONSE_TELEGRAM__WEBHOOK_SECRET=secret,
+                      AUTORESPONSE_CONSOLE__ENABLED="false",
+                      AUTORESPONSE_ADMIN__PORT=str(free_port()),
+                      AUTORESPONSE_DATA_DIR=str(tmp_path / "data"))
+    done = autoresponse("config", "show", env=env)
+    assert one_line_error(done) == ("autoresponse: AUTORESPONSE_TELEGRAM__WEBHOOK_URL is "
+                                    f"'https://bot.example.com/telegram': {_NO_TOKEN}")
+    assert secret not in done.stderr
+    config = tmp_path / "autoresponse.toml"
+    config.write_text(f'[telegram]\nwebhook_secret = "{secret}"\n')  # the secret alone, in the file
+    done = autoresponse("run", "--config", str(config), env=environment(
+        AUTORESPONSE_CONSOLE__ENABLED="false", AUTORESPONSE_ADMIN__PORT=str(free_port()),
+        AUTORESPONSE_DATA_DIR=str(tmp_path / "data")))
+    assert one_line_error(done) == f"autoresponse: {config}: [telegram] webhook_secret: {_NO_TOKEN}"
+    assert secret not in done.stderr
+
+
 def test_journal_check(tmp_path: Path) -> None:
     from autoresponse.actors.journal import SqliteJournal
 

@@ -323,6 +323,31 @@ def test_an_empty_admin_token_is_no_token(monkeypatch: pytest.MonkeyPatch) -> No
     assert AdminSettings(token="t0ken").token is not None
 
 
+def test_a_bot_token_of_spaces_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an empty one: Telegram stays off, and no run of spaces is taken for a secret to hide."""
+    for blank in ("", "    "):
+        monkeypatch.setenv("AUTORESPONSE_TELEGRAM__TOKEN", blank)
+        settings = Settings.load()
+        assert settings.telegram.enabled is False
+        assert all(secret.strip() for secret in settings.secrets())
+
+
+@pytest.mark.parametrize(("variable", "whole"), [
+    ("AUTORESPONSE_LLM__FALLBACKS__0__API_KEY", "AUTORESPONSE_LLM__FALLBACKS (or [llm] fallbacks"),
+    ("AUTORESPONSE_LLM__FALLBACKS__0", "AUTORESPONSE_LLM__FALLBACKS (or [llm] fallbacks"),
+    ("AUTORESPONSE_TELEGRAM__ALLOWED_USERS__0",
+     "AUTORESPONSE_TELEGRAM__ALLOWED_USERS (or [telegram] allowed_users"),
+    ("autoresponse_approvers__1", "AUTORESPONSE_APPROVERS (or approvers"),  # any case, as read
+])
+def test_a_variable_naming_a_list_s_item_names_the_variable_that_sets_the_list(
+        monkeypatch: pytest.MonkeyPatch, variable: str, whole: str) -> None:
+    monkeypatch.setenv(variable, "sk-SECRETKEY")
+    with pytest.raises(ConfigError) as caught:
+        Settings.load()
+    assert str(caught.value) == (f"{variable} is not a setting: a list is set whole, as JSON, "
+                                 f"in {whole} in the TOML file)")
+
+
 def test_a_data_dir_that_is_a_file_is_refused_with_the_reason(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match=r"the data directory .*/file .* cannot be used: it is a file$"):

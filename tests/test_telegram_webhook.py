@@ -480,6 +480,7 @@ def test_a_webhook_url_that_is_not_https_is_a_settings_error(monkeypatch: pytest
 
 
 def test_the_secret_is_redacted_like_every_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AUTORESPONSE_TELEGRAM__TOKEN", "123456:TEST-TOKEN")
     monkeypatch.setenv("AUTORESPONSE_TELEGRAM__WEBHOOK_URL", PUBLIC_URL)
     monkeypatch.setenv("AUTORESPONSE_TELEGRAM__WEBHOOK_SECRET", SECRET)
     settings = Settings.load()
@@ -487,6 +488,7 @@ def test_the_secret_is_redacted_like_every_secret(monkeypatch: pytest.MonkeyPatc
     assert SECRET not in repr(settings) and SECRET not in str(settings.model_dump())
     shown = subprocess.run([sys.executable, "-m", "autoresponse", "config", "show"], check=False,
                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, env=environment(
+                               AUTORESPONSE_TELEGRAM__TOKEN="123456:TEST-TOKEN",
                                AUTORESPONSE_TELEGRAM__WEBHOOK_URL=PUBLIC_URL,
                                AUTORESPONSE_TELEGRAM__WEBHOOK_SECRET=SECRET,
                                AUTORESPONSE_DATA_DIR=str(tmp_path / "data")))

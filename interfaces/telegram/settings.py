@@ -59,12 +59,12 @@ TELEGRAM_WEBHOOK_MAX_BODIES_READ = 40
 #: Where the webhook server listens unless told otherwise: loopback, behind a TLS proxy.
 TELEGRAM_WEBHOOK_LISTEN = "127.0.0.1:8443"
 
-#: The settings that say a bot is meant to run: its token and whom it answers. Set without
-#: a token, Telegram would stay off without a word, so they are an error. The rest does not
-#: count: tuning (``parse_mode``, ``strangers``, ``base_url``, ...) works on its defaults and
-#: may sit in a shared file for a daemon that runs no bot, and the webhook's settings only
-#: add to a token (the manual sets them after it).
-_MEANT_TO_RUN = ("token", "allowed_users")
+#: The settings that say a bot is meant to run: its token, whom it answers and the webhook
+#: Telegram posts to (its URL and secret). Set without a token, Telegram would stay off
+#: without a word, so they are an error. The rest does not count: tuning (``parse_mode``,
+#: ``strangers``, ``base_url``, ``webhook_listen``, ...) works on its defaults and may sit
+#: in a shared file for a daemon that runs no bot.
+_MEANT_TO_RUN = ("token", "allowed_users", "webhook_url", "webhook_secret")
 
 #: What Telegram takes as a webhook's secret token.
 _WEBHOOK_SECRET = re.compile(r"[A-Za-z0-9_-]{1,256}")
