@@ -237,16 +237,23 @@ def test_a_topic_in_a_private_chat_is_dropped_and_the_reply_lands_at_once(
     assert any("cannot apply in this chat" in n for n in notes), notes
 
 
-def test_a_burst_that_arrives_during_a_turn_is_answered_together(
-    make_app: MakeApp, fake_llm: FakeLLMServer
-) -> None:
+def _burst_during_a_slow_turn(make_app: MakeApp, fake_llm: FakeLLMServer, burst: list[str]) -> Application:
+    """A console app whose first message ("slow one") takes the LLM 1.5 s to answer, and
+    ``burst`` sent while it does; returned once all of it is over."""
     fake_llm.script(FakeResponse(delay=1.5, content=json.dumps({"actions": [say("first answer")]})))
     app = make_app(base_url=fake_llm.base_url)
     first = app.runtime.send("interface.console", ConsoleInput(text="slow one"))
     time.sleep(0.3)
-    for text in ("and also", "one more thing", "last bit"):
+    for text in burst:
         app.runtime.send("interface.console", ConsoleInput(text=text))
-    assert first is not None and app.runtime.wait_idle(timeout=20)
+    assert first is not None and app.runtime.wait_idle(timeout=30)
+    return app
+
+
+def test_a_burst_that_arrives_during_a_turn_is_answered_together(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    app = _burst_during_a_slow_turn(make_app, fake_llm, ["and also", "one more thing", "last bit"])
     turns = chat_turns(fake_llm)
     assert [t.messages[-1]["content"] for t in turns] == ["slow one", "and also\none more thing\nlast bit"]
     printed = console_text(app)
@@ -257,14 +264,8 @@ def test_a_burst_that_arrives_during_a_turn_is_answered_together(
 def test_a_burst_longer_than_one_message_is_answered_over_several_turns_each_message_once(
     make_app: MakeApp, fake_llm: FakeLLMServer
 ) -> None:
-    fake_llm.script(FakeResponse(delay=1.5, content=json.dumps({"actions": [say("first answer")]})))
-    app = make_app(base_url=fake_llm.base_url)
-    first = app.runtime.send("interface.console", ConsoleInput(text="slow one"))
-    time.sleep(0.3)
     burst = [f"part {n} " + "x" * (MAX_MESSAGE_CHARS // 4) for n in range(10)]  # 2.5 messages' worth
-    for text in burst:
-        app.runtime.send("interface.console", ConsoleInput(text=text))
-    assert first is not None and app.runtime.wait_idle(timeout=30)
+    app = _burst_during_a_slow_turn(make_app, fake_llm, burst)
     asked = [t.messages[-1]["content"] for t in chat_turns(fake_llm)][1:]
     assert len(asked) > 1 and all(len(text) <= MAX_MESSAGE_CHARS for text in asked)
     assert [part for text in asked for part in text.split("\n")] == burst  # each once, in order
