@@ -216,16 +216,24 @@ def test_a_stranger_and_a_forged_callback_are_refused_and_logged(
     assert outputs(fake_llm) == ["guarded\n"]
 
 
+def left_waiting(start_bot: Callable[..., Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
+                 word: str, then: FakeResponse) -> Call:
+    """A bot asked to ``echo word`` (the LLM answering ``then`` after it) stopped while the
+    command waits for approval: the approver's prompt."""
+    fake_llm.script(run(f"echo {word}"), then)
+    first = start_bot()
+    prompt = ask_for(fake_telegram, f"print {word}")
+    wait_for(lambda: prompts(fake_telegram, APPROVER))
+    assert first.runtime.wait_idle(timeout=10)
+    first.stop()
+    return prompt
+
+
 def test_a_restart_while_waiting_still_waits_then_approve_works(
     start_bot: Callable[[], Application], fake_llm: FakeLLMServer, fake_telegram: FakeTelegramServer,
     manual_clock: ManualClock
 ) -> None:
-    fake_llm.script(run("echo after-restart"), say("It printed after-restart."))
-    first = start_bot()
-    prompt = ask_for(fake_telegram, "print after-restart")
-    wait_for(lambda: prompts(fake_telegram, APPROVER))
-    assert first.runtime.wait_idle(timeout=10)
-    first.stop()
+    prompt = left_waiting(start_bot, fake_llm, fake_telegram, "after-restart", say("It printed after-restart."))
 
     start_bot()  # the same journal
     # It still waits, until the time it was given then; half of it passes.
@@ -301,12 +309,7 @@ def test_a_command_left_waiting_when_approvals_are_turned_off_is_declined_with_a
     """The operator set approval = "never" (or turned the terminal off) and restarted while a
     command waited: nobody may approve it now, so at the start it is declined as an expiry
     is, and its user told; the journal settles it, and the old button says so (not forged)."""
-    fake_llm.script(run("echo switched-off"), say("never said"))
-    first = start_bot()
-    prompt = ask_for(fake_telegram, "print switched-off")
-    wait_for(lambda: prompts(fake_telegram, APPROVER))
-    assert first.runtime.wait_idle(timeout=10)
-    first.stop()
+    prompt = left_waiting(start_bot, fake_llm, fake_telegram, "switched-off", say("never said"))
 
     monkeypatch.setenv("AUTORESPONSE_TERMINAL__APPROVAL", "never")
     if turned_off == "approval":
