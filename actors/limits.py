@@ -77,6 +77,14 @@ LLM_BREAKER_COOLDOWN_SECONDS = 60.0
 #: engine; past this the oldest is forgotten) so that each one's next requests start at the
 #: size that fitted.
 LLM_NARROWED_CHATS_REMEMBERED = 10_000
+#: Longest model name kept from an LLM server's reply (its ``model`` field: the server, or a
+#: proxy in front of it, decides it); a longer one is cut here, so that a metric's label,
+#: the status and a span stay small. A real model's name is far shorter.
+LLM_MODEL_NAME_CHARS = 100
+#: Model names the usage meter counts tokens under; the tokens of any model named after
+#: these are counted under "other", so that its counters (and /metrics) stop growing
+#: with every new name a server reports.
+LLM_MODELS_COUNTED = 32
 
 #: What a user sends besides words (read in the LLM hop): the largest photo size sent to a
 #: vision model, the largest file downloaded at all (a document, a voice note), the

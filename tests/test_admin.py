@@ -624,3 +624,37 @@ def test_a_status_that_waits_holds_up_neither_health_nor_deliveries(make_app: Ma
         reader.join(10)
     [(code, body)] = status
     assert code == 200 and json.loads(body)["reports"]["slow"] == {"state": "slow"}
+
+
+def test_model_names_a_server_reports_keep_the_metrics_bounded(make_app: MakeApp, fake_llm: Any) -> None:
+    """The LLM server decides the ``model`` its replies name: replies each naming another
+    long model (one that tries to write a metric of its own) give at most
+    LLM_MODELS_COUNTED models of short names in /metrics, the rest counted under "other",
+    and every token is still counted."""
+    from autoresponse.actors.limits import LLM_MODEL_NAME_CHARS, LLM_MODELS_COUNTED
+    from autoresponse.testing.fake_llm import FakeResponse, completion
+
+    answer = json.dumps({"actions": [{"type": "message_console", "payload": {"text": "ok"}}]})
+    asked = [0]
+
+    def odd_model(body: dict[str, Any]) -> FakeResponse:
+        asked[0] += 1
+        model = f'evil"}}\nautoresponse_fake{{x="1"}} 1\n# {asked[0]} ' + "M" * 5000
+        usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+        return FakeResponse(raw=json.dumps(completion(answer, model=model, usage=usage)).encode())
+
+    fake_llm.responder = odd_model
+    app = make_app(base_url=fake_llm.base_url, admin=ADMIN, llm={"stream": False})
+    for n in range(LLM_MODELS_COUNTED + 8):
+        ask(app, f"hello {n}")
+    code, text = call(f"{admin_url(app)}/metrics")
+    assert code == 200
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert "autoresponse_fake" not in families  # the name is a label's value, escaped
+    tokens = [s for s in families["autoresponse_llm_tokens"].samples if s.name.endswith("_total")]
+    models = {s.labels["model"] for s in tokens}
+    assert len(models) <= LLM_MODELS_COUNTED + 1 and "other" in models
+    assert max(len(model) for model in models) <= LLM_MODEL_NAME_CHARS
+    counted = {direction: sum(s.value for s in tokens if s.labels["direction"] == direction)
+               for direction in ("prompt", "completion")}
+    assert counted == {"prompt": 10 * asked[0], "completion": 3 * asked[0]}

@@ -804,3 +804,20 @@ async def test_past_the_most_narrowed_chats_remembered_the_oldest_starts_at_the_
             assert await refusals(engine, llm, later_turn(chats[2], story(31))) == 0  # remembered
             assert await refusals(engine, llm, later_turn(chats[0], story(31))) == 1  # the oldest: forgotten
             assert await refusals(engine, llm, later_turn(chats[2], story(32))) == 0  # still remembered
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_model_name_too_long_is_cut(make_app: Callable[..., Application], stream: bool) -> None:
+    """The server decides the model's name its reply gives: the user gets the answer, and the
+    name goes on (to the usage meter, the status, spans) cut to LLM_MODEL_NAME_CHARS."""
+    from autoresponse.actors.limits import LLM_MODEL_NAME_CHARS
+
+    model = json.dumps("qwen-" + "M" * 5000)
+    chunks = [HELLO_CHUNK.replace('"fake"', model),
+              '{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}']
+    with RawStreamLLM(chunks) as llm:
+        llm.script(*([] if stream else [FakeResponse(body=hello(model=model))]))
+        app = make_app(base_url=llm.base_url, llm={"stream": stream})
+        sent, [reply] = answered(app)
+        assert [m.text for m in sent if not m.preview] == ["Hello there."]
+        assert reply.model == ("qwen-" + "M" * 5000)[:LLM_MODEL_NAME_CHARS]

@@ -30,7 +30,8 @@ Every way a call can go wrong ends in an ``LLMError``: each attempt has a total
 timeout, the whole call a deadline, the body a size cap, and a body that is not
 text or not JSON (however deeply nested) is a malformed response, and so is a field
 the reply is made of (a tool call's index, id, name) that is of the wrong type; one
-that only informs (the model's name, the finish reason, usage) is then unknown.
+that only informs (the model's name, the finish reason, usage) is then unknown. The
+model's name is cut to ``LLM_MODEL_NAME_CHARS``: the server decides it, not the operator.
 Credentials in the base URL are sent as basic auth and never appear in a message or repr.
 """
 
@@ -63,6 +64,7 @@ from autoresponse.actors.limits import (
     LLM_MAX_TOKENS,
     LLM_MAX_RETRY_AFTER_SECONDS,
     LLM_MAX_STREAM_LINE_BYTES,
+    LLM_MODEL_NAME_CHARS,
     LLM_READ_TIMEOUT_SECONDS,
     LLM_REQUEST_TIMEOUT_SECONDS,
     LLM_SHORT_RETRY_TOKENS,
@@ -234,6 +236,13 @@ def _note(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _model_name(value: Any) -> str | None:
+    """The model's name a reply gives (a ``_note``), cut to ``LLM_MODEL_NAME_CHARS``: the
+    server decides it, and it goes on into metrics' labels, the status and spans."""
+    name = _note(value)
+    return name[:LLM_MODEL_NAME_CHARS] if name is not None else None
+
+
 def _count(value: Any) -> int:
     """A count or an index: a whole number from 0, as a number or its text (some servers
     send one); a ValueError for anything else. JSON's ``1e999`` reads as an infinite float,
@@ -318,7 +327,7 @@ class _Stream:
 
     def take(self, chunk: dict[str, Any]) -> bool:
         """Read one chunk; True when it added answer text or tool arguments."""
-        self.model = _note(chunk.get("model")) or self.model
+        self.model = _model_name(chunk.get("model")) or self.model
         if chunk.get("usage"):
             self.usage = _usage(chunk["usage"])
         choices = chunk.get("choices")
@@ -919,7 +928,8 @@ class HttpEngine:
         answer, inline = split_reasoning(content)
         reasoning = "\n".join(x for x in (thought, inline) if x)
         return Completion(text=answer, tool_calls=calls, reasoning=reasoning, usage=_usage(data.get("usage")),
-                          finish_reason=_note(choice.get("finish_reason")), model=_note(data.get("model")) or "")
+                          finish_reason=_note(choice.get("finish_reason")),
+                          model=_model_name(data.get("model")) or "")
 
     @staticmethod
     def _http_error(status: int, retry_after_header: str | None, text: str, *, streamed: bool = False) -> LLMError:
