@@ -244,9 +244,10 @@ class Application:
     def start(self) -> Application:
         """Start the tree and the admin endpoint; if any of it fails, stop what started."""
         rt = self.runtime.start()
-        rt.dead_letters.redact = Redactor(self.settings.secrets())
+        redact = Redactor(self.settings.secrets())
+        rt.dead_letters.redact = redact
         try:
-            self.telemetry = otel.setup(rt, self.settings.otel)
+            self.telemetry = otel.setup(rt, self.settings.otel, redact=redact)
             if self.telemetry is not None:  # closed last, after the runtime: every span is sent
                 self._closers.append(self.telemetry.shutdown)
             rt.io.add_closer(self.engine.aclose)

@@ -543,8 +543,11 @@ class Settings(BaseSettings):
 
     def secrets(self) -> list[str]:
         """Every secret configured anywhere (for redaction): SecretStr values, URL
-        credentials, and what platforms name as secrets."""
-        found = set(_secret_values(self))
+        credentials, what platforms name as secrets, and the OpenTelemetry exporter's
+        (read from its own ``OTEL_EXPORTER_OTLP_*`` variables)."""
+        from autoresponse import otel  # imports nothing of OpenTelemetry
+
+        found = set(_secret_values(self)) | set(otel.secrets())
         for platform in platforms():
             section = getattr(self, platform.name, None)
             if section is not None:

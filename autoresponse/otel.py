@@ -31,6 +31,12 @@ How the spans are made, with no context to carry between actors:
 
 The spans are built from the same events as the trace ring (``actors/kernel/trace.py``),
 which keeps serving ``autoresponse trace`` and the status page, OpenTelemetry or not.
+
+What leaves through them is the daemon's to guard: every status, event text and string
+attribute goes through its ``Redactor`` (an LLM server's error may quote the API key), and
+the endpoint's password and the OTLP headers' values are secrets it knows (``secrets``).
+A collector that is down or hangs costs a stop at most ``FLUSH_AT_STOP_SECONDS``, and the
+log one line as the outage starts and one as it ends (``_OutageLog``).
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 from autoresponse.actors.limits import TRACES_KEPT
 from autoresponse.messages.envelope import Envelope
@@ -58,6 +65,18 @@ T = TypeVar("T")
 
 #: Longest text kept in a span's attributes and events (an error, a trace note).
 MAX_TEXT = 1000
+
+#: The longest a stop waits for the spans still buffered to reach the collector: one that
+#: hangs or is down would hold it for 30 s (the SDK's own wait), past systemd's TimeoutStopSec.
+FLUSH_AT_STOP_SECONDS = 5.0
+
+#: The loggers the OTLP/HTTP exporter says each failed try and batch on (``_OutageLog``).
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                    "opentelemetry.exporter.otlp.common.http")
+
+#: Where the OTLP exporter takes its endpoints and headers from (``secrets``).
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
 # ---------------------------------------------------------------- ids (no OpenTelemetry needed)
@@ -108,9 +127,28 @@ def wanted(settings: OtelSettings, environ: Mapping[str, str] = os.environ) -> b
     return bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def setup(runtime: Runtime, settings: OtelSettings, environ: Mapping[str, str] = os.environ) -> Telemetry | None:
+def secrets(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """What the OTLP exporter is told that no log or span may show: the password of an
+    endpoint's ``user:password@``, and the values of the OTLP headers (an API key; a
+    ``Bearer <token>``'s token on its own too). Nothing of OpenTelemetry is imported."""
+    found: list[str] = []
+    for name in ENDPOINT_VARIABLES:
+        password = urlsplit(environ.get(name, "")).password
+        if password:
+            found += [password, unquote(password)]
+    for name in HEADER_VARIABLES:
+        for header in environ.get(name, "").split(","):
+            value = unquote(header.partition("=")[2]).strip()
+            if value:
+                found += [value, value.split()[-1]]
+    return found
+
+
+def setup(runtime: Runtime, settings: OtelSettings, environ: Mapping[str, str] = os.environ,
+          redact: Callable[[str], str] | None = None) -> Telemetry | None:
     """Spans for ``runtime`` when OpenTelemetry is asked for and installed; else None, and
-    nothing of OpenTelemetry is imported."""
+    nothing of OpenTelemetry is imported. ``redact`` (the daemon's ``Redactor``) cleans
+    every text a span carries."""
     if not wanted(settings, environ):
         return None
     if runtime.tracer is None:  # asked for by the environment; the setting says otherwise
@@ -124,7 +162,7 @@ def setup(runtime: Runtime, settings: OtelSettings, environ: Mapping[str, str] =
         log.warning("OpenTelemetry is asked for but not installed (%s): pip install 'autoresponse[otel]'; "
                     "running without it", exc)
         return None
-    telemetry = install(runtime, service_name=settings.service_name, exporter=_exporter(environ))
+    telemetry = install(runtime, service_name=settings.service_name, exporter=_exporter(environ), redact=redact)
     log.info("OpenTelemetry traces on (%s)", _describe_export(environ))
     return telemetry
 
@@ -148,22 +186,29 @@ def _exporter(environ: Mapping[str, str]) -> Any:
 
 
 def _describe_export(environ: Mapping[str, str]) -> str:
-    endpoint = (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                or "the default endpoint, http://localhost:4318")
-    return f"exporter {environ.get('OTEL_TRACES_EXPORTER', 'otlp')}, {endpoint.split('?')[0]}"
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    where = _address(endpoint) if endpoint else "the default endpoint, http://localhost:4318"
+    return f"exporter {environ.get('OTEL_TRACES_EXPORTER', 'otlp')}, {where}"
+
+
+def _address(url: str) -> str:
+    """Scheme, host, port and path of ``url``: no ``user:password@``, no query (a token)."""
+    parts = urlsplit(url.strip())
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def install(runtime: Runtime, *, exporter: Any = None, simple: bool = False,
-            service_name: str = "autoresponse") -> Telemetry:
+            service_name: str = "autoresponse", redact: Callable[[str], str] | None = None) -> Telemetry:
     """Record ``runtime``'s hops and LLM calls as spans, sent to ``exporter`` (default: OTLP
     over HTTP, as the ``OTEL_EXPORTER_OTLP_*`` variables say) in batches, or one by one when
-    ``simple`` (tests). ``Telemetry.shutdown`` flushes and detaches."""
+    ``simple`` (tests); ``redact`` cleans their texts. ``Telemetry.shutdown`` flushes (for
+    ``FLUSH_AT_STOP_SECONDS`` at most) and detaches."""
     if runtime.tracer is None:
         raise ValueError("OpenTelemetry spans are made from the runtime's trace events: "
                          "start the runtime with trace=True")
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
 
     from autoresponse import __version__
 
@@ -176,20 +221,24 @@ def install(runtime: Runtime, *, exporter: Any = None, simple: bool = False,
         resource = resource.merge(Resource({"service.name": service_name}))
     ids = _Ids()
     provider = TracerProvider(resource=resource, id_generator=ids, shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(exporter) if simple else BatchSpanProcessor(exporter))
-    spans = OtelSpans(provider, ids)
+    watched = _Watched(exporter, SpanExportResult, _OUTAGE_LOG)
+    for name in EXPORTER_LOGGERS:
+        logging.getLogger(name).addFilter(_OUTAGE_LOG)  # once: the same filter each time
+    provider.add_span_processor(SimpleSpanProcessor(watched) if simple else BatchSpanProcessor(watched))
+    spans = OtelSpans(provider, ids, redact=redact)
     runtime.tracer.spans = spans
-    return Telemetry(runtime, provider, spans)
+    return Telemetry(runtime, provider, spans, watched)
 
 
 class Telemetry:
     """What ``install`` set up: ``force_flush`` sends what is buffered, ``shutdown`` (after
-    the runtime stopped) sends it and stops recording."""
+    the runtime stopped) sends it, for ``FLUSH_AT_STOP_SECONDS`` at most, and stops recording."""
 
-    def __init__(self, runtime: Runtime, provider: Any, spans: OtelSpans) -> None:
+    def __init__(self, runtime: Runtime, provider: Any, spans: OtelSpans, exporter: _Watched) -> None:
         self.runtime = runtime
         self.provider = provider
         self.spans = spans
+        self.exporter = exporter
 
     def force_flush(self, timeout: float = 10.0) -> bool:
         return bool(self.provider.force_flush(int(timeout * 1000)))
@@ -198,7 +247,79 @@ class Telemetry:
         tracer = self.runtime.tracer
         if tracer is not None and tracer.spans is self.spans:
             tracer.spans = None
-        self.provider.shutdown()
+        # The SDK's shutdown waits 30 s for a collector that hangs, and its flush ignores
+        # its timeout: it runs on a thread of its own, given up on past the budget.
+        flush = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        flush.start()
+        flush.join(FLUSH_AT_STOP_SECONDS)
+        if flush.is_alive():
+            log.warning("OpenTelemetry: the collector took more than %.0f s; the spans not sent yet are "
+                        "dropped", FLUSH_AT_STOP_SECONDS)
+            # No more tries, no more batches: the thread ends once the export under way
+            # does (the exporter's timeout at most), or with the process.
+            self.exporter.shutdown()
+
+
+class _OutageLog(logging.Filter):
+    """On the exporter's loggers: of the warnings and errors of an outage (a collector down,
+    hanging, refusing), the first is logged and the rest are not, until an export works,
+    which is said once. The SDK logs each try (every 1-2 s) and each batch, without end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._since: float | None = None  # when the outage began (None: none)
+        self._held = 0  # lines not logged since
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        with self._lock:
+            if self._since is not None:
+                self._held += 1
+                return False
+            self._since, self._held = time.monotonic(), 0
+        record.msg = f"{record.msg} (nothing more of the exporter's failures is logged until an export works)"
+        return True
+
+    def exported(self) -> None:
+        """An export worked: the outage, if any, is over."""
+        with self._lock:
+            since, held = self._since, self._held
+            self._since = None
+        if since is not None:
+            log.info("OpenTelemetry: the collector takes spans again, after %.0f s (%d lines of the "
+                     "exporter's about it not logged)", time.monotonic() - since, held)
+
+
+_OUTAGE_LOG = _OutageLog()
+
+
+class _Watched:
+    """The exporter, telling ``_OutageLog`` when an export works; once shut down (the stop
+    gave up on a collector), it fails what is left at once and says nothing of it."""
+
+    def __init__(self, exporter: Any, results: Any, outage: _OutageLog) -> None:
+        self._exporter = exporter
+        self._results = results  # the SDK's SpanExportResult
+        self._outage = outage
+        self._shut = False
+
+    def export(self, spans: Any) -> Any:
+        if self._shut:
+            return self._results.FAILURE
+        result = self._exporter.export(spans)
+        if result == self._results.SUCCESS:
+            self._outage.exported()
+        return result
+
+    def shutdown(self) -> None:
+        if not self._shut:  # the stop's, then the SDK's own
+            self._shut = True
+            self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self._exporter.force_flush(timeout_millis))
 
 
 # ---------------------------------------------------------------- spans
@@ -273,9 +394,10 @@ class _Request:
 class OtelSpans:
     """The trace recorder's second listener (``HopSpans``): spans for hops, LLM calls and
     published work. Called on every actor's thread and the loop's, so its state is locked;
-    spans are made outside the lock."""
+    spans are made outside the lock. Their texts go through ``redact`` (``_text``)."""
 
-    def __init__(self, provider: Any, ids: _Ids, keep: int = TRACES_KEPT) -> None:
+    def __init__(self, provider: Any, ids: _Ids, keep: int = TRACES_KEPT,
+                 redact: Callable[[str], str] | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -289,6 +411,7 @@ class OtelSpans:
         self._requests: dict[str, _Request] = {}
         self._order: deque[str] = deque()
         self._keep = keep
+        self._redact = redact
 
     # ---------------------------------------------------------------- HopSpans
 
@@ -347,7 +470,7 @@ class OtelSpans:
                       "autoresponse.actor": actor}
         self._ids.next(trace_id, span_id)
         span = self._tracer.start_span(f"publish {actor}", context=None, kind=self._SpanKind.PRODUCER,
-                                       attributes=attributes, start_time=now)
+                                       attributes=self._clean(attributes), start_time=now)
         span.end(end_time=now)
         return traceparent(trace_id, span_id, sampled)
 
@@ -399,7 +522,7 @@ class OtelSpans:
         status = None
         if error is not None:
             attributes["error.type"] = type(error).__name__
-            status = self._Status(self._StatusCode.ERROR, _short(f"{type(error).__name__}: {error}"))
+            status = self._Status(self._StatusCode.ERROR, self._text(f"{type(error).__name__}: {error}"))
         elif hasattr(result, "usage"):  # an LLMReply
             if result.model:
                 attributes["gen_ai.response.model"] = result.model
@@ -412,11 +535,12 @@ class OtelSpans:
             attributes["autoresponse.llm.protocol"] = result.protocol
         else:  # an LLMFailure
             attributes["error.type"] = str(result.status) if result.status else "LLMFailure"
-            status = self._Status(self._StatusCode.ERROR, _short(result.error))
+            status = self._Status(self._StatusCode.ERROR, self._text(result.error))
         self._ids.next(trace_id, self._ids.random_span_id())
         span = self._tracer.start_span(f"chat {request_model}" if request_model else "chat",
                                        context=self._parent_context(trace_id, parent, sampled, remote=False),
-                                       kind=self._SpanKind.CLIENT, attributes=attributes, start_time=start)
+                                       kind=self._SpanKind.CLIENT, attributes=self._clean(attributes),
+                                       start_time=start)
         if status is not None:
             span.set_status(status)
         span.end(end_time=time.time_ns())
@@ -484,6 +608,24 @@ class OtelSpans:
             attributes["autoresponse.causation_id"] = env.causation_id
         return attributes
 
+    def _text(self, text: str) -> str:
+        """Text as it leaves in a span: redacted (an LLM server's error may quote the API
+        key, or the user), then cut to ``MAX_TEXT``."""
+        if self._redact is not None:
+            text = self._redact(text)
+        return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 1] + "…"
+
+    def _clean(self, attributes: dict[str, Any]) -> dict[str, Any]:
+        """``attributes`` with every string (and every string of a tuple) through ``_text``."""
+        return {key: self._clean_value(value) for key, value in attributes.items()}
+
+    def _clean_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._text(value)
+        if isinstance(value, tuple):
+            return tuple(self._clean_value(v) for v in value)
+        return value
+
     def _parent_context(self, trace_id: int, parent: int | None, sampled: bool, *, remote: bool) -> Any:
         if parent is None:
             return None
@@ -495,22 +637,23 @@ class OtelSpans:
         env, (message_id, attempt, kind) = hop.env, hop.key
         actor = hop.actor or "?"
         attributes = {**self._common(env), "autoresponse.actor": actor, "autoresponse.message.type": kind,
-                      "autoresponse.outcome": _short(outcome)}
+                      "autoresponse.outcome": outcome}
         links = ()
         remote = parse_traceparent(env.traceparent) if env.causation_id is None else None
         if remote is not None and remote[0] != trace_id:  # a span of another trace led here
             flags = self._TraceFlags(remote[2] & 1)
             links = (self._Link(self._SpanContext(remote[0], remote[1], is_remote=True, trace_flags=flags)),)
         self._ids.next(trace_id, hop.span_id)
-        span = self._tracer.start_span(f"{actor} {kind}", kind=self._SpanKind.CONSUMER, attributes=attributes,
+        span = self._tracer.start_span(f"{actor} {kind}", kind=self._SpanKind.CONSUMER,
+                                       attributes=self._clean(attributes),
                                        context=self._parent_context(trace_id, hop.parent, sampled, remote=hop.remote),
                                        links=links, start_time=hop.queued)
         if hop.started is not None:
             span.add_event("started", timestamp=hop.started)
         for at, text in hop.notes:
-            span.add_event("note", {"text": _short(text)}, timestamp=at)
+            span.add_event("note", {"text": self._text(text)}, timestamp=at)
         if outcome == "crash" or outcome.startswith("dead letter"):
-            span.set_status(self._Status(self._StatusCode.ERROR, _short(outcome)))
+            span.set_status(self._Status(self._StatusCode.ERROR, self._text(outcome)))
         span.end(end_time=end)
 
 
@@ -523,7 +666,3 @@ def engine_facts(engine: Any) -> tuple[str, str, int | None]:
     if isinstance(main, HttpEngine):  # any OpenAI-compatible server
         return "openai", main.model or "", getattr(main, "max_tokens", None)
     return "autoresponse.offline", getattr(main, "model", "") or "", getattr(main, "max_tokens", None)
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 1] + "…"

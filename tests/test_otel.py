@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -293,3 +295,105 @@ def test_an_endpoint_in_the_environment_with_runtime_trace_off_runs_without_span
     assert any("runtime.trace = false" in r.getMessage() for r in caplog.records)
     envelope = app.runtime.send("interface.console", ConsoleInput(text="run echo spanless"))
     assert envelope is not None and app.runtime.wait_idle(envelope.correlation_id, timeout=15)
+
+
+class TroubledCollector(OtlpReceiver):
+    """An OTLP receiver in trouble, as ``mode`` says: ``hang`` (takes the export, never
+    answers until it stops), ``503`` (refuses every export, as a collector starting or
+    overloaded), ``record`` (works)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.hits = 0
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        if self.mode == "hang":
+            await self.stopping.wait()
+        if self.mode != "record":
+            await request.read()
+            return web.Response(status=503)
+        return await super()._traces(request)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _otel_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= level]
+
+
+def test_a_collector_that_hangs_holds_a_stop_for_the_flush_budget_at_most(
+    make_app: Callable[..., Application], fake_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with TroubledCollector("hang") as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        app = make_app(base_url=fake_llm.base_url)
+        ask(app, "run date")
+        wait_for(lambda: collector.hits)  # an export under way, never answered
+        ask(app, "run date")  # and spans waiting behind it
+        started = time.monotonic()
+        app.stop()
+        took = time.monotonic() - started
+    # The SDK alone waits out that export (10 s, the exporter's timeout) and then the next.
+    assert took < otel.FLUSH_AT_STOP_SECONDS + 5, f"the stop took {took:.1f} s"
+
+
+def test_an_llm_error_quoting_the_api_key_reaches_the_collector_redacted(
+    make_app: Callable[..., Application], fake_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from autoresponse.testing.fake_llm import FakeResponse
+
+    key = "sk-otel-test-key-4242"
+    quoted = json.dumps({"error": {"message": f"Invalid API key provided: Bearer {key}"}})
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{receiver.port}")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        app = make_app(base_url=fake_llm.base_url, llm={"api_key": key, "max_attempts": 1})
+        fake_llm.script(*[FakeResponse(status=401, body=quoted)] * 4)
+        envelope = ask(app, "hello")
+        assert app.telemetry is not None and app.telemetry.force_flush()
+        trace_id = otel.trace_id_of(envelope.correlation_id).to_bytes(16, "big")
+        spans = wait_for(lambda: [s for _, s in receiver.spans() if s.trace_id == trace_id
+                                  and any(a.key == "gen_ai.operation.name" for a in s.attributes)])
+        assert "[secret]" in spans[0].status.message  # the LLM server's answer, as it said it
+        assert all(key not in str(export) for export in receiver.exports)
+
+
+def test_the_collectors_password_and_headers_are_never_logged_and_are_redacted(
+    make_app: Callable[..., Application], fake_llm: Any, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    password, api_key, token = "pa55-w0rd-otel", "hdr-secret-1234", "tok-abcdef-5678"
+    with OtlpReceiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://bot:{password}@127.0.0.1:{receiver.port}/")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-api-key={api_key},Authorization=Bearer%20{token}")
+        with caplog.at_level("INFO"):
+            app = make_app(base_url=fake_llm.base_url)
+        assert app.telemetry is not None
+        assert password not in caplog.text and "bot:" not in caplog.text
+        assert f"exporter otlp, http://127.0.0.1:{receiver.port}/" in caplog.text  # where it goes, still said
+        # The redactor of what leaves (dead letters, spans) knows them.
+        said = app.runtime.dead_letters.redact(f"401: {password} x-api-key: {api_key}, auth: Bearer {token}")
+        assert password not in said and api_key not in said and token not in said and "[secret]" in said
+
+
+def test_a_collector_refusing_for_many_batches_is_one_warning_and_one_line_as_it_works_again(
+    make_app: Callable[..., Application], fake_llm: Any, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    with TroubledCollector("503") as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # a batch given up in ~2 s: many batches
+        with caplog.at_level("INFO"):
+            app = make_app(base_url=fake_llm.base_url)
+            wait_for(lambda: ask(app, "run date") and collector.hits >= 6, timeout=90)
+            assert len(_otel_records(caplog, logging.WARNING)) <= 1  # the SDK: a line a try and a batch
+            collector.mode = "record"
+            ask(app, "run date")
+            wait_for(lambda: collector.exports and "takes spans again" in caplog.text, timeout=30)
+        assert len(_otel_records(caplog, logging.WARNING)) <= 1
