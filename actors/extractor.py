@@ -584,15 +584,20 @@ def _checked(raws: list[tuple[Any, str | None, str]], allowed: Collection[str], 
 _LOOP_PROBE = 40
 #: A loop is the same text this many times in a row, at least.
 _LOOP_REPEATS = 3
+#: Where a word ends: the places a looped reply may be cut.
+_WORD_END = re.compile(r"(?<=\S)(?=\s)")
 
 
 def without_loop(text: str) -> str:
     """``text`` with the loop it ended in kept once: a small model cut off at its token
-    limit often repeats one sentence to the end. Linear in the text; text that does not
-    end in a loop comes back as it is.
+    limit often repeats one sentence to the end. The repeated phrase is kept whole, cut
+    at its sentence, line or clause end if it has one, and never inside a word. Linear
+    in the text; text that does not end in a loop comes back as it is.
 
     >>> without_loop("The sky is blue." + " It is the air." * 9 + " It is")
     'The sky is blue. It is the air.'
+    >>> without_loop("Je suis désolé, " + "je suis désolé, " * 9 + "je suis dé")
+    'Je suis désolé'
     >>> without_loop("Paris.")
     'Paris.'
     """
@@ -606,11 +611,35 @@ def without_loop(text: str) -> str:
     start = len(text) - period  # the last whole period; walk back while the one before matches
     while start >= period and text[start - period:start] == text[start:start + period]:
         start -= period
+    # then char by char to where the loop begins, capitals aside: the phrase said first
+    # often starts with one ("Je suis désolé, je suis désolé, ...")
+    while start > 0 and text[start - 1].lower() == text[start - 1 + period].lower():
+        start -= 1
     if (len(text) - start) < period * _LOOP_REPEATS:
         return text
-    kept = text[:start + period]
-    end = max(kept.rfind(mark) for mark in ".!?")  # and the sentence it was in, whole
-    return (kept[:end + 1] if end > start else kept).rstrip()
+    kept = text[:_loop_cut(text, start, period)].rstrip()
+    return kept.rstrip(",;:").rstrip() or kept  # a clause mark at the end promises more
+
+
+def _loop_cut(text: str, start: int, period: int) -> int:
+    """Where to cut ``text`` so that its loop (``period`` long, from ``start``) is said
+    once: at a word end near where its first repetition ends, a sentence end if there
+    is one, else a line end, else a clause end, else the nearest. Where the repetition
+    ends is known only to a few characters (the text before the loop may end as the
+    phrase does), so the cut is sought within half a period either side of it; a loop
+    without a word end is cut right there."""
+    once = start + period
+    low, high = once - period // 2, once + (period - 1) // 2  # one period: every phase once
+    cuts = [m.start() for m in _WORD_END.finditer(text, low, high + 1)]
+    if not cuts:
+        return once
+
+    def preference(cut: int) -> tuple[int, int, int]:
+        kind = (0 if text[cut - 1] in ".!?" else 1 if text[cut] == "\n"
+                else 2 if text[cut - 1] in ",;:" else 3)
+        return kind, abs(cut - once), cut
+
+    return min(cuts, key=preference)
 
 
 def rejection(prompt: PromptRequest, reply: str, errors: Collection[str]) -> SystemMessage:

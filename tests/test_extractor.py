@@ -374,3 +374,52 @@ def test_a_garbage_reply_does_not_hold_up_the_next_one() -> None:
         worker.join(10)
     assert garbage.actions == ()
     assert texts(found) == ["df -h"]
+
+
+# ------------------------------------------------------ a reply cut off in a loop
+
+#: Plain-word replies a small model looped in until its token limit, each as (its first
+#: words, the phrase it then repeats, what the user is to get): the first two are
+#: SmolLM2's own answers to "Translate hello into French" and "Write a haiku about rain".
+LOOPED = {
+    "french-apology": ("Je suis désolé, ", "je suis désolé, ", "Je suis désolé"),
+    "haiku-lines": ("Rain, a fleeting, a fleeting, a fleeting,\n",
+                    "A fleeting, a fleeting, a fleeting,\n",
+                    "Rain, a fleeting, a fleeting, a fleeting"),
+    "english-words-only": ("", "I love you so much ", "I love you so much"),
+    "accented-words-only": ("Ça a été très compliqué ", "ça a été très compliqué ",
+                            "Ça a été très compliqué"),
+    "sentences": ("The sky is blue.", " It is the air.", "The sky is blue. It is the air."),
+}
+
+
+@pytest.mark.parametrize("first, phrase, said", LOOPED.values(), ids=LOOPED.keys())
+def test_a_reply_cut_off_in_a_loop_says_its_phrase_once_and_whole(
+    first: str, phrase: str, said: str
+) -> None:
+    # The token limit may cut the last repetition anywhere, even inside a word.
+    for cut in range(len(phrase)):
+        text = first + phrase * 36 + phrase[:cut]
+        assert (cut, extractor.without_loop(text)) == (cut, said)
+
+
+def test_the_looped_replies_seen_live_are_not_cut_inside_a_word() -> None:
+    """The shapes of repro/loop_cut.py: the user got "Je suis désolé, je suis dé"."""
+    apology = "Je suis désolé, " + "je suis désolé, " * 36 + "je suis dé"
+    haiku = ("Rain, a fleeting, a fleeting, a fleeting,\n"
+             + "A fleeting, a fleeting, a fleeting,\n" * 19 + "A fleeting")
+    assert extractor.without_loop(apology) == "Je suis désolé"
+    assert extractor.without_loop(haiku) == "Rain, a fleeting, a fleeting, a fleeting"
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("Je suis désolé, " + "je suis désolé, " * 6_400, "Je suis désolé"),  # 100 kB
+        ("AB" * 50_000 + "ab" * 50_000, "AB"),  # a loop that differs only in capitals, long
+        ("ab" * 100_000, "ab"),
+    ],
+    ids=["phrase", "capitals", "no-word-end"],
+)
+def test_cutting_a_huge_loop_takes_linear_time(text: str, said: str) -> None:
+    assert within(10, lambda: extractor.without_loop(text)) == said
