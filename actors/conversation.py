@@ -29,10 +29,11 @@ conversation:
   memory is not theirs to wipe;
 * takes a user's ``/cancel`` (or "stop" in a private chat) at once, ahead of the chat's
   queued turns: the turn under way is cancelled (its journal item closes as cancelled, its
-  LLM call is aborted, its command killed; see ``cancellation``), the queued turns are
-  dropped (a queued ``/forget`` is not: it runs next, with its usual reply), pending
-  approvals are called off, and the user gets a one-line confirmation, or "nothing to
-  cancel". An allowed user cancels all of it; a stranger only their own
+  LLM call is aborted, its command killed; see ``cancellation``) and forgotten (its message
+  leaves the memory, with what was remembered for it: the next turn is not about it), the
+  queued turns are dropped (a queued ``/forget`` is not: it runs next, with its usual
+  reply), pending approvals are called off, and the user gets a one-line confirmation, or
+  "nothing to cancel". An allowed user cancels all of it; a stranger only their own
   (the turn under way if it is theirs, their queued messages and approvals);
 * says nothing to a stranger's ``/cancel`` or ``/forget`` it does not take: like any
   notice to an autonomous turn (``failures``), it would be a public reply to whoever typed it;
@@ -56,7 +57,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from autoresponse.actors.approvals import APPROVALS, NOTHING_TO_CANCEL, denied_request
-from autoresponse.actors.cancellation import abort, cancel_request
+from autoresponse.actors.cancellation import abort, cancel_request, is_cancelled
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.limits import ALBUM_GATHER_SECONDS
 from autoresponse.actors.memory import ConversationStore, StoreUnreadable
@@ -219,10 +220,12 @@ def next_turn(waiting: deque[Envelope]) -> list[Envelope]:
 
 
 class _Running(NamedTuple):
-    """A chat's turn under way: its correlation, and the user it runs for."""
+    """A chat's turn under way: its correlation, the user it runs for, and the id of its
+    message in the chat's memory (forgotten if the turn is cancelled; None: none stored)."""
 
     correlation: str
     user: str | None
+    remembered: int | None = None
 
 
 class _Group(NamedTuple):
@@ -393,6 +396,8 @@ class ConversationActor(TypedActor):
     @handles
     def on_reply_delivered(self, delivered: ReplyDelivered, env: Envelope) -> None:
         chat = delivered.context.chat_key
+        if is_cancelled(self.runtime, env.correlation_id):
+            return  # confirmed after its turn's /cancel: the turn is forgotten, its reply too
         if self.store is not None:
             try:
                 self.store.append(chat, "assistant", delivered.text, kind="reply")
@@ -412,6 +417,7 @@ class ConversationActor(TypedActor):
         """Start one turn for the requests in ``envelopes`` (their last one carries it)."""
         request = merged([e.body for e in envelopes])
         cause = envelopes[-1]
+        remembered = None
         if self.store is not None:
             try:
                 self.store.seen(request.context)
@@ -420,12 +426,12 @@ class ConversationActor(TypedActor):
             turns = self._recent(chat)
             said = " ".join(filter(None, (request.text, attachments_label(request.attachments))))
             try:
-                self.store.append(chat, "user", said)
+                remembered = self.store.append(chat, "user", said)
             except _MEMORY_ERRORS as error:
                 _memory_failed(chat, "remembering a message", error)
             request = request.model_copy(update={"turns": tuple(turns)})
         self.send(LLM, request, cause=cause)
-        self._turn(chat, cause)
+        self._turn(chat, cause, remembered)
 
     def _recent(self, chat: str) -> list[Any]:
         """The chat's recent turns; none when the memory cannot be read."""
@@ -436,12 +442,13 @@ class ConversationActor(TypedActor):
                 _memory_failed(chat, "reading the memory", error)
         return []
 
-    def _turn(self, chat: str, env: Envelope) -> None:
+    def _turn(self, chat: str, env: Envelope, remembered: int | None = None) -> None:
         """``env``'s correlation is the chat's turn under way until it has finished (called
-        once the turn's work is sent: in the book, it is a turn started)."""
+        once the turn's work is sent: in the book, it is a turn started); ``remembered``: the
+        id of its message in the memory."""
         self.runtime.when_finished(env.correlation_id, self.name,
                                    TurnEnded(chat=chat, correlation=env.correlation_id))
-        self._running[chat] = _Running(env.correlation_id, user_of(env.body))
+        self._running[chat] = _Running(env.correlation_id, user_of(env.body), remembered)
 
     def _forget(self, chat: str, env: Envelope) -> None:
         """Clear the chat's memory (if the store fails, the user hears it was not cleared); its
@@ -507,6 +514,7 @@ class ConversationActor(TypedActor):
         # Out of the book once called off: a crash before, and the /cancel, retried, does it all.
         self._drop(chat, {e.message_id for e in dropped})
         if running is not None:
+            self._forget_turn(chat, running)
             del self._running[chat]
         for held in dropped:
             self.release(held)
@@ -515,6 +523,15 @@ class ConversationActor(TypedActor):
             # What others queued (not this user's to cancel), and a /forget, go on: after
             # the confirmation, which answers what came first.
             self._next_turn(chat)
+
+    def _forget_turn(self, chat: str, running: _Running) -> None:
+        """Take a cancelled turn out of the chat's memory: what came next would otherwise be
+        answered about it (queued messages were never remembered)."""
+        if self.store is not None and running.remembered is not None:
+            try:
+                self.store.forget_turn(chat, running.remembered)
+            except _MEMORY_ERRORS as error:
+                _memory_failed(chat, "forgetting a cancelled turn", error)
 
     def _confirm(self, request: UserRequest, cancelled: bool, env: Envelope) -> None:
         """Call off the chat's pending approvals too (a stranger's: theirs), and tell the user."""

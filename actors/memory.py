@@ -8,12 +8,14 @@ oldest entries are dropped first, and one entry longer than the whole budget is
 cut to fit it. Tokens are counted approximately: four characters to a token,
 plus four for each message's framing, which is close to what OpenAI-style
 tokenizers give for English and errs long for code. What is older than the
-retention is never read back, and goes when the store is compacted.
+retention is never read back, and goes when the store is compacted. A turn its user
+cancels is forgotten, with all it left (``forget_turn``).
 
 >>> from tempfile import TemporaryDirectory
 >>> folder = TemporaryDirectory()
 >>> store = ConversationStore(Path(folder.name) / "memory.sqlite3", max_tokens=2000)
->>> store.append("telegram:42:", "user", "run df -h")
+>>> store.append("telegram:42:", "user", "run df -h")  # its id
+1
 >>> store.recent("telegram:42:")
 [Turn(role='user', content='run df -h', tool_calls=(), tool_call_id=None)]
 >>> store.close(); folder.cleanup()
@@ -233,9 +235,9 @@ class ConversationStore:
     A file damaged past its first page is StoreUnreadable once ``compact``,
     ``chats_with_memory`` or ``history`` reads the damage.
 
-    A write the file fails (``append``, ``seen``; ``forget`` raises it, as its user must
-    hear it) marks the store ``failing`` until one commits; the start and the end of
-    that are logged, once each."""
+    A write the file fails (``append``, ``seen``, ``forget_turn``; ``forget`` raises it, as
+    its user must hear it) marks the store ``failing`` until one commits; the start and the
+    end of that are logged, once each."""
 
     WHAT = "conversation memory"
 
@@ -290,9 +292,10 @@ class ConversationStore:
 
     # ---------------------------------------------------------------- memory
 
-    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> int | None:
         """Remember one message (cut to fit the whole budget, were it longer); the chat's
-        oldest entries go once it is over its budget."""
+        oldest entries go once it is over its budget. Its id (for ``forget_turn``), None
+        if the disk failed it."""
         content = storable(within_budget(content, self.max_tokens))
         tokens = estimate_tokens(content)
         with self._writing() as db:
@@ -300,6 +303,8 @@ class ConversationStore:
                                 "VALUES (?, ?, ?, ?, ?, ?)",
                                 (chat, role, kind, content, tokens, time.time())).lastrowid
             self._trim(chat, newest)
+            return newest
+        return None
 
     def _trim(self, chat: str, newest: int | None) -> None:
         """Drop the chat's oldest entries beyond its budget, never ``newest`` (the one just
@@ -343,6 +348,13 @@ class ConversationStore:
         file fails is raised: its user is told the memory was not cleared."""
         with self._writing(raising=True) as db:
             return db.execute("DELETE FROM memory WHERE chat = ?", (chat,)).rowcount
+
+    def forget_turn(self, chat: str, first: int) -> None:
+        """Forget a turn its user cancelled: the chat's entries from ``first`` (its message)
+        on, which are its replies and its actions' records (a chat runs one turn at a time;
+        a reminder's reply stored meanwhile goes with them)."""
+        with self._writing() as db:
+            db.execute("DELETE FROM memory WHERE chat = ? AND id >= ?", (chat, first))
 
     def compact(self, now: float | None = None) -> int:
         """Forget what is older than the retention; how many entries went."""

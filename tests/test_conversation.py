@@ -18,6 +18,7 @@ import pytest
 from conftest import Gate, ask, console_text, system_message, system_messages, wait_for
 
 from autoresponse import Application, Settings
+from autoresponse.actors.cancellation import is_cancelled
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.kernel.probe import Probe
 from autoresponse.actors.kernel.testkit import InjectedFault
@@ -366,6 +367,59 @@ def test_a_forget_queued_before_a_cancel_still_clears_the_memory(
         replies = sorted(m.text for m in out.bodies(OutboundMessage))
     assert replies == sorted([CANCELLED, FORGOTTEN])
     assert app.memory.history("console:console:") == []  # the password is gone
+
+
+DRAGONS = "Write a long story about dragons"
+
+
+def test_a_cancelled_turn_is_forgotten_and_the_next_question_is_not_answered_about_it(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.script(actions(say("Hi Ada.")), FakeResponse(hang=True), actions(say("An apple.")))
+    app = make_app(base_url=fake_llm.base_url, llm={"read_timeout": 60, "stream": False})
+    assert app.memory is not None
+    ask(app, "hello, I am Ada")
+    with app.runtime.probe(sender("console")) as out:
+        story = app.runtime.send("interface.console", ConsoleInput(text=DRAGONS))
+        wait_for(lambda: len(fake_llm.requests) == 2)  # its turn is under way
+        app.runtime.send("interface.console", ConsoleInput(text="/cancel"))
+        assert story is not None and app.runtime.wait_idle(story.correlation_id, timeout=10)
+        wait_for(lambda: [m.text for m in out.bodies(OutboundMessage)] == [CANCELLED])
+    ask(app, "Name a fruit.")
+    fruit = chat_turns(fake_llm)[-1].messages
+    assert [m["content"] for m in fruit[1:]] == ["hello, I am Ada", "Hi Ada.", "Name a fruit."]
+    assert [(e.role, e.content) for e in app.memory.history("console:console:")] == [
+        ("user", "hello, I am Ada"), ("assistant", "Hi Ada."),
+        ("user", "Name a fruit."), ("assistant", "An apple.")]  # nothing of the dragons
+
+
+def test_a_cancelled_turn_leaves_none_of_its_replies_in_the_memory(
+    make_app: MakeApp, fake_llm: FakeLLMServer
+) -> None:
+    # The first reply is confirmed before the /cancel, the second only after it.
+    fake_llm.script(actions(say("Chapter one."), say("Chapter two.")), actions(say("An apple.")))
+    app = make_app(base_url=fake_llm.base_url)
+    assert app.memory is not None
+    chat = "console:console:"
+    held: list[str] = []
+
+    def hold_chapter_two(actor: str, env: Envelope) -> None:
+        """The console's sender sends chapter two only once its turn is cancelled."""
+        if (actor == sender("console") and isinstance(env.body, OutboundMessage)
+                and env.body.text == "Chapter two."):
+            held.append(env.correlation_id)
+            wait_for(lambda: is_cancelled(app.runtime, env.correlation_id), timeout=20)
+
+    app.runtime.fault = hold_chapter_two
+    story = app.runtime.send("interface.console", ConsoleInput(text=DRAGONS))
+    wait_for(lambda: held and len(app.memory.history(chat)) == 2)  # its message, chapter one
+    ask(app, "/cancel")
+    assert story is not None and app.runtime.wait_idle(story.correlation_id, timeout=10)
+    assert app.memory.history(chat) == []  # nor chapter two, confirmed after the /cancel
+    ask(app, "Name a fruit.")
+    assert [m["content"] for m in chat_turns(fake_llm)[-1].messages[1:]] == ["Name a fruit."]
+    assert [(e.role, e.content) for e in app.memory.history(chat)] == [
+        ("user", "Name a fruit."), ("assistant", "An apple.")]
 
 
 def fail_the_memory(path: Path, how: str) -> None:

@@ -12,6 +12,7 @@ With a ``JetStreamJournal`` (on a NATS server, so these are not run)::
 
     >>> store = SharedConversationStore(journal, max_tokens=2000)       # doctest: +SKIP
     >>> store.append("telegram:42:", "user", "how full is the disk?")  # doctest: +SKIP
+    1
     >>> store.recent("telegram:42:")                                   # doctest: +SKIP
     [Turn(role='user', content='how full is the disk?', tool_calls=(), tool_call_id=None)]
 """
@@ -50,6 +51,13 @@ def _expired(raw: Any, since: float) -> bool:
     return isinstance(written, (int, float)) and written < since
 
 
+def _at_or_after(raw: Any, first: int) -> bool:
+    """Whether the stored entry ``raw`` is ``first`` or came after it (a damaged one is
+    not: ``newest_within`` leaves it out, saying so)."""
+    written = raw.get("id") if isinstance(raw, dict) else None
+    return isinstance(written, int) and written >= first
+
+
 class SharedConversationStore:
     """Thread-safe (every call runs on the journal's loop thread).
 
@@ -79,22 +87,28 @@ class SharedConversationStore:
             return {"chat": chat, "entries": []}, None
         return json.loads(entry.value or b"{}") or {"chat": chat, "entries": []}, entry.revision
 
-    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> None:
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> int | None:
         """Remember one message (cut to fit the whole budget, were it longer); the chat's
-        oldest entries go once it is over its budget, and those past the retention."""
+        oldest entries go once it is over its budget, and those past the retention. Its id
+        (for ``forget_turn``)."""
         content = within_budget(content, self.max_tokens)
-        self._journal.run(self._append(chat, role, kind, content))
+        return self._journal.run(self._append(chat, role, kind, content))
 
-    async def _append(self, chat: str, role: Role, kind: Kind, content: str) -> None:
+    async def _append(self, chat: str, role: Role, kind: Kind, content: str) -> int:
+        added = 0  # the id of the entry written: the last attempt's
+
         def add(data: bytes | None) -> bytes:
+            nonlocal added
             value = json.loads(data) if data else {"chat": chat, "entries": []}
             entries, now = value["entries"], time.time()
-            newest = {"id": (entries[-1]["id"] + 1) if entries else 1, "role": role, "kind": kind,
+            added = (entries[-1]["id"] + 1) if entries else 1
+            newest = {"id": added, "role": role, "kind": kind,
                       "content": content, "tokens": estimate_tokens(content), "time": now}
             since = self._retained_since(now)
             value["entries"] = self._trimmed([*(raw for raw in entries if not _expired(raw, since)), newest])
             return json.dumps(value).encode()
         await compare_and_set(self._memory, kv_key(chat), add)
+        return added
 
     def _trimmed(self, entries: list[Any]) -> list[Any]:
         """The newest of ``entries`` that fit the budget, and always the newest one (just
@@ -129,6 +143,20 @@ class SharedConversationStore:
                 await self._memory.purge(kv_key(chat))
             return len(value["entries"])
         return self._journal.run(forget())
+
+    def forget_turn(self, chat: str, first: int) -> None:
+        """Forget a turn its user cancelled: the chat's entries from ``first`` (its message)
+        on, as ``ConversationStore.forget_turn``."""
+        def drop(data: bytes | None) -> bytes | None:
+            value = json.loads(data) if data else None
+            if value is None:
+                return None  # nothing remembered (a /forget came between)
+            kept = [raw for raw in value["entries"] if not _at_or_after(raw, first)]
+            if len(kept) == len(value["entries"]):
+                return None
+            value["entries"] = kept
+            return json.dumps(value).encode()
+        self._journal.run(compare_and_set(self._memory, kv_key(chat), drop))
 
     def compact(self, now: float | None = None) -> int:
         """Nothing to do: the bucket's TTL forgets a chat not written for the retention, a
