@@ -103,15 +103,16 @@ def context_of(body: Any) -> OriginalContext | None:
     return None
 
 
-def notice_of(body: Any, delivered: Outcome | None = None) -> str:
+def notice_of(body: Any, delivered: Outcome | None = None, *, nothing_done: str = FAILURE_NOTICE) -> str:
     """What the user hears when ``body``, a message of their request, dies: what became of
     the request, when ``body`` shows it (a command's output, a delivery turn, a turn that
     carried out part of its reply), in the words of a turn that gives up (``actors.retry``);
-    else ``FAILURE_NOTICE``. A reply to send shows nothing of the rest of its request: for
-    one, ``delivered`` says what its request's commands came to (``delivered_outcome``), None
-    when no output of them was delivered."""
+    else ``nothing_done`` (an LLM failure says why: too long, the model away). A reply to
+    send shows nothing of the rest of its request: for one, ``delivered`` says what its
+    request's commands came to (``delivered_outcome``), None when no output of them was
+    delivered."""
     if isinstance(body, OutboundMessage):
-        return FAILURE_NOTICE if delivered is None else OUTCOME_NOTICES[delivered]
+        return nothing_done if delivered is None else OUTCOME_NOTICES[delivered]
     if isinstance(body, ActionOutput):
         outcome = outcome_of(body.results)
         # One command of several: the rest may not have run, or not well.
@@ -128,7 +129,7 @@ def notice_of(body: Any, delivered: Outcome | None = None) -> str:
         carried_out = body.carried_out if isinstance(body, Rejection) else prompt.carried_out
         if carried_out:
             return PARTLY_DONE_NOTICE
-    return FAILURE_NOTICE
+    return nothing_done
 
 
 def failed_action(request: ActionRequest, reason: str, actor: str | None) -> ActionResult:

@@ -487,6 +487,15 @@ def _payload(arguments: str) -> Any:
     return value if isinstance(value, dict) else arguments
 
 
+def current_message(prompt: PromptRequest, protocol: Protocol) -> str:
+    """The turn's own message as ``protocol`` sends it: the user's text, or the system
+    message of a delivery or re-ask turn (the full format rules in it only in ``text``)."""
+    message = prompt.system_message
+    if message is None or protocol == "text":
+        return prompt.current_text
+    return _system_message_text(message, prompt.allowed_actions, protocol)
+
+
 def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -> list[dict[str, Any]]:
     """OpenAI-style chat messages for ``prompt``, as ``protocol`` carries the actions.
 
@@ -500,8 +509,7 @@ def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": _system_prompt(prompt.system_instruction, rules, context)}]
     messages.extend(_render_turn(t, protocol) for t in prompt.turns)
-    current = (prompt.current_text if message is None or protocol == "text"
-               else _system_message_text(message, prompt.allowed_actions, protocol))
+    current = current_message(prompt, protocol)
     if protocol == "tools" and message is not None and prompt.turns and prompt.turns[-1].role == "tool":
         # A re-ask in tools: the tool turns answer the rejected calls, and the last one
         # carries the error system message; no fresh user message.

@@ -369,8 +369,8 @@ def test_an_llm_refusing_the_key_fails_health_until_it_answers_again(
     assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
     assert metrics(url)[("autoresponse_interface_healthy", (("interface", LLM),))] == 1
 
-    fake_llm.context = 64  # llama.cpp's 400: the request exceeds the context window
-    ask(app, "a question too long for this model")
+    fake_llm.context = 2_000  # llama.cpp's 400: the request exceeds the context window
+    ask(app, "a question too long for this model: " + "x" * 20_000)
     assert console_text(app).endswith(TOO_LONG_NOTICE + "\n")
     assert get_json(f"{url}/healthz") == (200, {"status": "ok"})
     assert snapshot(app.runtime).failing == {}

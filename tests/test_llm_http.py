@@ -10,6 +10,7 @@ import logging
 import random
 import socket
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +27,10 @@ from autoresponse.actors.limits import LLM_MAX_RESPONSE_BYTES
 from autoresponse.actors.llm import HttpEngine, LLMError
 from autoresponse.actors.llm.budget import NarrowedChats
 from autoresponse.actors.llm.client import TOO_LONG_NOTICE, UNREACHABLE_NOTICE
+from autoresponse.actors.llm.http import _DISCOVERY_MISSES
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
-from autoresponse.actors.routes import DISPATCHER, LLM, sender
+from autoresponse.actors.retry import OUTCOME_NOTICES
+from autoresponse.actors.routes import DISPATCHER, LLM, executor, sender
 from autoresponse.interfaces.console import Console
 from autoresponse.actors.prompts import build_chat_request
 from autoresponse.messages import LLMReply, OriginalContext, OutboundMessage, PromptRequest, Turn
@@ -195,6 +198,28 @@ def test_a_request_the_llm_finds_too_long_is_told_so_not_unreachable(
         [notice] = out.bodies(OutboundMessage)
     assert notice.notice and notice.text == TOO_LONG_NOTICE
     assert len(fake_llm.requests) == 1  # a 413 is not retried
+
+
+@pytest.mark.parametrize("status", [503, 413], ids=["unreachable", "too-long"])
+def test_a_delivery_turn_the_llm_fails_tells_the_user_the_command_ran(
+    make_app: Callable[..., Application], fake_llm: FakeLLMServer, status: int
+) -> None:
+    """The command ran, and the LLM fails only the turn that tells its output (away, or
+    finding it too long): the user hears it is done, not "could not reach the language
+    model" or "send it shorter", which would have them ask again and run it twice."""
+    def fail_the_delivery(body: dict[str, Any]) -> FakeResponse | None:
+        told = "system_message" in str(body["messages"][-1].get("content"))
+        return FakeResponse(status=status) if told else None
+
+    fake_llm.responder = fail_the_delivery
+    app = make_app(base_url=fake_llm.base_url)
+    with app.runtime.probe(executor("terminal")) as ran, app.runtime.probe(sender("console")) as out:
+        ask(app, "run echo ran-once")
+        sent = out.bodies(OutboundMessage)
+        assert len(ran.envelopes) == 1
+    assert [(m.notice, m.text) for m in sent] == [(True, OUTCOME_NOTICES["done"])]
+    [letter] = app.runtime.dead_letters.letters()
+    assert letter.reason == "llm unavailable"
 
 
 class BrokenEngine:
@@ -564,6 +589,89 @@ async def test_what_a_server_says_of_itself_unreadably_is_unknown_never_a_failed
             await engine.answer(prompt)
             assert engine.context_tokens is None and engine.server_facts == {"server": "llama.cpp",
                                                                               "context_tokens": None}
+
+
+class PropsCountingLLM(FakeLLMServer):
+    """Counts the requests for /props, and answers the first ``unavailable`` of them with
+    a 503 (as llama.cpp's server does while it loads the model)."""
+
+    def __init__(self, *, unavailable: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.unavailable = unavailable
+        self.props_asked = 0
+
+    async def _props(self, request: web.Request) -> web.Response:
+        self.props_asked += 1
+        if self.props_asked <= self.unavailable:
+            raise web.HTTPServiceUnavailable()
+        return await super()._props(request)
+
+
+#: llama.cpp's /props for a model whose chat template has no tool support.
+NO_TOOLS_PROPS = {"default_generation_settings": {"n_ctx": 4096}, "chat_template_caps": {"supports_tools": False}}
+
+
+def test_a_daemon_started_before_its_llm_server_learns_what_it_is_once_it_is_up(
+    make_app: Callable[..., Application],
+) -> None:
+    """A reboot, a service order: the daemon's first message finds no server. Once the
+    server is up, the daemon learns what it is, as one started after it would: its
+    template has no tools, so ``auto`` speaks json_schema, within its window; and it
+    asks the server what it is only once."""
+    port = free_port()
+    app = make_app(base_url=f"http://127.0.0.1:{port}/v1", admin={"enabled": True, "port": 0})
+    with app.runtime.probe(sender("console")) as out:
+        ask(app, "uptime")
+        [notice] = out.bodies(OutboundMessage)
+    assert notice.notice and notice.text == UNREACHABLE_NOTICE
+    with PropsCountingLLM(port=port, props=NO_TOOLS_PROPS) as llm:
+        with app.runtime.probe(sender("console")) as out:
+            ask(app, "uptime")
+            ask(app, "hello")
+            assert not any(m.notice for m in out.bodies(OutboundMessage))
+        assert llm.requests and all("response_format" in r.body and "tools" not in r.body for r in llm.requests)
+        with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+            [engine] = json.load(response)["reports"]["llm"]["engines"]
+        assert engine["protocol"] == "json_schema" and engine["context_tokens"] == 4096
+        assert engine["server"] == "llama.cpp"
+        assert llm.props_asked == 1
+
+
+async def test_a_server_that_cannot_say_yet_is_asked_again_at_the_next_call_once_for_calls_waiting() -> None:
+    """A 5xx is no answer (llama.cpp loading its model): the next call asks again. Calls
+    that waited behind a try that got no answer do not each ask again; and once the
+    server answered, it is not asked again."""
+    with PropsCountingLLM(props=NO_TOOLS_PROPS, unavailable=1) as llm:
+        prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+        async with engine_for(llm) as engine:
+            await asyncio.wait_for(asyncio.gather(*[engine.answer(prompt) for _ in range(3)]), 30)
+            assert llm.props_asked == 1 and engine.mode == "tools" and engine.context_tokens is None
+            assert engine.server_facts == {}
+            for _ in range(2):
+                assert (await asyncio.wait_for(engine.answer(prompt), 30)).protocol == "json_schema"
+            assert engine.context_tokens == 4096 and engine.server_facts["supports_tools"] is False
+    assert llm.props_asked == 2
+
+
+async def test_a_404_says_the_server_has_nothing_to_say_and_is_not_asked_again() -> None:
+    with PropsCountingLLM() as llm:  # no /props, no /v1/models, no /api/show: a plain server
+        prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+        async with engine_for(llm) as engine:
+            for _ in range(3):
+                assert (await asyncio.wait_for(engine.answer(prompt), 30)).protocol == "tools"
+    assert llm.props_asked == 1
+
+
+async def test_a_server_that_answers_calls_but_never_what_it_is_is_no_longer_asked() -> None:
+    """A /props that always fails while chats work (a proxy in between) would slow every
+    call: after a few calls it answered, the engine stops asking, and goes on unfitted."""
+    with PropsCountingLLM(props=NO_TOOLS_PROPS, unavailable=1_000) as llm:
+        prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])
+        async with engine_for(llm) as engine:
+            for _ in range(_DISCOVERY_MISSES + 2):
+                assert (await asyncio.wait_for(engine.answer(prompt), 30)).protocol == "tools"
+            assert engine.context_tokens is None
+    assert llm.props_asked == _DISCOVERY_MISSES
 
 
 # --- Event streams framed as the SSE spec allows (an event's data over several lines,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -20,13 +21,13 @@ from autoresponse import Application
 from autoresponse.actors.kernel import ManualClock
 from autoresponse.actors.limits import LLM_MAX_TOKENS
 from autoresponse.actors.llm import EngineChain, HttpEngine, LLMError, NoticeEngine
-from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE
+from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE, WINDOW_NOTICE
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.extractor import rejection
 from autoresponse.actors.llm.budget import ContextBudget, request_tokens
 from autoresponse.actors.prompts import build_chat_request, build_reask_request, plain_retry, render_openai_messages
 from autoresponse.actors.retry import GIVE_UP_NOTICE
-from autoresponse.actors.routes import executor, sender
+from autoresponse.actors.routes import LLM, executor, sender
 from autoresponse.messages import ActionRequest, OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
 
@@ -750,6 +751,73 @@ def test_one_message_the_server_finds_too_big_never_narrows_later_requests(
         [answer] = replies(app, "and what did I say first?", manual_clock)
         assert not answer.notice
         assert "story part 0" in json.dumps(llm.requests[-1].messages)  # the oldest memory kept
+
+
+def test_a_delivery_turn_is_measured_as_it_is_sent_not_with_the_text_rules(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """A command's output told in json_schema on a small window: its delivery turn carries
+    one line of rules (the schema goes to the server), not the full text rules its
+    ``current_text`` holds, so it is sent, and the user hears the output: not "too long",
+    which had them ask again and run the command twice."""
+    with FakeLLMServer(context=800) as llm:  # the window the budget is told: the server holds to it
+        app = make_app(base_url=llm.base_url, clock=manual_clock,
+                       llm={"context_tokens": 800, "max_tokens": 200, "protocol": "json_schema"})
+        with app.runtime.probe(executor("terminal")) as ran:
+            sent = replies(app, "run echo via-small-window", manual_clock)
+            assert len(ran.envelopes) == 1
+    assert [(m.notice, "via-small-window" in m.text) for m in sent] == [(False, True)]
+    assert len(llm.requests) == 2 and not any(llm.refusal(r.body) for r in llm.requests)
+    assert app.runtime.dead_letters.letters() == []
+
+
+@pytest.mark.parametrize("server", ["llama.cpp", "other"])
+def test_a_response_format_costs_prompt_tokens_only_where_the_server_puts_it_in_the_prompt(
+    make_app: MakeApp, manual_clock: ManualClock, server: str
+) -> None:
+    """llama.cpp makes the json_schema response format a grammar beside the prompt: on a
+    common small window (1024 tokens, 256 for the reply) the chat's memory fits beside the
+    instructions, and the model is shown what the user said before; the status says the
+    last request fitted. A server that reads the schema as prompt (OpenAI) has it counted."""
+    llama = server == "llama.cpp"
+    props = {"default_generation_settings": {"n_ctx": 1024}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(context=1024, props=props if llama else None) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, admin={"enabled": True, "port": 0},
+                       llm={"max_tokens": 256, "protocol": "json_schema",
+                            **({} if llama else {"context_tokens": 1024})})
+        replies(app, "My name is Bob.", manual_clock)
+        [answer] = replies(app, "What is my name?", manual_clock)
+        with urllib.request.urlopen(f"{app.admin.url}/status", timeout=10) as response:
+            [engine] = json.load(response)["reports"]["llm"]["engines"]
+    assert not answer.notice
+    last = llm.requests[-1]
+    assert "response_format" in last.body and llm.refusal(last.body) is None
+    assert ("My name is Bob." in json.dumps(last.messages)) == llama  # the memory, beside the grammar
+    assert (engine["last_request_tokens"] <= engine["request_budget_tokens"]) == llama
+
+
+def test_a_window_the_bots_own_instructions_fill_is_the_operators_failure_not_the_users(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """The text protocol's rules and schema alone overflow a 512-token window: "Hi" is
+    not "too long, send it shorter" (nothing the user sends would fit); the user hears
+    the window is too small for the bot, and /healthz says the LLM fails, naming the
+    window, the protocol and what to change."""
+    props = {"default_generation_settings": {"n_ctx": 512}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(context=512, props=props) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, admin={"enabled": True, "port": 0},
+                       llm={"protocol": "text"})
+        [notice] = replies(app, "Hi", manual_clock)
+        try:
+            urllib.request.urlopen(f"{app.admin.url}/healthz", timeout=10)
+            raise AssertionError("/healthz said ok")
+        except urllib.error.HTTPError as exc:
+            code, health = exc.code, json.loads(exc.read())
+    assert notice.notice and notice.text == WINDOW_NOTICE
+    assert (code, health["status"]) == (503, "failing")
+    reason = health["failing"][LLM]["reason"]
+    assert "512 tokens" in reason and "text protocol" in reason
+    assert "llama-server -c" in reason and "AUTORESPONSE_LLM__PROTOCOL=json_schema" in reason
 
 
 # ------------------------------------------------------------------ hostile answers

@@ -7,11 +7,22 @@ first, then the instructions, then the chat's memory, trimmed from the oldest.
 >>> fitted = budget.fit(prompt, protocol="json_schema")               # doctest: +SKIP
 
 Tokens are estimated from characters (no tokenizer is loaded): conservatively, since
-JSON and schema text tokenize worse than prose. A server that still says the context
+JSON and schema text tokenize worse than prose. A ``json_schema`` response format counts
+where the server puts it in the prompt (OpenAI), not where it becomes a grammar beside the
+prompt (llama.cpp: ``format_in_prompt`` off); tools always count (a chat template writes
+them into the prompt). A turn's own message counts as its protocol sends it: a delivery
+turn's output with one line of rules in ``json_schema`` and ``tools``, not the full text
+rules of ``current_text``. A server that still says the context
 was exceeded gets that request once more, smaller (``smaller``), and where that fits, the
 chat's next requests start at that size (``NarrowedChats``): that chat's only, so one
 chat the estimate misjudges never narrows every chat's budget, and pays one refused
 request, not one a turn.
+
+A window the runtime's own part of a request fills (its instructions, the format rules,
+the schema or tools) is the operator's to fix, not the user's: once the server has refused
+such a request, and even at ``PROSE_CHARS_PER_TOKEN`` that part fills the window's whole
+room, ``fit`` raises ``WindowTooSmall``, which says what to change. Both, since the estimate
+runs high: a window it misjudges may hold the instructions, and a refusal may be of memory.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from autoresponse.actors.limits import (
 from autoresponse.actors.llm.engine import LLMError
 from autoresponse.actors.prompts import (
     Protocol,
+    current_message,
     reask_start,
     render_openai_messages,
     response_format,
@@ -60,14 +72,43 @@ def _messages_tokens(messages: list[dict[str, Any]]) -> int:
     return estimate_tokens(text) + images * IMAGE_TOKENS
 
 
-def request_tokens(prompt: PromptRequest, protocol: Protocol) -> int:
-    """The estimated size of ``prompt`` as sent in ``protocol`` (messages and format)."""
+def request_tokens(prompt: PromptRequest, protocol: Protocol, *, format_in_prompt: bool = True) -> int:
+    """The estimated size of ``prompt`` as sent in ``protocol`` (messages and format; the
+    response format only ``format_in_prompt``: a grammar beside the prompt costs none)."""
     size = _messages_tokens(render_openai_messages(prompt, protocol))
     if protocol == "tools":
         size += estimate_tokens(tool_definitions(prompt.allowed_actions))
-    elif protocol == "json_schema":
+    elif protocol == "json_schema" and format_in_prompt:
         size += estimate_tokens(response_format(prompt.allowed_actions))
     return size
+
+
+def runtime_tokens(prompt: PromptRequest, protocol: Protocol, *, format_in_prompt: bool = True) -> int:
+    """The estimated size of what the runtime itself adds to a request like ``prompt``: its
+    instructions, the format rules, the schema or tools; no memory, an empty message."""
+    bare = prompt.model_copy(update={"turns": (), "current_text": "", "system_message": None, "attachments": ()})
+    return request_tokens(bare, protocol, format_in_prompt=format_in_prompt)
+
+
+#: Characters a token in prose, more than ``CHARS_PER_TOKEN``: the least the runtime's own
+#: part may cost, so that a window is called too small for it only when it surely is.
+PROSE_CHARS_PER_TOKEN = 4
+
+#: How every ``WindowTooSmall`` error starts (an ``LLMFailure`` carries only its words).
+WINDOW_TOO_SMALL = "the model's context window is too small for the bot's own instructions"
+
+#: What to change, besides a bigger window, by protocol: the full rules of ``text`` (and the
+#: tools a template writes out) cost most; in ``json_schema``, the reply's reserve is left.
+_WINDOW_ADVICE = {
+    "text": "set AUTORESPONSE_LLM__PROTOCOL=json_schema",
+    "tools": "set AUTORESPONSE_LLM__PROTOCOL=json_schema",
+    "json_schema": "lower AUTORESPONSE_LLM__MAX_TOKENS",
+}
+
+
+class WindowTooSmall(LLMError):
+    """The runtime's own part of every request leaves no room in the model's context
+    window for the user's text: a configuration failure, whatever the user sent."""
 
 
 @dataclass
@@ -79,29 +120,43 @@ class ContextBudget:
     #: Below 1 for the one smaller try at a request a server still found too big (``smaller``),
     #: and for the chat's next requests once that fitted (``NarrowedChats``).
     scale: float = 1.0
+    #: Whether a ``json_schema`` response format counts as prompt tokens: off where the
+    #: server turns it into a grammar beside the prompt (llama.cpp).
+    format_in_prompt: bool = True
 
     def __post_init__(self) -> None:
         # A window smaller than the configured reply: the reply gets a third of it.
         self.reserve = min(self.reserve, self.window // 3)
 
     @property
+    def whole_room(self) -> int:
+        """Tokens a request may use at the whole size (``scale`` 1)."""
+        return max(0, self.window - self.reserve - CONTEXT_MARGIN_TOKENS)
+
+    @property
     def room(self) -> int:
-        return max(0, int((self.window - self.reserve - CONTEXT_MARGIN_TOKENS) * self.scale))
+        return int(self.whole_room * self.scale)
+
+    def tokens(self, prompt: PromptRequest, protocol: Protocol) -> int:
+        """``prompt``'s estimated size as sent in ``protocol`` to this budget's server."""
+        return request_tokens(prompt, protocol, format_in_prompt=self.format_in_prompt)
 
     def fit(self, prompt: PromptRequest, protocol: Protocol) -> PromptRequest:
         """``prompt`` with the oldest memory dropped until it fits the room (unchanged if
         it fits already); a re-ask's own exchange goes last, in whole parts, and never its
         question (an estimate: the server has the last word). ``LLMError`` (context
-        exceeded) when the current text alone cannot fit: the user hears it is too long,
-        rather than an answer to half of it."""
-        if request_tokens(prompt, protocol) <= self.room:
+        exceeded) when the turn's own message alone cannot fit: the user hears it is too
+        long, rather than an answer to half of it; ``WindowTooSmall`` when, the server
+        having refused the request once (``smaller``), the runtime's own part alone,
+        counted at its least, fills the whole room."""
+        if self.tokens(prompt, protocol) <= self.room:
             return prompt
         turns = list(prompt.turns)
         start = reask_start(prompt)
         own = 0 if start is None else len(turns) - start  # the re-ask's exchange: the last turns
 
         def fits() -> bool:
-            return request_tokens(prompt.model_copy(update={"turns": tuple(turns)}), protocol) <= self.room
+            return self.tokens(prompt.model_copy(update={"turns": tuple(turns)}), protocol) <= self.room
 
         # Memory first, oldest first, never leaving an answer (an assistant or a tool
         # turn) without what it answered.
@@ -116,11 +171,26 @@ class ContextBudget:
             dropped = _answer_length(turns, first)
             del turns[first:first + dropped]
             own -= dropped
-        if estimate_tokens(prompt.current_text) > self.room:
-            # The user's own words do not fit, whatever is trimmed: never cut them silently.
-            raise LLMError(f"the message is too long for the model's context window ({self.window} tokens)",
-                           context_exceeded=True)
+        if not fits():
+            self._check_own_part(prompt, protocol)
+            if estimate_tokens(current_message(prompt, protocol)) > self.room:
+                # The turn's own words do not fit, whatever is trimmed: never cut them silently.
+                raise LLMError(f"the message is too long for the model's context window ({self.window} tokens)",
+                               context_exceeded=True)
         return prompt.model_copy(update={"turns": tuple(turns)})
+
+    def _check_own_part(self, prompt: PromptRequest, protocol: Protocol) -> None:
+        """``WindowTooSmall`` when the runtime's own part of ``prompt``, counted at its
+        least, fills the whole room, and the server already refused this chat's request."""
+        if self.scale >= 1:
+            return
+        own = runtime_tokens(prompt, protocol, format_in_prompt=self.format_in_prompt)
+        if own * CHARS_PER_TOKEN // PROSE_CHARS_PER_TOKEN >= self.whole_room:
+            raise WindowTooSmall(
+                f"{WINDOW_TOO_SMALL}: its {self.window} tokens, less {self.reserve} kept for the reply, leave "
+                f"{self.whole_room} for a request, and the instructions of the {protocol} protocol take about "
+                f"{own}: give the model a bigger context window (llama-server -c), or {_WINDOW_ADVICE[protocol]}",
+                context_exceeded=True)
 
     def smaller(self) -> ContextBudget:
         """This budget a quarter lower: for a request the server said was still too big."""

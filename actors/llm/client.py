@@ -1,8 +1,14 @@
 """The LLM client actor: asks the LLM, concurrently, and forwards the answers.
 
 It reports its health as an interface does: failing, with why, while the LLM fails every
-request (away, refusing the key, failing with 5xx, its circuit open), so ``/healthz``,
-the status and the metrics say so; healthy again once it answers.
+request (away, refusing the key, failing with 5xx, its circuit open, a context window its
+instructions alone fill), so ``/healthz``, the status and the metrics say so; healthy again
+once it answers.
+
+A request the LLM fails gets a notice that says what became of it: what its commands
+came to, when any ran or any of its reply went out (``failures.notice_of``), else why it
+failed (too long, the model away, the window too small for the bot), so that nobody asks
+again for a command that ran.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from collections.abc import Callable, Iterable
 from autoresponse.actors.cancellation import abort_io, is_cancelled
 from autoresponse.actors.kernel.actor import TypedActor, handles
 from autoresponse.actors.dispatcher import message_key, turn_key
+from autoresponse.actors.failures import notice_of
 from autoresponse.actors.limits import LLM_MAX_IN_FLIGHT, PREVIEW_MIN_CHARS, PREVIEW_SECONDS
+from autoresponse.actors.llm.budget import WINDOW_TOO_SMALL, WindowTooSmall
 from autoresponse.actors.llm.chain import EngineChain, outage_of
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
 from autoresponse.actors.llm.media import MediaReader, unsupported, unsupported_notice
@@ -47,6 +55,9 @@ UNREACHABLE_NOTICE = "Sorry, I could not reach the language model, so I could no
 BUDGET_NOTICE = ("Sorry, this chat has used today's share of the language model. Your message is kept, "
                  "and I can answer it later.")
 TOO_LONG_NOTICE = "Sorry, this is too long for the language model to read; please send it shorter."
+#: The bot's own instructions fill the model's window: nothing the user sends would fit.
+WINDOW_NOTICE = ("Sorry, the language model's context window is too small for the bot's instructions, "
+                 "so I could not answer this; the operator was told.")
 
 
 class LLMClient(TypedActor):
@@ -200,9 +211,12 @@ class LLMClient(TypedActor):
         """What this call says of the LLM: failing while it fails every request, healthy
         once it answers; a failure of this request's own (too long, refused for its
         content, a garbled answer) says neither. A chain's main engine counts, though a
-        fallback stands in for it. The mark outlives a restart of this actor: the LLM
-        down is this actor degraded, never crashing."""
-        if isinstance(self.engine, EngineChain):
+        fallback stands in for it. A window too small for the bot's instructions fails
+        every request too, whoever sends it. The mark outlives a restart of this actor: the
+        LLM down is this actor degraded, never crashing."""
+        if isinstance(error, WindowTooSmall):
+            down: str | None = str(error)
+        elif isinstance(self.engine, EngineChain):
             down = self.engine.outage()
         elif error is None:
             down = None
@@ -249,8 +263,8 @@ class LLMClient(TypedActor):
         ctx = failure.prompt.original_context
         if receipt_failed(self, ctx, env, f"llm unavailable: {failure.error}"):
             return  # whoever asked for the receipt decides what the user hears
-        notice = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
-        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, notice, notice=True), cause=env)
+        self.send(sender(ctx.interface_name), OutboundMessage.reply(ctx, failure_notice(failure), notice=True),
+                  cause=env)
 
     @handles
     def on_cancel(self, cancel: CancelWork, env: Envelope) -> None:
@@ -259,3 +273,13 @@ class LLMClient(TypedActor):
         aborted = abort_io(self, cancel.correlations)
         if aborted:
             log.info("aborted %d LLM call(s) of a cancelled request in %s", aborted, cancel.chat)
+
+
+def failure_notice(failure: LLMFailure) -> str:
+    """What the user hears of ``failure``: what became of their request where its commands
+    ran or part of its reply went out (asking again would run them twice), else why."""
+    if failure.error.startswith(WINDOW_TOO_SMALL):
+        why = WINDOW_NOTICE
+    else:
+        why = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
+    return notice_of(failure, nothing_done=why)

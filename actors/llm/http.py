@@ -8,7 +8,9 @@ It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first
 ``json_schema`` response format, then JSON in text. A server that refuses a feature
 (400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
 is a configuration fact, not a failure to retry. Where the server reports no tool
-support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``. A re-ask in
+support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``; a server that
+does not answer that question (down, a timeout, a 5xx) is asked again at the next call,
+so a daemon started before its server still learns it. A re-ask in
 ``json_schema`` goes without the grammar, as the turn first asked plus one plain line
 on why (``plain_retry``): at temperature 0 the grammar would give the rejected answer
 again, and a small model shown the error as JSON writes JSON back.
@@ -528,10 +530,13 @@ class HttpEngine:
         self._base = base.rstrip("/")
         #: The model's context window: configured, else what the server says (once).
         self.context_tokens = context_tokens
-        #: What the server said of itself at the first call (llama.cpp /props, ...).
+        #: What the server said of itself at the first call it answered (llama.cpp /props, ...).
         self.server_facts: dict[str, Any] = {}
         self._discovered = False
         self._discovering: asyncio.Lock | None = None  # made on the loop, at the first call
+        self._discovery_tries = 0  # tries that have ended, answered or not
+        #: Calls the server answered though it did not answer what it is (see _discovery_missed).
+        self._discovery_misses = 0
         #: The last request sent, as fitted, and its protocol: for ``last_request_tokens``.
         self._last_request: tuple[PromptRequest, Protocol] | None = None
         self._budget: ContextBudget | None = None
@@ -566,7 +571,7 @@ class HttpEngine:
         until = asyncio.get_running_loop().time() + self.deadline
         try:
             async with asyncio.timeout_at(until):
-                await self._discover()
+                missed = await self._discover()
         except TimeoutError as exc:
             raise self._deadline_error(0, None, still="finding out what the server is") from exc
         shrunk = loosened = False
@@ -624,6 +629,8 @@ class HttpEngine:
                 continue
             if shrunk and budget is not None:  # this chat's next requests start at the size that fitted
                 self._narrowed.fitted(prompt, budget)
+            if missed:  # the server answered this call, though not what it is
+                self._discovery_missed()
             return Completion(**{**completion.__dict__, "protocol": mode, "model": completion.model or self.model})
 
     @property
@@ -632,13 +639,20 @@ class HttpEngine:
 
         Estimated when asked, not on every call: that renders the whole request again.
         """
-        return request_tokens(*self._last_request) if self._last_request is not None else None
+        if self._last_request is None:
+            return None
+        budget = self.budget  # counts a response format as this server does
+        return budget.tokens(*self._last_request) if budget is not None else request_tokens(*self._last_request)
 
     @property
     def budget(self) -> ContextBudget | None:
-        """The context budget, once the window is known."""
+        """The context budget, once the window is known. A response format counts as
+        prompt tokens but where llama.cpp makes it a grammar beside the prompt (kept up
+        with discovery, which may answer after the budget was made)."""
         if self._budget is None and self.context_tokens:
             self._budget = ContextBudget(self.context_tokens, self.max_tokens or 0)
+        if self._budget is not None:
+            self._budget.format_in_prompt = self.server_facts.get("server") != "llama.cpp"
         return self._budget
 
     def _too_big(self, error: str, budget: ContextBudget | None) -> None:
@@ -655,25 +669,44 @@ class HttpEngine:
         log.warning("the LLM server found a request too big for its context; asking once more "
                     "within %d tokens", (learnt if budget is None else budget).smaller().room)
 
-    async def _discover(self) -> None:
-        """Ask the server, once, what it is: its context window and whether its chat
-        template supports tools (llama.cpp ``/props``, vLLM ``/v1/models``, Ollama
-        ``/api/show``). Anything it does not say stays unknown; nothing here fails a call."""
+    async def _discover(self) -> bool:
+        """Ask the server, until it answers once, what it is: its context window and
+        whether its chat template supports tools (llama.cpp ``/props``, vLLM
+        ``/v1/models``, Ollama ``/api/show``). Anything it does not say stays unknown;
+        nothing here fails a call. True when this call asked and got no answer (the
+        server down, a timeout, a 5xx): the next call asks again."""
         if self._discovered:
-            return
+            return False
         if self._discovering is None:
             self._discovering = asyncio.Lock()
+        tries = self._discovery_tries
         async with self._discovering:  # the first calls all wait for it: none goes out unfitted
-            if self._discovered:
-                return
-            facts = await discover_server(self._open(), self._base, self.model)
+            if self._discovered or self._discovery_tries != tries:
+                return False  # answered, or asked in vain while this call waited: not again now
+            try:
+                facts = await discover_server(self._open(), self._base, self.model)
+            finally:
+                self._discovery_tries += 1  # once it is over: the calls that waited for it see it
+            if facts is None:
+                return True
             self._discovered = True
         facts = self.server_facts = facts
         if not self.context_tokens and facts.get("context_tokens"):
             self.context_tokens = int(facts["context_tokens"])
+            self._budget = None  # a guess made from a refusal while the window was unknown
         if self.protocol == "auto" and facts.get("supports_tools") is False and self.mode == "tools":
             self.mode = "json_schema"
             log.info("the LLM server's chat template does not support tools; speaking json_schema")
+
+    def _discovery_missed(self) -> None:
+        """The server answered a call but not what it is (a /props that fails or hangs
+        while chats work): after ``_DISCOVERY_MISSES`` such calls it is no longer asked,
+        so that asking does not slow every call; what it did not say stays unknown."""
+        self._discovery_misses += 1
+        if self._discovery_misses >= _DISCOVERY_MISSES and not self._discovered:
+            self._discovered = True
+            log.warning("the LLM server at %s answers calls but not what it is: no longer asking; "
+                        "its context window stays unknown", self._base)
 
     def _learn(self, exc: LLMError, mode: Protocol) -> bool:
         """A refusal of a feature this call used: note it, and say whether to ask again."""
@@ -959,13 +992,27 @@ class HttpEngine:
         await self.aclose()
 
 
-#: How long finding out what the server is may take, at most, once.
+#: How long each try at finding out what the server is may take, at most.
 _DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+#: Calls a server answers without answering what it is, before it is no longer asked.
+_DISCOVERY_MISSES = 3
 
 
-async def discover_server(session: aiohttp.ClientSession, base: str, model: str) -> dict[str, Any]:
+class _NoAnswer(Exception):
+    """A discovery request got no answer: no connection, a timeout, a 5xx."""
+
+
+async def discover_server(session: aiohttp.ClientSession, base: str, model: str) -> dict[str, Any] | None:
     """What an OpenAI-compatible server says of the model it serves: ``context_tokens``
-    and ``supports_tools`` where it says; ``server`` names which kind answered."""
+    and ``supports_tools`` where it says; ``server`` names which kind answered. {} when
+    it answers without saying (a 404 is an answer); None when it does not answer."""
+    try:
+        return await _server_facts(session, base, model)
+    except _NoAnswer:
+        return None
+
+
+async def _server_facts(session: aiohttp.ClientSession, base: str, model: str) -> dict[str, Any]:
     root = base.removesuffix("/v1")
     facts: dict[str, Any] = {}
     props = await _get_json(session, "GET", f"{root}/props")
@@ -1014,11 +1061,17 @@ def _window(value: Any) -> int | None:
 
 
 async def _get_json(session: aiohttp.ClientSession, method: str, url: str, body: Any = None) -> Any:
+    """The JSON the server answers at ``url``; None where it answers anything else (a
+    404, not JSON). Raises ``_NoAnswer`` where it does not answer."""
     try:
         async with session.request(method, url, json=body, timeout=_DISCOVERY_TIMEOUT) as resp:
+            if resp.status >= 500:  # down for now (llama.cpp's 503 while it loads the model)
+                raise _NoAnswer(f"HTTP {resp.status}")
             if resp.status != 200:
                 return None
             raw = await resp.content.read(256 * 1024)
             return json.loads(raw)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, RecursionError):
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise _NoAnswer(str(exc)) from exc
+    except (ValueError, RecursionError):  # not JSON
         return None
