@@ -105,7 +105,7 @@ from autoresponse.actors.limits import (
     RESTART_PERIOD_SECONDS,
 )
 from autoresponse.actors.retry import RetrySettings
-from autoresponse.redaction import Redactor
+from autoresponse.redaction import MIN_SECRET_CHARS, Redactor
 from autoresponse.supervisors import Platform, RestartIntensity, platforms
 
 ENV_PREFIX = "AUTORESPONSE_"
@@ -553,7 +553,7 @@ class Settings(BaseSettings):
             if section is not None:
                 found.update(s for s in platform.secrets(section) if s)
         # A blank value is no secret (credentials.given), and would hide every run of spaces.
-        return sorted((s for s in found if len(s) >= 4 and s.strip()), key=len, reverse=True)
+        return sorted((s for s in found if len(s) >= MIN_SECRET_CHARS and s.strip()), key=len, reverse=True)
 
     @property
     def data_path(self) -> Path:

@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS approvals (
     correlation TEXT NOT NULL,
     chat TEXT NOT NULL,
     request TEXT NOT NULL,                -- the action and its context as JSON
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending | approved | denied | expired | cancelled
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending | approved | denied | expired | cancelled | refused | declined
     created REAL NOT NULL,
     expires REAL NOT NULL,                -- on the runtime's clock
     decided REAL,
