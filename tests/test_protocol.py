@@ -820,6 +820,23 @@ def test_a_window_the_bots_own_instructions_fill_is_the_operators_failure_not_th
     assert "llama-server -c" in reason and "AUTORESPONSE_LLM__PROTOCOL=json_schema" in reason
 
 
+def test_a_window_too_small_for_the_bot_goes_on_to_a_fallback_with_room(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """The main model's window cannot hold the bot's instructions: a fallback engine that
+    has room answers the user (the main engine's outage is what the status says)."""
+    props = {"default_generation_settings": {"n_ctx": 512}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(context=512, props=props) as small, FakeLLMServer() as big:
+        big.script(FakeResponse(content=json.dumps({"actions": [
+            {"type": "message_console", "payload": {"text": "Hello from the fallback."}}]})))
+        app = make_app(base_url=small.base_url, clock=manual_clock,
+                       llm={"protocol": "text", "fallbacks": [{"name": "cloud", "base_url": big.base_url,
+                                                                "model": "big"}]})
+        [reply] = replies(app, "Hi", manual_clock)
+        assert (reply.notice, reply.text) == (False, "Hello from the fallback.")
+        assert len(big.requests) == 1
+
+
 # ------------------------------------------------------------------ hostile answers
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from autoresponse.actors.limits import LLM_BREAKER_COOLDOWN_SECONDS, LLM_BREAKER_FAILURES
+from autoresponse.actors.llm.budget import WindowTooSmall
 from autoresponse.actors.llm.engine import Completion, LLMEngine, LLMError
 from autoresponse.actors.llm.offline import OfflineEngine
 from autoresponse.messages import PromptRequest, message_action_for
@@ -99,6 +100,8 @@ def outage_of(exc: LLMError) -> str | None:
     (the status, never the body: it may quote the key), or None when it failed this one
     alone: too long, refused for its content, an answer garbled or timed out, a format
     the server broke while the model wrote."""
+    if isinstance(exc, WindowTooSmall):  # no request fits this engine: a fallback may have room
+        return str(exc)
     status = exc.status
     if exc.context_exceeded or exc.constraint_failed:
         return None
@@ -184,7 +187,7 @@ class EngineChain:
                 answer = await (engine.answer(prompt, on_text) if n == 0 and on_text is not None
                                 else engine.answer(prompt))
             except LLMError as exc:
-                if exc.context_exceeded:
+                if exc.context_exceeded and not isinstance(exc, WindowTooSmall):
                     breaker.abandoned()
                     raise  # the request is too big for this model: the caller shrinks it
                 if not unavailable(exc):  # it answered: this request, not the engine, was refused
