@@ -45,6 +45,7 @@ import hashlib
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections import deque
@@ -129,19 +130,32 @@ def wanted(settings: OtelSettings, environ: Mapping[str, str] = os.environ) -> b
 
 def secrets(environ: Mapping[str, str] = os.environ) -> list[str]:
     """What the OTLP exporter is told that no log or span may show: the password of an
-    endpoint's ``user:password@``, and the values of the OTLP headers (an API key; a
-    ``Bearer <token>``'s token on its own too). Nothing of OpenTelemetry is imported."""
+    endpoint's ``user:password@``, and the values of the OTLP headers that carry a
+    credential (``Authorization``, an API key or token, Honeycomb's team; a ``Bearer
+    <token>``'s token on its own too), not a dataset's or a tenant's name, which would
+    hide every word like it. Nothing of OpenTelemetry is imported. An endpoint that is no
+    URL is a ``ConfigError`` naming its variable."""
+    from autoresponse.config import ConfigError
+
     found: list[str] = []
     for name in ENDPOINT_VARIABLES:
-        password = urlsplit(environ.get(name, "")).password
+        try:
+            password = urlsplit(environ.get(name, "")).password
+        except ValueError as exc:  # "http://[::1:4318": the exporter could not use it either
+            raise ConfigError(f"{name} is not a URL: {exc}") from None
         if password:
             found += [password, unquote(password)]
     for name in HEADER_VARIABLES:
         for header in environ.get(name, "").split(","):
-            value = unquote(header.partition("=")[2]).strip()
-            if value:
+            key, _, value = header.partition("=")
+            value = unquote(value).strip()
+            if value and _CREDENTIAL_HEADER.search(unquote(key)):
                 found += [value, value.split()[-1]]
     return found
+
+
+#: The OTLP headers whose values are credentials (``secrets``).
+_CREDENTIAL_HEADER = re.compile(r"auth|key|token|secret|passw|team|signature|credential|cookie", re.IGNORECASE)
 
 
 def setup(runtime: Runtime, settings: OtelSettings, environ: Mapping[str, str] = os.environ,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from conftest import NatsServer, ask, wait_for
+from conftest import NatsServer, ask, environment, wait_for
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
 
@@ -397,3 +397,20 @@ def test_a_collector_refusing_for_many_batches_is_one_warning_and_one_line_as_it
             ask(app, "run date")
             wait_for(lambda: collector.exports and "takes spans again" in caplog.text, timeout=30)
         assert len(_otel_records(caplog, logging.WARNING)) <= 1
+
+
+def test_only_the_otlp_headers_that_carry_a_credential_are_secrets() -> None:
+    """Honeycomb's usual headers: its team key is hidden everywhere, its dataset's name
+    (a word every log line may hold) is not."""
+    environ = {"OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=hcKEY0123456789,x-honeycomb-dataset=autoresponse,"
+                                             "X-Scope-OrgID=prod"}
+    assert otel.secrets(environ) == ["hcKEY0123456789", "hcKEY0123456789"]
+
+
+def test_an_otlp_endpoint_that_is_no_url_is_one_line_naming_it(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "autoresponse", "config", "show"], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL, env=environment(
+                              OTEL_EXPORTER_OTLP_ENDPOINT="http://[::1:4318", AUTORESPONSE_DATA_DIR=str(tmp_path)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == ["autoresponse: OTEL_EXPORTER_OTLP_ENDPOINT is not a URL: "
+                                                "Invalid IPv6 URL"]
