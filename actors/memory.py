@@ -251,31 +251,35 @@ class ConversationStore:
         #: Why the file fails the store's writes now, and since when (the wall clock), as the
         #: journal's ``failing``; None while they commit. Written under the lock.
         self.failing: tuple[str, float] | None = None
+        self._failed_size = 0  # the longest write the file failed while ``failing``
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def _writing(self, *, raising: bool = False) -> Iterator[sqlite3.Connection]:
-        """The database to write, under the lock. A write the file fails marks the store
-        ``failing``, and is raised only if ``raising``: else the mark and its log say it, and
-        a caller would only lose a reply over it (a turn without memory beats none). A write
-        that commits clears the mark."""
+    def _writing(self, *, raising: bool = False, size: int = 0) -> Iterator[sqlite3.Connection]:
+        """The database to write ``size`` characters, under the lock. A write the file fails
+        marks the store ``failing``, and is raised only if ``raising``: else the mark and its
+        log say it, and a caller would only lose a reply over it (a turn without memory beats
+        none). A write at least as long as the longest that failed clears the mark once it
+        commits: on a nearly full disk a short one (a chat's names, a short reply) may fit
+        where the user's message did not, and the memory would look well while it lost them."""
         with self._lock:
             try:
                 yield self._db
             except sqlite3.Error as exc:
                 if not _fails_the_file(exc):
                     raise
-                self._writes_fail(exc)
+                self._writes_fail(exc, size)
                 if raising:
                     raise
                 return
-            if self.failing is not None:
+            if self.failing is not None and size >= self._failed_size:
                 self._writes_again()
 
-    def _writes_fail(self, error: sqlite3.Error) -> None:
+    def _writes_fail(self, error: sqlite3.Error, size: int) -> None:
+        self._failed_size = max(self._failed_size, size) if self.failing is not None else size
         if self.failing is not None:
             log.debug("%s: a write failed again (%s)", self.WHAT, error)
             return
@@ -298,7 +302,7 @@ class ConversationStore:
         if the disk failed it."""
         content = storable(within_budget(content, self.max_tokens))
         tokens = estimate_tokens(content)
-        with self._writing() as db:
+        with self._writing(size=len(content)) as db:
             newest = db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
                                 "VALUES (?, ?, ?, ?, ?, ?)",
                                 (chat, role, kind, content, tokens, time.time())).lastrowid

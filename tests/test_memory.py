@@ -276,3 +276,24 @@ def test_text_with_a_lone_surrogate_is_stored_with_it_replaced(store: Conversati
     store.seen(OriginalContext(chat_id=42, interface_name="telegram", chat_title="ops \udc80 room"))
     [known] = store.find_chats("telegram", "ops ? room")
     assert known.chat_id == "42"
+
+
+def test_a_memory_that_fits_short_writes_but_not_a_message_stays_failing(tmp_path: Path) -> None:
+    """Nearly full (no page left): a chat's names (updated in place) and short replies
+    still fit, the user's messages do not. The memory is failing until a message as long
+    as one it could not store is stored, not cleared by every short write in between."""
+    store = ConversationStore(tmp_path / "memory.sqlite3", max_tokens=100_000)
+    try:
+        for _ in range(50):
+            store.append(CHAT, "user", "hello " * 50)
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count = {pages}")  # a quota: as a full disk, for new pages
+        for turn in range(3):
+            assert store.append(CHAT, "user", f"question {turn} " * 200) is None  # too long to fit
+            store.append(CHAT, "assistant", "ok", kind="reply")  # fits
+            assert store.failing is not None, f"turn {turn}: a short write cleared the mark"
+        store._db.execute("PRAGMA max_page_count = 1000000")  # room again
+        assert store.append(CHAT, "user", "question 4 " * 200) is not None
+        assert store.failing is None
+    finally:
+        store.close()
