@@ -105,6 +105,7 @@ from autoresponse.actors.limits import (
     RESTART_PERIOD_SECONDS,
 )
 from autoresponse.actors.retry import RetrySettings
+from autoresponse.interfaces.credentials import stripped
 from autoresponse.redaction import MIN_SECRET_CHARS, Redactor
 from autoresponse.supervisors import Platform, RestartIntensity, platforms
 
@@ -138,6 +139,8 @@ class FallbackSettings(BaseModel):
     base_url: str
     model: str = "gpt-4o-mini"
     api_key: SecretStr | None = None
+
+    _api_key = field_validator("api_key", mode="before")(stripped)
 
     @field_validator("base_url")
     @classmethod
@@ -195,6 +198,8 @@ class LLMSettings(BaseModel):
     transcribe_model: str = "whisper-1"
     #: The transcription server's key; unset, the LLM's ``api_key`` is used when the server is the LLM's.
     transcribe_api_key: SecretStr | None = None
+
+    _api_keys = field_validator("api_key", "transcribe_api_key", mode="before")(stripped)
 
     @field_validator("base_url", "transcribe_url")
     @classmethod

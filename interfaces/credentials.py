@@ -19,6 +19,13 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
+def stripped(value: object) -> object:
+    """A token or key as pasted (``$(cat token.txt)``, a line from a file): the spaces and
+    line ends around it are no part of it, and would be sent with it (for a field
+    validator, ``mode="before"``)."""
+    return value.strip() if isinstance(value, str) else value
+
+
 def given(value: object) -> bool:
     """Whether a setting holds something: an empty or blank string or secret, or an empty
     list, does not (``export ...=$UNSET`` sets nothing, and no token or name is only spaces)."""

@@ -332,6 +332,22 @@ def test_a_bot_token_of_spaces_is_no_token(monkeypatch: pytest.MonkeyPatch) -> N
         assert all(secret.strip() for secret in settings.secrets())
 
 
+def test_a_token_or_key_pasted_with_spaces_and_a_line_end_is_sent_without_them(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$(cat token.txt)`` brings its line end: Telegram's URL and the LLM's header would
+    carry it (and Telegram refuse the token), and the redactor look for it."""
+    monkeypatch.setenv("AUTORESPONSE_TELEGRAM__TOKEN", " 123456:AAH-real \n")
+    monkeypatch.setenv("AUTORESPONSE_LLM__API_KEY", "sk-real-key\n")
+    monkeypatch.setenv("AUTORESPONSE_LLM__FALLBACKS", '[{"base_url": "http://127.0.0.1:9", "api_key": " sk-fb "}]')
+    settings = Settings.load()
+    assert settings.telegram.token is not None and settings.telegram.token.get_secret_value() == "123456:AAH-real"
+    assert settings.llm.api_key is not None and settings.llm.api_key.get_secret_value() == "sk-real-key"
+    [fallback] = settings.llm.fallbacks
+    assert fallback.api_key is not None and fallback.api_key.get_secret_value() == "sk-fb"
+    assert {"123456:AAH-real", "sk-real-key", "sk-fb"} <= set(settings.secrets())
+
+
 @pytest.mark.parametrize(("variable", "whole"), [
     ("AUTORESPONSE_LLM__FALLBACKS__0__API_KEY", "AUTORESPONSE_LLM__FALLBACKS (or [llm] fallbacks"),
     ("AUTORESPONSE_LLM__FALLBACKS__0", "AUTORESPONSE_LLM__FALLBACKS (or [llm] fallbacks"),

@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from autoresponse.actors.inbound import StrangerSettings
-from autoresponse.interfaces.credentials import given, refuse_in_part, setting
+from autoresponse.interfaces.credentials import given, refuse_in_part, setting, stripped
 
 #: Longest message, in UTF-16 code units as Telegram counts them.
 TELEGRAM_MESSAGE_UTF16 = 4096
@@ -123,6 +123,8 @@ class TelegramSettings(StrangerSettings):
     #: Sent by Telegram with every webhook call (``X-Telegram-Bot-Api-Secret-Token``); a
     #: call without it is refused. Required with ``webhook_url``.
     webhook_secret: SecretStr | None = None
+
+    _token = field_validator("token", mode="before")(stripped)
 
     @field_validator("webhook_url")
     @classmethod
