@@ -195,6 +195,31 @@ def test_the_console_prints_a_slow_reply_as_it_is_written(
     assert line.startswith("bot") and line.endswith("│ " + ANSWER)
 
 
+def test_a_console_preview_replaced_by_another_answer_is_marked_as_taken_back(
+    fake_llm: FakeLLMServer, make_app: Callable[..., Application]
+) -> None:
+    """A small model loops inside the enforced JSON until its token limit: the console has
+    printed that reply as it grew, and the answer asked again is another text. What was
+    printed stays (the console cannot unprint it), so a mark says it is not the reply."""
+    looped = "Hello, Alice." + " I'm here to help with your project." * 20 + " I'm"
+    cut_off = '{"actions": [{"type": "message_console", "payload": {"text": "' + looped
+    answer = "I'm glad to help. What's your name?"
+    fake_llm.script(FakeResponse(content=cut_off, piece=8, every=0.03, finish_reason="length"),
+                    FakeResponse(content=answer))
+    app = make_app(base_url=fake_llm.base_url, llm={"protocol": "json_schema", "stream": True})
+    envelope = app.runtime.send(interface("console"), ConsoleInput(text="My name is Alice."))
+    assert envelope is not None
+    assert app.runtime.wait_idle(envelope.correlation_id, 20)
+    lines = console_text(app).splitlines()
+    [preview] = [n for n, line in enumerate(lines) if "Hello, Alice" in line]
+    assert lines[preview].startswith("bot")  # shown as it grew, then abandoned
+    mark, reply = lines[preview + 1:]  # and nothing else after it
+    assert mark.startswith("note") and mark.endswith("│ (the reply above was taken back)")
+    assert reply.startswith("bot") and reply.endswith("│ " + answer)
+    first, second = fake_llm.requests
+    assert "response_format" in first.body and "response_format" not in second.body
+
+
 def test_a_streamed_reply_past_telegrams_limit_still_arrives_in_chunks(
     bot: Application, fake_llm: FakeLLMServer, telegram: FakeTelegramServer
 ) -> None:

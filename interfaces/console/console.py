@@ -23,6 +23,10 @@ from pydantic import BaseModel, ConfigDict
 _SHOWN = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in "\n\t"} | {
     c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
 
+#: Printed under a reply the console showed and that will not be the reply (withdrawn, or
+#: replaced by another text): what is printed stays, so it is marked as void.
+TAKEN_BACK = "(the reply above was taken back)"
+
 
 class ConsoleInput(BaseModel):
     """A line typed (or injected) at the console."""
@@ -52,17 +56,17 @@ class Console:
 
     def write(self, who: str, tag: str, text: str) -> None:
         """``who  tag │ text``, continuation lines under the gutter."""
-        head, pad = self._gutter(who, tag)
-        lines = self.printable(text.replace("\r\n", "\n")).splitlines() or [""]
-        block = head + lines[0] + "".join(f"\n{pad}{line}" for line in lines[1:])
+        block = self._block(who, tag, text)
         with self._lock:
             self._end_stream()
-            self.out.write(block + "\n")
+            self.out.write(block)
             self.out.flush()
 
     def stream(self, key: str, who: str, tag: str, text: str, *, final: bool) -> None:
         """Print ``text`` as it grows: what is new since the last call for ``key``, and the
-        line's end once ``final``. Anything else printed meanwhile ends the line first."""
+        line's end once ``final``. Anything else printed meanwhile ends the line first. A text
+        that does not continue the one printed (an answer asked again) starts a line of its
+        own, under the mark that the one above was taken back."""
         head, pad = self._gutter(who, tag)
         text = text.replace("\r\n", "\n")
         if not final and text.endswith("\r"):  # maybe half a line end: shown with the rest
@@ -72,8 +76,9 @@ class Console:
                 self._end_stream()
             shown = self._streaming[1] if self._streaming is not None else None
             if shown is None or not text.startswith(shown):
-                if shown is not None:  # the text changed under us: start its line again
-                    self.out.write("\n")
+                if shown is not None:  # not the rest of the text printed: that one is void
+                    self._end_stream()
+                    self.out.write(self._block("note", tag, TAKEN_BACK))
                 self.out.write(head)
                 shown = ""
             self.out.write(self.printable(text[len(shown):]).replace("\n", f"\n{pad}"))
@@ -87,6 +92,12 @@ class Console:
         """``text`` with its control characters escaped (each one to the same escape, so a
         prefix of the text stays a prefix of what is printed)."""
         return text.translate(_SHOWN)
+
+    def _block(self, who: str, tag: str, text: str) -> str:
+        """``text`` as ``write`` prints it, its line's end included."""
+        head, pad = self._gutter(who, tag)
+        lines = self.printable(text.replace("\r\n", "\n")).splitlines() or [""]
+        return head + lines[0] + "".join(f"\n{pad}{line}" for line in lines[1:]) + "\n"
 
     def _end_stream(self) -> None:
         if self._streaming is not None:

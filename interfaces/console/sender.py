@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoresponse.actors.kernel import TypedActor, handles
 from autoresponse.actors.journal import DeliveryJournal, SendLedger
 from autoresponse.actors.receipts import send_receipt
-from autoresponse.interfaces.console.console import Console
+from autoresponse.interfaces.console.console import TAKEN_BACK, Console
 from autoresponse.messages import Envelope, OutboundMessage
 
 
@@ -37,7 +37,7 @@ class ConsoleSender(TypedActor):
         if not message.text:  # taken back: what was printed stays, marked as void
             if key in self._streamed:
                 self._streamed.discard(key)
-                self.console.write("note", tag, "(the reply above was taken back)")
+                self.console.write("note", tag, TAKEN_BACK)
             return
         if len(self._streamed) > 1_000:  # previews whose final reply never came
             self._streamed.clear()
