@@ -251,7 +251,7 @@ class ConversationStore:
         #: Why the file fails the store's writes now, and since when (the wall clock), as the
         #: journal's ``failing``; None while they commit. Written under the lock.
         self.failing: tuple[str, float] | None = None
-        self._failed_size = 0  # the longest write the file failed while ``failing``
+        self._failed_size = 0  # the shortest write the file failed while ``failing``
 
     def close(self) -> None:
         with self._lock:
@@ -262,9 +262,10 @@ class ConversationStore:
         """The database to write ``size`` characters, under the lock. A write the file fails
         marks the store ``failing``, and is raised only if ``raising``: else the mark and its
         log say it, and a caller would only lose a reply over it (a turn without memory beats
-        none). A write at least as long as the longest that failed clears the mark once it
-        commits: on a nearly full disk a short one (a chat's names, a short reply) may fit
-        where the user's message did not, and the memory would look well while it lost them."""
+        none). A write at least as long as the shortest that failed clears the mark once it
+        commits (the file takes what it refused): on a nearly full disk a shorter one (a
+        chat's names updated in place, a short reply) may fit where the user's message did
+        not, and the memory would look well while it lost them."""
         with self._lock:
             try:
                 yield self._db
@@ -279,7 +280,7 @@ class ConversationStore:
                 self._writes_again()
 
     def _writes_fail(self, error: sqlite3.Error, size: int) -> None:
-        self._failed_size = max(self._failed_size, size) if self.failing is not None else size
+        self._failed_size = min(self._failed_size, size) if self.failing is not None else size
         if self.failing is not None:
             log.debug("%s: a write failed again (%s)", self.WHAT, error)
             return
