@@ -20,7 +20,7 @@ from autoresponse.actors.extractor import (
 )
 from autoresponse.actors.limits import CHAT_CANDIDATES_SHOWN, MAX_ACTIONS_PER_REPLY, REASK_EXCERPT_CHARS
 from autoresponse.actors.memory import ConversationStore
-from autoresponse.actors.prompts import excerpt
+from autoresponse.actors.prompts import PLAIN_RETRY_NOTE, excerpt
 from autoresponse.actors.receipts import settle_receipt
 from autoresponse.actors.retry import RAN
 from autoresponse.actors.routes import route_of, sender
@@ -53,9 +53,10 @@ log = logging.getLogger("autoresponse.dispatcher")
 #: original chat, or an error the LLM is re-asked about.
 ProseRule = Literal["reply", "reask"]
 
-#: Text of the runtime's own instructions: a reply that quotes them is no answer for a user.
+#: Text of the runtime's own instructions: a reply that quotes them is no answer for a user
+#: (a small model asked again plainly repeats the note on why, as if it were its answer).
 _RUNTIME_WORDS = ("$defs", "system_message", "full_json_instructions", "error_retry_policy",
-                  "Allowed action types in this turn")
+                  "Allowed action types in this turn", PLAIN_RETRY_NOTE)
 #: Any of them, in one search in C (asked of every reply's text).
 _RUNTIME_WORDS_FOUND = re.compile("|".join(map(re.escape, _RUNTIME_WORDS))).search
 
@@ -92,6 +93,8 @@ def echoes_runtime(text: str) -> bool:
 
     >>> echoes_runtime("see #/$defs/Payload"), echoes_runtime("error_retry_policy: 3"), echoes_runtime("Paris.")
     (True, True, False)
+    >>> echoes_runtime(f"({PLAIN_RETRY_NOTE}: 'x' is not on the allowlist.)")
+    True
     """
     return _RUNTIME_WORDS_FOUND(text) is not None
 
@@ -107,6 +110,30 @@ def names_this_chat(target: str, ctx: OriginalContext) -> bool:
     word = target.strip().lstrip("@").casefold()
     own = {ctx.interface_name.casefold(), *(n.casefold() for n in (ctx.user_name, ctx.chat_title) if n)}
     return word in _HERE or word in own
+
+
+def fitted_to_turn(action: BaseAction, prompt: PromptRequest) -> BaseAction:
+    """``action`` as it applies in ``prompt``'s chat (``BaseAction.fitted``) and turn: a
+    delivery answers the original chat and no other, so there a message's ``target``
+    means nothing (a small model copies the output into it) and is dropped first (the
+    chat's own fitting then sees a message to the original chat); its text goes there.
+
+    >>> from autoresponse.messages import OriginalContext, PromptRequest, message_action_for
+    >>> ctx = OriginalContext(chat_id="console", interface_name="console")
+    >>> delivery = PromptRequest(mode="delivery", system_instruction="", allowed_actions=(),
+    ...                          full_json_instructions="", current_text="", original_context=ctx)
+    >>> model = message_action_for("console")
+    >>> said = model(type="message_console", payload={"text": "19:12:23", "target": "19:12:23"})
+    >>> fitted_to_turn(said, delivery).payload.target is None
+    True
+    >>> fitted_to_turn(said, delivery.model_copy(update={"mode": "chat"})) is said
+    True
+    """
+    ctx = prompt.original_context
+    target = action.payload.target if prompt.mode == "delivery" and action.kind == "message" else None
+    if target is not None and str(target) != str(ctx.chat_id):
+        action = action.model_copy(update={"payload": action.payload.model_copy(update={"target": None})})
+    return action.fitted(ctx)
 
 
 def replacing(positions: tuple[Position, ...], kinds: list[str]) -> list[bool]:
@@ -167,7 +194,8 @@ class ActionDispatcher(TypedActor):
     its chat by title or @username in a chat turn; an unknown or ambiguous name is an
     error that lists the candidates. An action its executor would refuse (a program
     off the allowlist: ``preflight``) is an error the LLM hears at once, in the turn
-    that chose it, rather than a refusal it has to explain later.
+    that chose it, rather than a refusal it has to explain later. A delivery's message
+    goes to the original chat only: a ``target`` it names is dropped, and traced.
     """
 
     def __init__(self, max_actions: int = MAX_ACTIONS_PER_REPLY, store: ConversationStore | None = None,
@@ -250,7 +278,7 @@ class ActionDispatcher(TypedActor):
             if not may_go.get(id(slot), True):
                 self._dropped(env, slot, "answers a place already carried out")
                 continue
-            fitted, fitted_key = action.fitted(ctx), key
+            fitted, fitted_key = fitted_to_turn(action, prompt), key
             if fitted is not action:
                 log.info("action %d (%s): dropped what cannot apply in this chat", slot.index, slot.type)
                 self._noted(env, f"action {slot.index} ({slot.type}): dropped what cannot apply in this chat")
@@ -346,9 +374,7 @@ class ActionDispatcher(TypedActor):
         target = action.payload.target
         if target is not None and names_this_chat(str(target), ctx):
             target = None  # a small model's way of saying "here": the interface, the user, "me"
-        if prompt.mode == "delivery" and target is not None and str(target) != str(ctx.chat_id):
-            # Output of the user's action goes back to the user's chat, nowhere else.
-            return f"{action.type}: a delivery answers the original chat; omit \"target\""
+        # (A delivery's message has no other target by now: ``fitted_to_turn``.)
         if target is not None and str(target) != str(ctx.chat_id):
             target, problem = self._resolve(action, ctx, target)
             if problem:

@@ -74,6 +74,19 @@ SUGGESTED_RESPONSE_FORMAT = (
 #: Said in an event turn and in an autonomous turn: staying silent is allowed.
 SILENCE_ALLOWED = 'If nothing needs saying, answer {"actions": []} and nothing is sent.'
 
+#: What a re-ask's system message says of the format in ``text``, where the full rules and
+#: schema are in the turn already (a chat turn's system prompt, a delivery turn's system
+#: message): the shape and the allowed types, said where the model reads its error (a small
+#: model needs the format stated). The whole rules said again doubled the request: the
+#: re-ask of a 34-character question overflowed the 2048-token window its turn fitted in half.
+REASK_FORMAT_REMINDER = ('Reply with JSON only, no prose around it: {"actions": [<action>, ...]}, each action '
+                         "matching one of the JSON schemas given above. Allowed action types in this turn: "
+                         "%(allowed)s.")
+
+#: How the note of a turn asked again plainly begins (``plain_retry``): a reply that
+#: repeats it is the runtime's words, not an answer (``dispatcher.echoes_runtime``).
+PLAIN_RETRY_NOTE = "Your last answer could not be used"
+
 
 def error_retry_policy(allowed: Iterable[str], protocol: Protocol = "text") -> str:
     """How to answer a re-ask: replace only the rejected places of the previous reply."""
@@ -338,12 +351,17 @@ def build_reask_request(
     would crowd the context). When it came as native tool calls, each call is
     answered by a ``tool`` turn that says what became of it; otherwise the error system
     message is the newest user turn. At most ``max_errors`` errors are listed.
+
+    Its ``current_text`` (the system message as ``text`` sends it) repeats nothing the
+    turns above it show: the format rules the turn carries are reminded of
+    (``REASK_FORMAT_REMINDER``), and the excerpt and the user's command are left to the
+    turns above it (``_without_repeats``).
     """
     places = tuple(positions)
     shown = error.model_copy(update={"errors": truncate_errors(error.errors, max_errors),
                                      "your_reply": excerpt(error.your_reply or ""),
                                      "positions": places})
-    payload = {"system_message": shown.model_dump(mode="json", exclude_none=True)}
+    payload = {"system_message": _without_repeats(shown, prompt.allowed_actions)}
     calls = tuple(tool_calls)
     earlier = (*prompt.turns, Turn(role="user", content=prompt.current_text))
     if calls:
@@ -363,6 +381,18 @@ def build_reask_request(
     })
 
 
+def _without_repeats(message: SystemMessage, allowed: Sequence[str]) -> dict[str, Any]:
+    """A re-ask's error ``message`` as ``text`` sends it, without what the request shows
+    already: the format rules (a reminder of them instead), the rejected reply (the
+    assistant turn before it) and the user's command (the turn's own message, before
+    that). Said twice, they made a re-ask too big for the window its turn fitted."""
+    reminder = REASK_FORMAT_REMINDER % {"allowed": ", ".join(allowed)}
+    shown = message.model_copy(update={"full_json_instructions": reminder, "your_reply": None})
+    data = shown.model_dump(mode="json", exclude_none=True)
+    data["original_context"].pop("original_command", None)
+    return data
+
+
 def plain_retry(prompt: PromptRequest) -> PromptRequest:
     """A re-ask as a model held to the format by a grammar answers it best: the turn as
     first asked (its memory, its message), with one plain line on why the answer could
@@ -376,7 +406,7 @@ def plain_retry(prompt: PromptRequest) -> PromptRequest:
     if message is None or first is None:
         return prompt
     why = "; ".join(message.errors) or "it was not a usable answer"
-    note = f"(Your last answer could not be used: {why}. Answer again, in plain words if you like.)"
+    note = f"({PLAIN_RETRY_NOTE}: {why}. Answer again, in plain words if you like.)"
     return prompt.model_copy(update={
         "turns": prompt.turns[:first],
         "current_text": f"{prompt.turns[first].content}\n\n{note}",
@@ -489,7 +519,8 @@ def _payload(arguments: str) -> Any:
 
 def current_message(prompt: PromptRequest, protocol: Protocol) -> str:
     """The turn's own message as ``protocol`` sends it: the user's text, or the system
-    message of a delivery or re-ask turn (the full format rules in it only in ``text``)."""
+    message of a delivery or re-ask turn (the full format rules in it only in a delivery
+    turn in ``text``; a re-ask in ``text`` reminds of them)."""
     message = prompt.system_message
     if message is None or protocol == "text":
         return prompt.current_text
@@ -500,11 +531,14 @@ def render_openai_messages(prompt: PromptRequest, protocol: Protocol = "text") -
     """OpenAI-style chat messages for ``prompt``, as ``protocol`` carries the actions.
 
     In a chat turn the format rules go in the system prompt; in a delivery or re-ask
-    turn they travel inside the system message, so they are not repeated. In ``tools``
-    and ``json_schema`` the rules are one short line: the schema goes to the server.
+    turn they travel inside the system message, so they are not repeated. In ``text`` a
+    chat turn's re-ask keeps them in the system prompt, as the turn had them, and its
+    system message only reminds of them (``REASK_FORMAT_REMINDER``). In ``tools`` and
+    ``json_schema`` the rules are one short line: the schema goes to the server.
     """
     message = prompt.system_message
-    rules = instructions_for(prompt.allowed_actions, protocol) if message is None else ""
+    in_system_prompt = message is None or (protocol == "text" and prompt.mode == "chat")
+    rules = instructions_for(prompt.allowed_actions, protocol) if in_system_prompt else ""
     context = tuple(prompt.runtime_context.items())
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": _system_prompt(prompt.system_instruction, rules, context)}]

@@ -25,8 +25,14 @@ from autoresponse.actors.llm.client import BUDGET_NOTICE, TOO_LONG_NOTICE, WINDO
 from autoresponse.actors.llm.reasoning import split_reasoning
 from autoresponse.actors.extractor import rejection
 from autoresponse.actors.llm.budget import ContextBudget, request_tokens
-from autoresponse.actors.prompts import build_chat_request, build_reask_request, plain_retry, render_openai_messages
-from autoresponse.actors.retry import GIVE_UP_NOTICE
+from autoresponse.actors.prompts import (
+    PLAIN_RETRY_NOTE,
+    build_chat_request,
+    build_reask_request,
+    plain_retry,
+    render_openai_messages,
+)
+from autoresponse.actors.retry import DONE_NOTICE, GIVE_UP_NOTICE
 from autoresponse.actors.routes import LLM, executor, sender
 from autoresponse.messages import ActionRequest, OriginalContext, OutboundMessage, PromptRequest, ToolCall, Turn
 from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse
@@ -368,6 +374,19 @@ def test_a_turn_asked_again_plainly_fits_its_window_as_when_first_asked() -> Non
     messages = render_openai_messages(budget.fit(plain, "json_schema"), "json_schema")
     assert not any("memory" in str(m["content"]) for m in messages)
     assert "weather" in messages[-1]["content"]
+
+
+def test_a_re_ask_too_big_for_the_window_is_not_the_users_to_send_shorter() -> None:
+    """What did not fit is the runtime's re-ask, not the user's words: the user hears the
+    re-ask path's own notice; a chat turn's own message too long is theirs to shorten."""
+    from autoresponse.actors.llm.client import failure_notice
+    from autoresponse.messages import LLMFailure
+
+    prompt = build_chat_request("hi", OriginalContext(chat_id=1, interface_name="console"),
+                                allowed_actions=["message_console"])
+    reask = _reasked(prompt, calls=0)
+    assert failure_notice(LLMFailure(prompt=reask, error="too long", too_long=True)) == GIVE_UP_NOTICE
+    assert failure_notice(LLMFailure(prompt=prompt, error="too long", too_long=True)) == TOO_LONG_NOTICE
 
 
 @pytest.mark.parametrize("refusal", ["this model does not support tool use", "Tool calling is not supported",
@@ -771,6 +790,53 @@ def test_a_delivery_turn_is_measured_as_it_is_sent_not_with_the_text_rules(
     assert app.runtime.dead_letters.letters() == []
 
 
+def test_a_re_ask_in_text_fits_the_window_its_turn_fitted_and_the_user_is_answered(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """SmolLM2-135M on llama.cpp (text, a 2048-token window) answered "Give me a JSON example
+    of a person" with a person in JSON, cut off; its re-ask said the whole rules and schema
+    again, twice the request, and the user was told their 34 characters were too long. The
+    re-ask keeps the rules where its turn had them, reminds of them, and repeats neither the
+    rejected reply nor the command: it is sent, within the window, the schema stated once,
+    and the user hears the answer."""
+    person = ('```json\n{\n    "name": "John",\n    "age": 30,\n    "address": {\n        "city": "New York"'
+              + ',\n        "state": "NY"' * 60)
+    with FakeLLMServer(context=1_600) as llm:  # the window the budget is told: the server holds to it
+        llm.script(FakeResponse(content=person), actions(say("John, 30, of New York.")))
+        app = make_app(base_url=llm.base_url, clock=manual_clock, retry=FAST,
+                       llm={"context_tokens": 1_600, "max_tokens": 256, "protocol": "text"})
+        sent = replies(app, "Give me a JSON example of a person", manual_clock)
+    assert [(m.notice, m.text) for m in sent] == [(False, "John, 30, of New York.")]
+    first, reask = llm.requests
+    assert llm.refusal(reask.body) is None
+    rules = "Each action must match one of these JSON schemas"
+    assert json.dumps(reask.messages).count(rules) == 1 and rules in reask.messages[0]["content"]  # as first asked
+    error = system_message(reask)
+    assert error is not None
+    assert "Allowed action types in this turn: message_console" in error["full_json_instructions"]
+    assert app.runtime.dead_letters.letters() == []
+
+
+def test_a_delivery_turn_too_big_for_the_window_is_the_runtimes_not_the_users_message_too_long(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """Outputs that fill the window by themselves: the commands ran, so the user hears that
+    it is done, never "send it shorter", and the dead letter names the runtime's message
+    (the delivery turn's), not a message the user wrote."""
+    echoes = [{"type": "terminal", "payload": {"command": f"echo {n}{'x' * 900}"}} for n in range(4)]
+    with FakeLLMServer(context=1_600) as llm:
+        llm.script(actions(*echoes))
+        app = make_app(base_url=llm.base_url, clock=manual_clock, allowed=["echo"],
+                       llm={"context_tokens": 1_600, "max_tokens": 256, "protocol": "text"})
+        with app.runtime.probe(executor("terminal")) as ran:
+            sent = replies(app, "echo four long lines", manual_clock)
+            assert len(ran.envelopes) == 4
+    assert [(m.notice, m.text) for m in sent] == [(True, DONE_NOTICE)]
+    [letter] = app.runtime.dead_letters.letters()
+    assert "the runtime's own message of this delivery turn is too long" in letter.detail
+    assert "the message is too long" not in letter.detail
+
+
 @pytest.mark.parametrize("server", ["llama.cpp", "other"])
 def test_a_response_format_costs_prompt_tokens_only_where_the_server_puts_it_in_the_prompt(
     make_app: MakeApp, manual_clock: ManualClock, server: str
@@ -935,6 +1001,37 @@ def test_a_re_ask_in_json_schema_mode_is_the_turn_asked_again_plainly(
     assert asked.startswith("capital of France?") and "thecapitaloffrance.com" in asked
     assert system_message(second) is None  # no error as JSON to write back
     assert app.runtime.dead_letters.letters() == []
+
+
+def test_a_model_that_says_the_plain_re_asks_note_back_is_never_shown_it_as_the_answer(
+    make_app: MakeApp, manual_clock: ManualClock
+) -> None:
+    """SmolLM2-135M on llama.cpp ran `uptime` and a command off the allowlist; asked again
+    plainly why that one was refused, it answered with the note itself, word for word, at
+    every try. The note is the runtime's words, like its schema: the user hears the output
+    and the failure notice, never the note, and the chat's memory does not keep it."""
+    def model(body: dict[str, Any]) -> str:
+        asked = str(body["messages"][-1]["content"])
+        if f"({PLAIN_RETRY_NOTE}" in asked:  # the plain re-ask: its note said back
+            return asked[asked.index(f"({PLAIN_RETRY_NOTE}"):]
+        if '"type": "output"' in asked:
+            return json.dumps({"actions": [say(json.loads(asked)["system_message"]["outputs"][0]["output"])]})
+        if asked == "uptime":
+            return json.dumps({"actions": [{"type": "terminal", "payload": {"command": "uptime"}},
+                                           {"type": "terminal", "payload": {"command": "get_uptime_stats"}}]})
+        return json.dumps({"actions": [say("Hello.")]})
+
+    props = {"default_generation_settings": {"n_ctx": 4096}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(responder=model, props=props) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, retry=FAST)
+        sent = replies(app, "uptime", manual_clock)
+        reasked = [r for r in llm.requests if f"({PLAIN_RETRY_NOTE}" in str(r.messages[-1]["content"])]
+        replies(app, "hello", manual_clock)
+        remembered = llm.requests[-1].messages[:-1]
+    assert not any(PLAIN_RETRY_NOTE in m.text for m in sent)
+    assert [m.notice for m in sent] == [False, True] and "load average" in sent[0].text
+    assert len(reasked) > 1  # the echo was asked again, not taken for an answer
+    assert not any(PLAIN_RETRY_NOTE in str(m["content"]) for m in remembered)
 
 
 def test_plain_words_cut_off_in_a_loop_are_said_once(

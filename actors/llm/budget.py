@@ -145,10 +145,11 @@ class ContextBudget:
         """``prompt`` with the oldest memory dropped until it fits the room (unchanged if
         it fits already); a re-ask's own exchange goes last, in whole parts, and never its
         question (an estimate: the server has the last word). ``LLMError`` (context
-        exceeded) when the turn's own message alone cannot fit: the user hears it is too
-        long, rather than an answer to half of it; ``WindowTooSmall`` when, the server
-        having refused the request once (``smaller``), the runtime's own part alone,
-        counted at its least, fills the whole room."""
+        exceeded) when the turn's own message alone cannot fit: a user's, and the user
+        hears it is too long, rather than an answer to half of it; a re-ask's or a delivery
+        turn's is the runtime's own, and the error says so (the user did not write it);
+        ``WindowTooSmall`` when, the server having refused the request once (``smaller``),
+        the runtime's own part alone, counted at its least, fills the whole room."""
         if self.tokens(prompt, protocol) <= self.room:
             return prompt
         turns = list(prompt.turns)
@@ -175,7 +176,9 @@ class ContextBudget:
             self._check_own_part(prompt, protocol)
             if estimate_tokens(current_message(prompt, protocol)) > self.room:
                 # The turn's own words do not fit, whatever is trimmed: never cut them silently.
-                raise LLMError(f"the message is too long for the model's context window ({self.window} tokens)",
+                turn = "re-ask" if prompt.reask else "delivery turn"
+                whose = "the message" if prompt.system_message is None else f"the runtime's own message of this {turn}"
+                raise LLMError(f"{whose} is too long for the model's context window ({self.window} tokens)",
                                context_exceeded=True)
         return prompt.model_copy(update={"turns": tuple(turns)})
 

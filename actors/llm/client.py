@@ -27,6 +27,7 @@ from autoresponse.actors.llm.chain import EngineChain, outage_of
 from autoresponse.actors.llm.engine import LLMEngine, LLMError
 from autoresponse.actors.llm.media import MediaReader, unsupported, unsupported_notice
 from autoresponse.actors.llm.usage import UsageMeter, turn_kind
+from autoresponse.actors.retry import GIVE_UP_NOTICE
 from autoresponse.actors.prompts import build_chat_request
 from autoresponse.actors.receipts import receipt_failed
 from autoresponse.actors.routes import DISPATCHER, autonomous_actions, chat_actions, sender
@@ -280,6 +281,8 @@ def failure_notice(failure: LLMFailure) -> str:
     ran or part of its reply went out (asking again would run them twice), else why."""
     if failure.error.startswith(WINDOW_TOO_SMALL):
         why = WINDOW_NOTICE
+    elif failure.too_long and failure.prompt.system_message is not None:
+        why = GIVE_UP_NOTICE  # a re-ask or delivery the runtime wrote: not the user's to shorten
     else:
         why = TOO_LONG_NOTICE if failure.too_long else UNREACHABLE_NOTICE  # reached, and refused
     return notice_of(failure, nothing_done=why)
