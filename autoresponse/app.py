@@ -125,7 +125,8 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
             "max_tokens": getattr(engine, "max_tokens", None),
             "request_budget_tokens": budget.room if budget is not None else None,
             "last_request_tokens": getattr(engine, "last_request_tokens", None),
-            "server": getattr(engine, "server_facts", {}).get("server")}
+            "server": getattr(engine, "server_facts", {}).get("server"),
+            "problem": getattr(engine, "problem", None)}
 
 
 def names_in(spec: Spec) -> list[str]:

@@ -379,6 +379,8 @@ def _llm_labels(llm: dict[str, Any]) -> list[str]:
         colour = "red" if engine.get("circuit") == "open" else "green"
         rows.append(f"llm {engine['name']}  speaks {engine.get('protocol')}{fit}  "
                     f"[{colour}]circuit {engine.get('circuit')}[/]")
+        if engine.get("problem"):  # the server keeps it from working as configured
+            rows.append(f"[red]llm {engine['name']}: {escape(engine['problem'])}[/]")
     usage = llm.get("usage") or {}
     if usage.get("tokens_total"):
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(usage.get("tokens_by_kind", {}).items()))

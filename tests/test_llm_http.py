@@ -653,6 +653,31 @@ async def test_a_server_that_cannot_say_yet_is_asked_again_at_the_next_call_once
     assert llm.props_asked == 2
 
 
+async def test_tools_chosen_for_a_template_without_them_is_kept_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The operator set protocol tools; the server's template has none, so no command
+    would ever run: one warning says so and what to do, the engine keeps it for the
+    status, and the protocol chosen stays."""
+    caplog.set_level(logging.WARNING, logger="autoresponse.llm")
+    with PropsCountingLLM(props=NO_TOOLS_PROPS) as llm:
+        prompt = build_chat_request("uptime", CONSOLE, allowed_actions=["message_console", "terminal"])
+        async with engine_for(llm, protocol="tools") as engine:
+            for _ in range(2):
+                assert (await asyncio.wait_for(engine.answer(prompt), 30)).protocol == "tools"
+    assert all("tools" in r.body for r in llm.requests)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "does not support tools" in warnings[0]
+    assert "PROTOCOL=auto or json_schema" in warnings[0] and "--jinja" in warnings[0]
+    assert engine.problem == warnings[0]
+    from autoresponse.app import engine_status
+    from autoresponse.cli import _llm_labels
+
+    [main] = engine_status(engine)["engines"]
+    assert main["problem"] == warnings[0]
+    assert any("does not support tools" in row and row.startswith("[red]") for row in _llm_labels({"engines": [main]}))
+
+
 async def test_a_404_says_the_server_has_nothing_to_say_and_is_not_asked_again() -> None:
     with PropsCountingLLM() as llm:  # no /props, no /v1/models, no /api/show: a plain server
         prompt = build_chat_request("hello", CONSOLE, allowed_actions=["message_console"])

@@ -1071,6 +1071,38 @@ def test_an_enforced_answer_that_loops_to_its_limit_gets_one_short_plain_try(
     assert second.body["max_tokens"] == 300
 
 
+#: A delivery's enforced answer as SmolLM2 wrote it, a whole message and then a loop to
+#: the token limit: in the target it copied the output into, or in a second action.
+DELIVERY_LOOPS = {
+    "in-its-target": '{"actions": [\n{"type": "message_console", "payload": { "text": "hi there\\n", '
+                     '"target": "response_json_' + "response_json_" * 60,
+    "in-a-second-action": '{"actions": [{"type": "message_console", "payload": {"text": "hi there\\n"}}, '
+                          '{"type": "message_console", "payload": {"text": "response_json_' + "response_json_" * 60,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("loop", DELIVERY_LOOPS.values(), ids=DELIVERY_LOOPS.keys())
+def test_a_delivery_that_loops_to_its_limit_after_a_whole_message_says_that_message(
+    make_app: MakeApp, manual_clock: ManualClock, loop: str, stream: bool
+) -> None:
+    """The command's output, said whole before the model looped, reaches the user; what
+    the model would write asked again, plainly, is never asked for."""
+    def model(body: dict[str, Any]) -> FakeResponse:
+        if '"type": "output"' in str(body["messages"][-1]["content"]):
+            if body.get("response_format"):
+                return FakeResponse(content=loop, finish_reason="length")
+            return FakeResponse(content="The runtime provides a command-line interface.")
+        return actions({"type": "terminal", "payload": {"command": "echo hi there"}})
+
+    props = {"default_generation_settings": {"n_ctx": 4096}, "chat_template_caps": {"supports_tools": False}}
+    with FakeLLMServer(responder=model, props=props) as llm:
+        app = make_app(base_url=llm.base_url, clock=manual_clock, allowed=["echo"], llm={"stream": stream})
+        sent = replies(app, "run the command: echo hi there", manual_clock)
+    assert [m.text.strip() for m in sent] == ["hi there"]
+    assert all("response_format" in r.body for r in llm.requests)  # never asked again unconstrained
+
+
 #: What llama.cpp's server says when the grammar it built from a schema or the tools
 #: breaks on a token the model wrote (it ends that request; the next may not break).
 GRAMMAR_BROKE = 'got exception: Unexpected empty grammar stack after accepting piece: ."}]} (1025)'

@@ -230,7 +230,8 @@ class EngineChain:
         return [{"name": name, "engine": repr(engine), "circuit": self.breakers[name].state,
                  "failures_in_a_row": self.breakers[name].consecutive,
                  "protocol": getattr(engine, "mode", "text"),
-                 "context_tokens": getattr(engine, "context_tokens", None)}
+                 "context_tokens": getattr(engine, "context_tokens", None),
+                 "problem": getattr(engine, "problem", None)}
                 for name, engine in self.engines]
 
     async def aclose(self) -> None:

@@ -8,12 +8,16 @@ It speaks the model's own protocol (``protocol="auto"``): native ``tools`` first
 ``json_schema`` response format, then JSON in text. A server that refuses a feature
 (400 or 422 naming it) moves the engine one level down, once, for its lifetime: that
 is a configuration fact, not a failure to retry. Where the server reports no tool
-support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``; a server that
-does not answer that question (down, a timeout, a 5xx) is asked again at the next call,
-so a daemon started before its server still learns it. A re-ask in
+support (llama.cpp's ``/props``), ``auto`` starts at ``json_schema``; a ``tools`` the
+operator chose is kept, with a warning and ``problem`` saying no action will come back.
+A server that does not answer that question (down, a timeout, a 5xx) is asked again at
+the next call, so a daemon started before its server still learns it. A re-ask in
 ``json_schema`` goes without the grammar, as the turn first asked plus one plain line
 on why (``plain_retry``): at temperature 0 the grammar would give the rejected answer
-again, and a small model shown the error as JSON writes JSON back.
+again, and a small model shown the error as JSON writes JSON back. So does an answer
+in ``json_schema`` cut off at its token limit (a small model looping inside the
+grammar), asked once more, shorter; but a delivery's message that came whole before
+the cut is its answer.
 
 Reasoning (``<think>`` blocks, ``reasoning_content``) is cut off here; usage and the
 finish reason come back with every answer.
@@ -85,6 +89,7 @@ from autoresponse.actors.prompts import (
     tool_definitions,
 )
 from autoresponse.messages import PromptRequest, ToolCall, Usage, registry_generation
+from autoresponse.messages.actions import is_blank
 
 log = logging.getLogger("autoresponse.llm")
 
@@ -188,6 +193,29 @@ def _complete_json(text: str) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
+
+
+#: The start of an answer in the response format up to the end of its first action's
+#: message text: the schema's order (type, then payload; text first in it), as a grammar
+#: writes it. Possessive, so never backtracking.
+_FIRST_MESSAGE_TEXT = re.compile(
+    r'\s*+\{\s*+"actions"\s*+:\s*+\[\s*+\{\s*+"type"\s*+:\s*+"[^"\\\n]*+"\s*+,'
+    r'\s*+"payload"\s*+:\s*+\{\s*+"text"\s*+:\s*+"(?:[^"\\\n]++|\\[^\n])*+"')
+
+
+def _salvaged_message(text: str) -> str | None:
+    """An answer in the response format cut off at its token limit, closed right after
+    its first action's message text, when that came whole (what follows it, such as a
+    target or a loop, is dropped): None when it holds no such text."""
+    start = _FIRST_MESSAGE_TEXT.match(text)
+    if start is None:
+        return None
+    closed = start.group() + "}}]}"
+    try:
+        said = json.loads(closed)["actions"][0]["payload"]["text"]
+    except ValueError:  # an escape or a control character JSON does not allow
+        return None
+    return None if is_blank(said) else closed
 
 
 def refused_feature(exc: LLMError, feature: str) -> bool:
@@ -532,6 +560,9 @@ class HttpEngine:
         self.context_tokens = context_tokens
         #: What the server said of itself at the first call it answered (llama.cpp /props, ...).
         self.server_facts: dict[str, Any] = {}
+        #: What the server said that keeps this engine from working as configured, for
+        #: the status (None: nothing).
+        self.problem: str | None = None
         self._discovered = False
         self._discovering: asyncio.Lock | None = None  # made on the loop, at the first call
         self._discovery_tries = 0  # tries that have ended, answered or not
@@ -607,11 +638,20 @@ class HttpEngine:
                 completion = await self.chat(body, on_text, encoded=fixed, until=until)
                 if mode == "json_schema" and completion.finish_reason == "length" and not _complete_json(
                         completion.text):
-                    # A small model can loop inside the enforced JSON until its limit: ask once
-                    # more, shorter and unconstrained (without the response format); a plain
-                    # answer is a reply too.
-                    completion = await self.chat(body, on_text, limit=LLM_SHORT_RETRY_TOKENS, until=until)
-                    mode = "text"
+                    # A small model can loop inside the enforced JSON until its limit. A
+                    # delivery's message text that came whole before the loop is its answer
+                    # (a target means nothing there: it goes to the original chat); elsewhere
+                    # the target cut off may have named another chat.
+                    salvaged = _salvaged_message(completion.text) if prompt.mode == "delivery" else None
+                    if salvaged is not None:
+                        log.info("the model's answer ran to its token limit after a whole message; "
+                                 "answering with that message")
+                        completion = Completion(**{**completion.__dict__, "text": salvaged})
+                    else:
+                        # Ask once more, shorter and unconstrained (without the response
+                        # format); a plain answer is a reply too.
+                        completion = await self.chat(body, on_text, limit=LLM_SHORT_RETRY_TOKENS, until=until)
+                        mode = "text"
             except LLMError as exc:
                 if exc.context_exceeded and not shrunk:
                     shrunk = True
@@ -697,6 +737,10 @@ class HttpEngine:
         if self.protocol == "auto" and facts.get("supports_tools") is False and self.mode == "tools":
             self.mode = "json_schema"
             log.info("the LLM server's chat template does not support tools; speaking json_schema")
+        elif self.protocol == "tools" and facts.get("supports_tools") is False:
+            # The operator chose tools: kept, but no action can come back until this changes.
+            self.problem = _NO_TOOLS
+            log.warning("%s", _NO_TOOLS)
 
     def _discovery_missed(self) -> None:
         """The server answered a call but not what it is (a /props that fails or hangs
@@ -994,6 +1038,10 @@ class HttpEngine:
 
 #: How long each try at finding out what the server is may take, at most.
 _DISCOVERY_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+#: Protocol ``tools`` with a server whose chat template has none: the model never calls one.
+_NO_TOOLS = ("the LLM server's chat template does not support tools, but the protocol is set to tools: "
+             "no action will run; set AUTORESPONSE_LLM__PROTOCOL=auto or json_schema, or start "
+             "llama-server with --jinja and a chat template that has tools")
 #: Calls a server answers without answering what it is, before it is no longer asked.
 _DISCOVERY_MISSES = 3
 
