@@ -15,8 +15,9 @@ conversation:
   rights; and only up to ``MAX_MESSAGE_CHARS`` of text together (the longest message
   there is): the rest of a long burst is the next turn's, in order;
 * gives each turn the chat's memory (``memory.ConversationStore``): its recent
-  messages, replies and action records, and remembers the new message, and each
-  reply once its sender confirms it. Memory is an aid: when the store fails (a damaged
+  messages, replies and action records, and remembers the new message (once: a turn
+  resumed from the journal after a crash or a stop was remembered at its first start),
+  and each reply once its sender confirms it. Memory is an aid: when the store fails (a damaged
   file, a full disk, a text SQLite cannot encode) that is logged, and the turn goes on
   without it;
 * gathers the messages of one group (a Telegram album: ten photos sent at once) for
@@ -69,6 +70,7 @@ from autoresponse.messages import (
     OriginalContext,
     OutboundMessage,
     ReplyDelivered,
+    Turn,
     UserRequest,
     attachments_label,
 )
@@ -423,15 +425,32 @@ class ConversationActor(TypedActor):
                 self.store.seen(request.context)
             except _MEMORY_ERRORS as error:
                 _memory_failed(chat, "noting the chat", error)
-            turns = self._recent(chat)
             said = " ".join(filter(None, (request.text, attachments_label(request.attachments))))
-            try:
-                remembered = self.store.append(chat, "user", said)
-            except _MEMORY_ERRORS as error:
-                _memory_failed(chat, "remembering a message", error)
+            remembered, turns = self._remember(chat, cause.correlation_id, said)
             request = request.model_copy(update={"turns": tuple(turns)})
         self.send(LLM, request, cause=cause)
         self._turn(chat, cause, remembered)
+
+    def _remember(self, chat: str, correlation: str, said: str) -> tuple[int | None, list[Turn]]:
+        """Remember the message ``said`` that starts the turn ``correlation``: its id in the
+        memory, and the chat's turns before it. A turn resumed from the journal (after a
+        crash, or a stop whose drain ran out) was remembered at its first start: its message
+        is neither stored again nor sent twice (the request carries it)."""
+        assert self.store is not None
+        try:
+            stored = self.store.stored_for(chat, correlation)
+            before = self.store.history(chat)
+        except _MEMORY_ERRORS as error:
+            _memory_failed(chat, "reading the memory", error)
+            stored, before = None, []
+        if stored is not None:
+            return stored, [Turn(role=e.role, content=e.content) for e in before if e.id < stored]
+        remembered = None
+        try:
+            remembered = self.store.append(chat, "user", said, correlation=correlation)
+        except _MEMORY_ERRORS as error:
+            _memory_failed(chat, "remembering a message", error)
+        return remembered, [Turn(role=e.role, content=e.content) for e in before]
 
     def _recent(self, chat: str) -> list[Any]:
         """The chat's recent turns; none when the memory cannot be read."""

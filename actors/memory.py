@@ -9,7 +9,9 @@ cut to fit it. Tokens are counted approximately: four characters to a token,
 plus four for each message's framing, which is close to what OpenAI-style
 tokenizers give for English and errs long for code. What is older than the
 retention is never read back, and goes when the store is compacted. A turn its user
-cancels is forgotten, with all it left (``forget_turn``).
+cancels is forgotten, with all it left (``forget_turn``). A user's message names the turn
+it started (its correlation), so a turn resumed from the journal finds it (``stored_for``)
+and is not remembered twice; a file from before that column gains it at its open.
 
 >>> from tempfile import TemporaryDirectory
 >>> folder = TemporaryDirectory()
@@ -61,7 +63,8 @@ CREATE TABLE IF NOT EXISTS memory (
     kind TEXT NOT NULL,                 -- message | reply | action
     content TEXT NOT NULL,
     tokens INTEGER NOT NULL,
-    time REAL NOT NULL
+    time REAL NOT NULL,
+    correlation TEXT                    -- the turn of a user's message (see ``stored_for``)
 );
 CREATE INDEX IF NOT EXISTS memory_chat ON memory (chat, id);
 CREATE TABLE IF NOT EXISTS chats (
@@ -108,10 +111,12 @@ class Entry(BaseModel):
     content: str
     tokens: int
     time: float
+    #: The turn (its correlation) a user's message started; None for the rest.
+    correlation: str | None = None
 
 
 #: The columns of a memory row, in the order ``history`` selects them: an Entry's fields.
-_ENTRY_COLUMNS = ("id", "chat", "role", "kind", "content", "tokens", "time")
+_ENTRY_COLUMNS = ("id", "chat", "role", "kind", "content", "tokens", "time", "correlation")
 
 
 def newest_within(rows: Iterable[Any], limit: int, chat: str) -> list[Entry]:
@@ -220,6 +225,9 @@ def open_store(path: Path, what: str, setup: Callable[[sqlite3.Connection], None
 def _set_up_memory(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA synchronous=NORMAL")
     db.executescript(_SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(memory)")}
+    if "correlation" not in columns:  # a file of an older version: its entries have none
+        db.execute("ALTER TABLE memory ADD COLUMN correlation TEXT")
 
 
 def _fails_the_file(exc: sqlite3.Error) -> bool:
@@ -297,19 +305,33 @@ class ConversationStore:
 
     # ---------------------------------------------------------------- memory
 
-    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> int | None:
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message",
+               correlation: str | None = None) -> int | None:
         """Remember one message (cut to fit the whole budget, were it longer); the chat's
-        oldest entries go once it is over its budget. Its id (for ``forget_turn``), None
-        if the disk failed it."""
+        oldest entries go once it is over its budget. ``correlation``: the turn a user's
+        message starts (``stored_for``). Its id (for ``forget_turn``), None if the disk
+        failed it."""
         content = storable(within_budget(content, self.max_tokens))
         tokens = estimate_tokens(content)
         with self._writing(size=len(content)) as db:
-            newest = db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) "
-                                "VALUES (?, ?, ?, ?, ?, ?)",
-                                (chat, role, kind, content, tokens, time.time())).lastrowid
+            newest = db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time, correlation) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                (chat, role, kind, content, tokens, time.time(), correlation)).lastrowid
             self._trim(chat, newest)
             return newest
         return None
+
+    def stored_for(self, chat: str, correlation: str) -> int | None:
+        """The id of the user's message that started the turn ``correlation``, if the chat
+        holds it: a turn resumed from the journal after a crash or a stop was remembered
+        at its first start, and is not remembered again."""
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT id FROM memory WHERE chat = ? AND correlation = ? "
+                                       "ORDER BY id LIMIT 1", (chat, correlation)).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreUnreadable(self.WHAT, self.path, exc) from None
+        return None if row is None else int(row[0])
 
     def _trim(self, chat: str, newest: int | None) -> None:
         """Drop the chat's oldest entries beyond its budget, never ``newest`` (the one just
@@ -337,7 +359,7 @@ class ConversationStore:
         limit = self.max_tokens if budget is None else budget
         try:  # not ``readable``: on every turn's path, a plain try costs nothing
             with self._lock:
-                rows = self._db.execute("SELECT id, chat, role, kind, content, tokens, time FROM memory "
+                rows = self._db.execute(f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM memory "
                                         "WHERE chat = ? AND time >= ? ORDER BY id DESC",
                                         (chat, self._retained_since(time.time()))).fetchall()
         except sqlite3.DatabaseError as exc:

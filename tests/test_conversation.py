@@ -732,3 +732,36 @@ def test_an_album_being_gathered_when_its_actor_crashes_is_still_one_turn(
     [album] = [a for a in asked if a != "crash here"]  # one turn, each photo once, in order
     assert album.startswith("photo 1\nphoto 2\nphoto 3\n") and album.count("[photo") == 3
     assert crashed == [actor_of["A"]] and app.runtime.cell(crashed[0]).restarts == 1
+
+
+def test_a_turn_resumed_after_a_stop_holds_its_message_once(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    """The stop's drain runs out while the LLM holds the turn: the next start resumes it
+    from the journal. Its message is in the memory once, and the resumed request carries
+    it once (not also as an earlier turn of the chat)."""
+    def start() -> Application:
+        settings = Settings.load(llm={"base_url": fake_llm.base_url, "read_timeout": 30},
+                                 admin={"enabled": False}, events={"enabled": False},
+                                 console={"read_stdin": False}, runtime={"drain_seconds": 0},
+                                 data_dir=tmp_path)
+        return Application(settings, console=Console(io.StringIO())).start()
+
+    fake_llm.script(FakeResponse(hang=True))  # the first start never hears back
+    first = start()
+    story = first.runtime.accept("interface.console", ConsoleInput(text="tell me a story")).result(timeout=10)
+    wait_for(lambda: chat_turns(fake_llm))
+    first.stop()
+
+    second = start()
+    try:
+        assert second.runtime.wait_idle(story.correlation_id, timeout=30)
+    finally:
+        second.stop()
+    resumed = chat_turns(fake_llm)[-1].messages
+    assert len(chat_turns(fake_llm)) == 2
+    assert [m["content"] for m in resumed].count("tell me a story") == 1
+    store = ConversationStore(tmp_path / "memory.sqlite3")
+    try:
+        said = [e.content for e in store.history("console:console:") if e.role == "user"]
+    finally:
+        store.close()
+    assert said == ["tell me a story"]

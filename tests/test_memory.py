@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import resource
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, ask, environment, wait_for
+from conftest import Daemon, NatsServer, ask, environment, wait_for
 
 from autoresponse import Application
+from autoresponse.actors.journal.jetstream import JetStreamJournal
+from autoresponse.actors.journal.shared_memory import SharedConversationStore
 from autoresponse.actors.memory import ConversationStore, estimate_tokens
 from autoresponse.messages import OriginalContext
-from autoresponse.testing.fake_llm import FakeLLMServer, RecordedRequest
+from autoresponse.testing.fake_llm import FakeLLMServer, FakeResponse, RecordedRequest
 from autoresponse.testing.fake_telegram import FakeTelegramServer
 
 CHAT = "telegram:42:"
@@ -297,3 +301,73 @@ def test_a_memory_that_fits_short_writes_but_not_a_message_stays_failing(tmp_pat
         assert store.failing is None
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- a turn resumed from the journal
+
+
+def test_a_turn_resumed_after_a_kill_holds_its_message_once(tmp_path: Path) -> None:
+    """The daemon is killed while the LLM holds a turn; the next start resumes it from the
+    journal and answers it. The chat's memory holds the message once, and the resumed
+    request carries it once."""
+    chat = 42
+    with FakeLLMServer() as llm, FakeTelegramServer() as telegram:
+        daemon = Daemon(tmp_path, AUTORESPONSE_LLM__BASE_URL=llm.base_url, AUTORESPONSE_LOG_LEVEL="WARNING",
+                        AUTORESPONSE_TELEGRAM__TOKEN="1:TOKEN", AUTORESPONSE_TELEGRAM__BASE_URL=telegram.base_url,
+                        AUTORESPONSE_TELEGRAM__POLL_TIMEOUT="1", AUTORESPONSE_TELEGRAM__ALLOWED_USERS="[7]",
+                        AUTORESPONSE_CONSOLE__ENABLED="false", AUTORESPONSE_EVENTS__ENABLED="false")
+        llm.script(FakeResponse(hang=True))  # the first run never hears back
+        daemon.start()
+        try:
+            telegram.push_text("tell me a story", chat_id=chat, user_id=7)
+            wait_for(lambda: llm.requests, timeout=30)
+            daemon.kill()
+            daemon.start()
+            wait_for(lambda: telegram.sent(chat_id=chat), timeout=30)  # the resumed turn's answer
+        finally:
+            assert daemon.stop() == 0
+    asked = [r for r in llm.requests if r.messages[-1]["content"] == "tell me a story"]
+    assert len(asked) == 2, daemon.log()  # the first run's, and the resumed one
+    assert [m["content"] for m in asked[-1].messages].count("tell me a story") == 1
+    memory = ConversationStore(tmp_path / "data" / "memory.sqlite3")
+    try:
+        said = [e.content for e in memory.history(f"telegram:{chat}:") if e.role == "user"]
+    finally:
+        memory.close()
+    assert said == ["tell me a story"]
+
+
+def test_a_memory_file_of_an_older_version_keeps_its_entries_and_learns_turns(tmp_path: Path) -> None:
+    """A file written before entries named their turn: it opens with its entries, and
+    a message stored since is found by its turn."""
+    path = tmp_path / "memory.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE memory (id INTEGER PRIMARY KEY AUTOINCREMENT, chat TEXT NOT NULL, "
+                   "role TEXT NOT NULL, kind TEXT NOT NULL, content TEXT NOT NULL, tokens INTEGER NOT NULL, "
+                   "time REAL NOT NULL)")
+        db.execute("INSERT INTO memory (chat, role, kind, content, tokens, time) VALUES (?, ?, ?, ?, ?, ?)",
+                   ("telegram:42:", "user", "message", "my server is web-3", 9, time.time()))
+    db.close()
+    store = ConversationStore(path)
+    try:
+        first = store.append("telegram:42:", "user", "run df -h", correlation="turn-2")
+        assert store.stored_for("telegram:42:", "turn-2") == first
+        assert store.stored_for("telegram:42:", "turn-3") is None
+        assert [e.content for e in store.history("telegram:42:")] == ["my server is web-3", "run df -h"]
+    finally:
+        store.close()
+
+
+def test_the_shared_memory_finds_a_message_by_its_turn(nats_server: NatsServer) -> None:
+    """As the SQLite store: a turn resumed on any daemon of a cluster finds its message."""
+    journal = JetStreamJournal(nats_server.url, node="one")
+    try:
+        store = SharedConversationStore(journal, max_tokens=200)
+        store.append("telegram:1:", "user", "my server is web-3")
+        first = store.append("telegram:1:", "user", "run df -h", correlation="turn-2")
+        store.append("telegram:1:", "assistant", "72% full", kind="reply")
+        assert first is not None and store.stored_for("telegram:1:", "turn-2") == first
+        assert store.stored_for("telegram:1:", "turn-3") is None
+        assert store.stored_for("telegram:9:", "turn-2") is None
+    finally:
+        journal.close()

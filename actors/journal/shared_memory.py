@@ -87,14 +87,24 @@ class SharedConversationStore:
             return {"chat": chat, "entries": []}, None
         return json.loads(entry.value or b"{}") or {"chat": chat, "entries": []}, entry.revision
 
-    def append(self, chat: str, role: Role, content: str, kind: Kind = "message") -> int | None:
+    def append(self, chat: str, role: Role, content: str, kind: Kind = "message",
+               correlation: str | None = None) -> int | None:
         """Remember one message (cut to fit the whole budget, were it longer); the chat's
-        oldest entries go once it is over its budget, and those past the retention. Its id
-        (for ``forget_turn``)."""
+        oldest entries go once it is over its budget, and those past the retention.
+        ``correlation``: the turn a user's message starts (``stored_for``). Its id (for
+        ``forget_turn``)."""
         content = within_budget(content, self.max_tokens)
-        return self._journal.run(self._append(chat, role, kind, content))
+        return self._journal.run(self._append(chat, role, kind, content, correlation))
 
-    async def _append(self, chat: str, role: Role, kind: Kind, content: str) -> int:
+    def stored_for(self, chat: str, correlation: str) -> int | None:
+        """The id of the user's message that started the turn ``correlation``, if the chat
+        holds it, as ``ConversationStore.stored_for``."""
+        value, _ = self._journal.run(self._read(chat))
+        return next((raw["id"] for raw in value["entries"]
+                     if isinstance(raw, dict) and raw.get("correlation") == correlation
+                     and isinstance(raw.get("id"), int)), None)
+
+    async def _append(self, chat: str, role: Role, kind: Kind, content: str, correlation: str | None) -> int:
         added = 0  # the id of the entry written: the last attempt's
 
         def add(data: bytes | None) -> bytes:
@@ -102,8 +112,8 @@ class SharedConversationStore:
             value = json.loads(data) if data else {"chat": chat, "entries": []}
             entries, now = value["entries"], time.time()
             added = (entries[-1]["id"] + 1) if entries else 1
-            newest = {"id": added, "role": role, "kind": kind,
-                      "content": content, "tokens": estimate_tokens(content), "time": now}
+            newest = {"id": added, "role": role, "kind": kind, "content": content,
+                      "tokens": estimate_tokens(content), "time": now, "correlation": correlation}
             since = self._retained_since(now)
             value["entries"] = self._trimmed([*(raw for raw in entries if not _expired(raw, since)), newest])
             return json.dumps(value).encode()
