@@ -584,6 +584,9 @@ def _checked(raws: list[tuple[Any, str | None, str]], allowed: Collection[str], 
 _LOOP_PROBE = 40
 #: A loop is the same text this many times in a row, at least.
 _LOOP_REPEATS = 3
+#: How many earlier occurrences of the end are tried as the loop's start, nearest first:
+#: a looped paragraph may end several of its sentences alike.
+_LOOP_CANDIDATES = 8
 #: Where a word ends: the places a looped reply may be cut.
 _WORD_END = re.compile(r"(?<=\S)(?=\s)")
 
@@ -593,6 +596,10 @@ def without_loop(text: str) -> str:
     limit often repeats one sentence to the end. The repeated phrase is kept whole, cut
     at its sentence, line or clause end if it has one, and never inside a word. Linear
     in the text; text that does not end in a loop comes back as it is.
+
+    The loop's period is the distance back to an earlier occurrence of the text's end:
+    the nearest that repeats often enough, of the few nearest tried (a paragraph whose
+    sentences end alike has its end inside it, too).
 
     >>> without_loop("The sky is blue." + " It is the air." * 9 + " It is")
     'The sky is blue. It is the air.'
@@ -604,21 +611,24 @@ def without_loop(text: str) -> str:
     if len(text) < _LOOP_PROBE * _LOOP_REPEATS:
         return text
     tail = text[-_LOOP_PROBE:]
-    before = text.rfind(tail, 0, len(text) - 1)
-    period = len(text) - _LOOP_PROBE - before
-    if before < 0 or period <= 0:
-        return text
-    start = len(text) - period  # the last whole period; walk back while the one before matches
-    while start >= period and text[start - period:start] == text[start:start + period]:
-        start -= period
-    # then char by char to where the loop begins, capitals aside: the phrase said first
-    # often starts with one ("Je suis désolé, je suis désolé, ...")
-    while start > 0 and text[start - 1].lower() == text[start - 1 + period].lower():
-        start -= 1
-    if (len(text) - start) < period * _LOOP_REPEATS:
-        return text
-    kept = text[:_loop_cut(text, start, period)].rstrip()
-    return kept.rstrip(",;:").rstrip() or kept  # a clause mark at the end promises more
+    searched_to = len(text) - 1  # each search goes on back from where the last one stopped
+    for _ in range(_LOOP_CANDIDATES):
+        before = text.rfind(tail, 0, searched_to)
+        if before < 0:
+            return text
+        searched_to = before + _LOOP_PROBE - 1
+        period = len(text) - _LOOP_PROBE - before
+        start = len(text) - period  # the last whole period; walk back while the one before matches
+        while start >= period and text[start - period:start] == text[start:start + period]:
+            start -= period
+        # then char by char to where the loop begins, capitals aside: the phrase said first
+        # often starts with one ("Je suis désolé, je suis désolé, ...")
+        while start > 0 and text[start - 1].lower() == text[start - 1 + period].lower():
+            start -= 1
+        if (len(text) - start) >= period * _LOOP_REPEATS:
+            kept = text[:_loop_cut(text, start, period)].rstrip()
+            return kept.rstrip(",;:").rstrip() or kept  # a clause mark at the end promises more
+    return text
 
 
 def _loop_cut(text: str, start: int, period: int) -> int:

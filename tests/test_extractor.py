@@ -423,3 +423,76 @@ def test_the_looped_replies_seen_live_are_not_cut_inside_a_word() -> None:
 )
 def test_cutting_a_huge_loop_takes_linear_time(text: str, said: str) -> None:
     assert within(10, lambda: extractor.without_loop(text)) == said
+
+
+#: SmolLM2's reply to "run echo hi there" (repro/loop_inner.py, tools.jsonl call 1, cut
+#: off at its token limit): a paragraph whose two sentences end alike, looped 5 times.
+PARAGRAPH_LOOP_SEEN_LIVE = (
+    "The runtime environment is designed to be flexible and can be customized to suit"
+    " your needs. In this case, the runtime environment is set to run the command"
+    ' "echo hi there" on the console.\n\n'
+    "The runtime environment is a programming language that allows you to run"
+    " applications and services on the internet. It is a programming language that is"
+    " used to create applications and services.\n\n"
+    "The runtime environment is a programming language that is used to create"
+    " applications and services. It is a programming language that is used to create"
+    " web applications.\n\n"
+    + "\n\n".join(["The runtime environment is a programming language that is used to"
+                   " create web applications. It is a programming language that is used"
+                   " to create web applications."] * 5)
+)
+
+
+def test_a_looped_paragraph_whose_sentences_end_alike_is_said_once() -> None:
+    """The live reply was delivered whole (1,365 characters, stripped as the dispatcher
+    strips it): the end of its last sentence also ends the sentence before it, which is
+    not where the loop repeats."""
+    said = extractor.without_loop(PARAGRAPH_LOOP_SEEN_LIVE)
+    # The loop begins with the third paragraph's last sentence; each of its two
+    # sentences is said once, after the three paragraphs that came before it.
+    first_three = "\n\n".join(PARAGRAPH_LOOP_SEEN_LIVE.split("\n\n")[:3])
+    assert said == first_three + (
+        "\n\nThe runtime environment is a programming language that is used to create"
+        " web applications.")
+    assert said.count("is used to create web applications.") == 2
+    paragraph = ("The runtime environment is a programming language that is used to create web"
+                 " applications. It is a programming language that is used to create web"
+                 " applications.")
+    assert extractor.without_loop("Sure. " + "\n\n".join([paragraph] * 6)) == "Sure. " + paragraph
+
+
+def test_a_looped_paragraph_of_sentences_ending_alike_is_cut_wherever_the_limit_fell() -> None:
+    # each sentence ends in the same 50 characters, longer than the end compared
+    paragraph = ("The cat sat on the old mat by the door in the warm afternoon sun."
+                 " The dog sat on the old mat by the door in the warm afternoon sun."
+                 " Then all sat on the old mat by the door in the warm afternoon sun.")
+    for cut in range(len(paragraph) + 2):
+        text = "Sure. " + ("\n\n".join([paragraph] * 6) + "\n\n")[:-cut or None]
+        assert (cut, extractor.without_loop(text)) == (cut, "Sure. " + paragraph)
+
+
+def test_a_huge_looped_paragraph_of_sentences_ending_alike_takes_linear_time() -> None:
+    paragraph = "".join(f"Part {n} is a language that is used to create web applications. "
+                        for n in range(7))
+    text = "Sure. " + paragraph * (100_000 // len(paragraph))  # 100 kB
+    assert within(10, lambda: extractor.without_loop(text)) == "Sure. " + paragraph.rstrip()
+
+
+#: Replies whose lines end alike without being a loop: they come back as they are.
+NOT_LOOPS = {
+    "numbered-list": "".join(f"{n}. Restart the service so that the new settings take effect.\n"
+                             for n in range(1, 13)),
+    "table-rows": "| host | state |\n|---|---|\n" + "".join(
+        f"| web-{n:02} | running, healthy, restarted two days ago |\n" for n in range(12)),
+    "code": "".join(f"if status == {n}:\n    print('the value is not what we expected here')\n"
+                    for n in range(12)),
+    "sentences-ending-alike": " ".join(f"Step {word} is a language that is used to create apps."
+                                       for word in ("one", "two", "three", "four", "five",
+                                                    "six", "seven", "eight", "nine", "ten")),
+}
+
+
+@pytest.mark.parametrize("text", NOT_LOOPS.values(), ids=NOT_LOOPS.keys())
+def test_lines_that_end_alike_without_looping_come_back_whole(text: str) -> None:
+    assert extractor.without_loop(text) == text
+    assert extractor.without_loop(text.rstrip()) == text.rstrip()
